@@ -1,0 +1,16 @@
+"""One envoy class per standard role: the block, its attention and its MLP."""
+
+from .attention import AttentionEnvoy
+from .base import Component, ComponentState
+from .layer import COMPONENT_NAMES, LayerEnvoy
+from .mlp import MLPEnvoy, VirtualMLP
+
+__all__ = [
+    "COMPONENT_NAMES",
+    "AttentionEnvoy",
+    "Component",
+    "ComponentState",
+    "LayerEnvoy",
+    "MLPEnvoy",
+    "VirtualMLP",
+]

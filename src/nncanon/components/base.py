@@ -1,0 +1,72 @@
+"""What every standard component shares: its bindings to the model and its reasons to decline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Union
+
+from ..errors import ValueNotAvailable
+from ..served import Binding
+
+#: A reason a value is not served: a fixed sentence, or a function that says it now (``None``: served).
+Reason = Union[str, Callable[[], Optional[str]]]
+
+
+@dataclass
+class ComponentState:
+    """One component of one block, as mounted on a model.
+
+    Attributes:
+        where: Its name in messages (``"layers[3].self_attn"``).
+        bindings: The values it serves, by standard name.
+        reasons: Values it declines, by standard name, with the reason.
+        probabilities: For attention, the source-operation path to the probabilities
+            (``None``: found through transformers' attention interface).
+    """
+
+    where: str
+    bindings: dict[str, Binding] = field(default_factory=dict)
+    reasons: dict[str, Reason] = field(default_factory=dict)
+    probabilities: Optional[tuple[str, ...]] = None
+
+    def reason(self, name: str) -> Optional[str]:
+        """Why ``name`` is not served here, or ``None`` when it is."""
+        reason = self.reasons.get(name)
+        if callable(reason):
+            return reason()
+        return reason
+
+
+class Component:
+    """Mixin for the objects that serve standard values: envoys of blocks, attention, MLP.
+
+    The values are class attributes (`served` descriptors and properties); what each one
+    reads on this block is in ``self._nncanon`` (a `ComponentState`), set when the model
+    is mounted.
+    """
+
+    #: The standard values this component serves, in execution order.
+    standard_values: tuple[str, ...] = ()
+
+    def _nncanon_state(self, name: str) -> ComponentState:
+        state = self.__dict__.get("_nncanon")
+        if state is None:
+            raise ValueNotAvailable(
+                f"{name!r} is a standard value, served only on a model loaded with "
+                "nncanon.StandardizedTransformer."
+            )
+        return state
+
+    def _nncanon_binding(self, name: str) -> Binding:
+        state = self._nncanon_state(name)
+        reason = state.reason(name)
+        if reason is not None:
+            raise ValueNotAvailable(f"{state.where}.{name} is not available: {reason}")
+        return state.bindings[name]
+
+    def __getattr__(self, name: str) -> Any:
+        # A served value that raised ValueNotAvailable lands here (it is an AttributeError):
+        # raise its reason again rather than nnsight's generic "no attribute".
+        if name in type(self).standard_values:
+            self._nncanon_binding(name)
+        return super().__getattr__(name)

@@ -1,0 +1,27 @@
+"""The errors nncanon raises. Each names what the user did and what to do instead."""
+
+from __future__ import annotations
+
+
+class NncanonError(Exception):
+    """Base class of every error nncanon raises on purpose."""
+
+
+class UnknownFamilyError(NncanonError, ValueError):
+    """The model's ``config.model_type`` has no registered family."""
+
+
+class ValueNotAvailable(NncanonError, AttributeError):
+    """A standard value that this layer of this model does not have.
+
+    An ``AttributeError``, so ``hasattr(layer.self_attn, "attention_probabilities")``
+    answers ``False``; the message is the same reason ``model.support()`` gives.
+    """
+
+
+class InvalidWrite(NncanonError, ValueError):
+    """A value written to the surface does not fit where it goes (shape, dtype, device, type)."""
+
+
+class InvalidSkip(NncanonError, ValueError):
+    """A ``skip_layers`` call whose layers or replacement cannot work."""

@@ -1,0 +1,78 @@
+"""The data a family is: where its blocks keep each standard value, and what its logits do."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from ..served import Site
+
+#: A function of the model's config and a layer index that returns, for values the layer
+#: cannot serve exactly, the reason why (``{"mlp_output": "..."}``).
+Declines = Callable[[Any, int], dict]
+
+
+@dataclass(frozen=True)
+class LogitStep:
+    """One post-processing step the model applies to ``lm_head``'s output.
+
+    ``op`` is ``"softcap"`` (``tanh(x / c) · c``), ``"divide"`` or ``"multiply"``; ``attribute`` is the
+    config attribute holding ``c``. A step whose attribute is unset (``None``) does nothing.
+    """
+
+    op: str
+    attribute: str
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one architecture family lays out the standard values.
+
+    Paths are native module paths from the ``*ForCausalLM`` root (``layers``, ``embed_tokens``,
+    ``norm``) or relative to a block (the sites). The defaults describe a Llama block;
+    a family states only where it differs.
+
+    Attributes:
+        name: The family's name in the registry and the docs.
+        model_types: The ``config.model_type`` values it serves.
+        layers: The ``ModuleList`` of blocks.
+        embed_tokens: The token embedding.
+        norm: The final norm (``None`` where the model has none).
+        lm_head: The unembedding.
+        before_head: Modules applied between the final norm and ``lm_head`` (OPT's ``project_out``).
+        attention: The block's attention module (served as ``self_attn``).
+        mlp: The block's MLP module (served as ``mlp``), or ``None`` where the MLP is not a module.
+        attention_output: Where attention's contribution to the stream is read.
+        mlp_output: Where the MLP's contribution is read.
+        head_outputs: The input of the output projection (viewed per head).
+        probabilities: Source-operation path from the attention module to the operation whose
+            first input is the probabilities; ``None``: found through transformers' attention interface.
+        block_extras: How many elements the block returns after the hidden state (0: a tensor).
+        logit_steps: The model's logit post-processing, in order.
+        residual: The block's residual equation, for the docs and ``support()``.
+        declines: Values a configuration cannot serve exactly, with the reason.
+        text_config: Whether heads and sizes are read from ``config.get_text_config()``.
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    layers: str = "model.layers"
+    embed_tokens: str = "model.embed_tokens"
+    norm: Optional[str] = "model.norm"
+    lm_head: str = "lm_head"
+    before_head: tuple[str, ...] = ()
+    attention: str = "self_attn"
+    mlp: Optional[str] = "mlp"
+    attention_output: Site = Site("self_attn", index=0)
+    mlp_output: Site = Site("mlp")
+    head_outputs: Site = Site("self_attn.o_proj", key="input")
+    probabilities: Optional[tuple[str, ...]] = None
+    block_extras: int = 0
+    logit_steps: tuple[LogitStep, ...] = ()
+    residual: str = "h = x + attn(norm1(x)); y = h + mlp(norm2(h))"
+    declines: Optional[Declines] = field(default=None, compare=False)
+    text_config: bool = False
+
+    def declined(self, config: Any, layer: int) -> dict:
+        """The values layer ``layer`` of a model with ``config`` cannot serve, with the reasons."""
+        return dict(self.declines(config, layer)) if self.declines is not None else {}

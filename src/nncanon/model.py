@@ -1,0 +1,205 @@
+"""`StandardizedTransformer`: any registered decoder-only model, one surface."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from nnsight.intervention.eproperty import eproperty
+from nnsight.modeling.transformers import TransformersModel
+
+from .errors import InvalidSkip
+from .families import Family, family_for
+from .mounting import envoy_classes, mount
+
+
+def _config_of(model: Any, kwargs: dict) -> Any:
+    """The config of what the user passed, read without loading weights."""
+    if kwargs.get("config") is not None:
+        return kwargs["config"]
+    if isinstance(model, torch.nn.Module):
+        return model.config
+    from transformers import AutoConfig
+
+    options = {k: kwargs[k] for k in ("revision", "trust_remote_code", "token") if k in kwargs}
+    return AutoConfig.from_pretrained(model, **options)
+
+
+def apply_logit_steps(logits: torch.Tensor, family: Family, config: Any) -> torch.Tensor:
+    """The family's logit post-processing, in the model's own order of operations."""
+    for step in family.logit_steps:
+        factor = getattr(config, step.attribute, None)
+        if factor is None:
+            continue
+        if step.op == "softcap":
+            logits = logits / factor
+            logits = torch.tanh(logits)
+            logits = logits * factor
+        elif step.op == "divide":
+            logits = logits / factor
+        elif step.op == "multiply":
+            logits = logits * factor
+        else:  # pragma: no cover - a family definition error
+            raise ValueError(f"unknown logit step {step.op!r}")
+    return logits
+
+
+class StandardizedTransformer(TransformersModel):
+    """A decoder-only transformers model with one surface for every family.
+
+    Args:
+        model: A hub id, a local folder, or a built ``PreTrainedModel`` (then pass ``tokenizer=``).
+        **kwargs: Go to transformers and nnsight as they do for ``TransformersModel``:
+            ``device="cpu"``, ``device_map``, ``dtype``, ``attn_implementation``, ``dispatch``...
+
+    The tokenizer pads on the left, so ``[:, -1]`` is every prompt's last token in a batch.
+    Loading builds the envoys only: no forward pass runs on the model.
+
+    Example:
+        >>> model = StandardizedTransformer("openai-community/gpt2", attn_implementation="eager")
+        >>> with model.trace("The Eiffel Tower is in the city of"):
+        ...     attention = model.layers[9].self_attn.attention_output.save()
+        ...     probs = model.next_token_probs.save()
+    """
+
+    def __init__(self, model: Any, *args: Any, tokenizer: Any = None, **kwargs: Any) -> None:
+        config = _config_of(model, kwargs)
+        family = family_for(config)
+        kwargs["envoys"] = {**envoy_classes(family), **(kwargs.get("envoys") or {})}
+        if not isinstance(model, torch.nn.Module):
+            kwargs.setdefault("task", "text-generation")
+        super().__init__(model, *args, tokenizer=tokenizer, **kwargs)
+        self._family = family
+        self._text_config = self._module.config.get_text_config()
+        self.layers = self.get(family.layers)
+        self.embed_tokens = self.get(family.embed_tokens)
+        self.norm = self.get(family.norm) if family.norm is not None else None
+        self.lm_head = self.get(family.lm_head)
+        mount(self, family, self._text_config)
+
+    # -- sizes ---------------------------------------------------------------
+
+    @property
+    def family(self) -> Family:
+        """The registered family serving this model."""
+        return self._family
+
+    @property
+    def num_layers(self) -> int:
+        """Number of blocks."""
+        return len(self.layers)
+
+    @property
+    def num_heads(self) -> int:
+        """Number of attention (query) heads per block."""
+        return self._text_config.num_attention_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        """Number of key/value heads per block (fewer than ``num_heads`` under GQA/MQA)."""
+        config = self._text_config
+        kv = getattr(config, "num_key_value_heads", None)
+        if kv is None:
+            kv = 1 if getattr(config, "multi_query", False) else self.num_heads
+        return kv
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one head's output (``attention_head_outputs[..., h, :]``)."""
+        config = self._text_config
+        return getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of the residual stream."""
+        return self._text_config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of tokens the head scores."""
+        return self._text_config.vocab_size
+
+    # -- model-level values --------------------------------------------------
+
+    @eproperty(key="output")
+    def logits(self, value: Any) -> torch.Tensor:
+        """The model's logits, ``[batch, seq, vocab]``, after its own post-processing. Writable in place."""
+        return value.logits if hasattr(value, "logits") else value[0]
+
+    @property
+    def next_token_probs(self) -> torch.Tensor:
+        """The next-token distribution at the last position, ``[batch, vocab]`` (softmax of ``logits[:, -1]``)."""
+        return torch.softmax(self.logits[:, -1], dim=-1)
+
+    def project_on_vocab(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits from a residual-stream state, ``[..., hidden]`` to ``[..., vocab]``.
+
+        Applies the family's final norm, any module before the head, ``lm_head`` and the
+        family's logit post-processing (soft-capping, scaling), so that on the last layer's
+        output it equals ``logits``. Works inside a trace and on plain tensors.
+        """
+        x = hidden
+        if self.norm is not None:
+            x = self.norm(x)
+        for path in self._family.before_head:
+            x = self.get(path)(x)
+        return apply_logit_steps(self.lm_head(x), self._family, self._text_config)
+
+    # -- skipping ------------------------------------------------------------
+
+    def skip_layers(self, start: int, end: Optional[int] = None, skip_with: Optional[torch.Tensor] = None) -> None:
+        """Skip blocks ``start..end`` (inclusive): they do not run, the stream passes them unchanged.
+
+        By default the blocks pass ``layers[start].layer_input`` through; ``skip_with`` gives
+        another ``[batch, seq, hidden]`` tensor. Blocks that return a tuple get the structure
+        they return. A skip must cover every invoke of a batched trace (nnsight raises
+        ``ValueError`` otherwise).
+
+        Raises:
+            InvalidSkip: for layers out of range, or a replacement whose type, shape, dtype
+                or device does not match the stream at ``layers[start]``.
+        """
+        end = start if end is None else end
+        count = self.num_layers
+        if not (0 <= start <= end < count):
+            raise InvalidSkip(
+                f"skip_layers({start}, {end}) asks for blocks outside 0..{count - 1}; "
+                f"give 0 <= start <= end < {count} (end is inclusive)."
+            )
+        expected = self.layers[start].layer_input
+        replacement = expected if skip_with is None else skip_with
+        if skip_with is not None:
+            self._check_replacement(skip_with, expected, start, end)
+        extras = (None,) * self._family.block_extras
+        for index in range(start, end + 1):
+            self.layers[index].skip((replacement, *extras) if extras else replacement)
+
+    @staticmethod
+    def _check_replacement(value: Any, expected: torch.Tensor, start: int, end: int) -> None:
+        what = f"skip_layers({start}, {end}, skip_with=...)"
+        if not isinstance(value, torch.Tensor):
+            raise InvalidSkip(
+                f"{what} got a {type(value).__name__}; blocks {start}..{end} need a tensor like "
+                f"layers[{start}].layer_input: shape {tuple(expected.shape)}, dtype {expected.dtype}, "
+                f"on {expected.device}. Pass the hidden state itself; the block's tuple structure is added for you."
+            )
+        problems = []
+        if value.shape != expected.shape:
+            problems.append(f"shape {tuple(value.shape)} (expected {tuple(expected.shape)})")
+        if value.dtype != expected.dtype:
+            problems.append(f"dtype {value.dtype} (expected {expected.dtype})")
+        if value.device != expected.device:
+            problems.append(f"device {value.device} (expected {expected.device})")
+        if problems:
+            raise InvalidSkip(
+                f"{what}: the replacement for layers {start}..{end} has " + ", ".join(problems)
+                + f"; it must look like layers[{start}].layer_input."
+            )
+
+    # -- support -------------------------------------------------------------
+
+    def support(self) -> "SupportReport":  # noqa: F821 - imported lazily below
+        """Which standard values each layer serves, and why not where it does not. No forward runs."""
+        from .support import SupportReport
+
+        return SupportReport.of(self)

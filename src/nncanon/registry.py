@@ -1,0 +1,73 @@
+"""The model registry: one JSON record per model type, with its tiny test configs and checkpoints.
+
+The records live in ``model_registry/`` at the repository root (shipped inside the package as
+``nncanon/model_registry`` when built). Each is data only::
+
+    {"model_type": "llama", "config_class": "LlamaConfig",
+     "checkpoints": ["meta-llama/Llama-3.2-1B"],
+     "variants": {"llama": {"hidden_size": 32, ...}}}
+
+A variant is one tiny configuration the invariant suite builds (``gpt_neox`` has a parallel and
+a sequential one).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One tiny configuration of a registered model type."""
+
+    name: str
+    model_type: str
+    config_class: str
+    config: dict
+    model_class: str | None = None
+
+    def build_config(self, **overrides: Any) -> Any:
+        """The transformers config object of this variant."""
+        import transformers
+
+        return getattr(transformers, self.config_class)(**{**self.config, **overrides})
+
+
+def registry_dir() -> Path:
+    """Where the records are: inside the installed package, else the repository root."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "model_registry", here.parents[1] / "model_registry"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError("model_registry/ not found next to the package or at the repository root")
+
+
+@lru_cache(maxsize=None)
+def records() -> dict[str, dict]:
+    """Every record, by model type."""
+    found = {}
+    for path in sorted(registry_dir().glob("*.json")):
+        record = json.loads(path.read_text())
+        found[record["model_type"]] = record
+    return found
+
+
+def variants() -> list[Variant]:
+    """Every tiny configuration of every record, in a stable order."""
+    out = []
+    for model_type, record in records().items():
+        for name, config in record["variants"].items():
+            out.append(Variant(name, model_type, record["config_class"], config, record.get("model_class")))
+    return out
+
+
+def variant(name: str) -> Variant:
+    """The variant called ``name``."""
+    for candidate in variants():
+        if candidate.name == name:
+            return candidate
+    raise KeyError(f"no registry variant {name!r}")

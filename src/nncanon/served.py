@@ -1,0 +1,241 @@
+"""Where a standard value lives inside a block, and the descriptor that serves it.
+
+A family says, as data, where each value of the surface is found: a `Site` is a module path
+relative to the block, which side of it (``output`` or ``input``), which tuple element, and the
+few transformations a family may need (a scale factor, a flattened token axis, a clone because
+the model changes the tensor in place later). `served` is the nnsight ``eproperty`` that reads
+a site during a trace and writes the user's edits back to the model.
+
+Reads are views wherever the layout allows, so an in-place edit (``value[:, -1] = 0``) reaches
+the model with no copy. Only a scaled or cloned value needs a write-back; it writes back only
+the elements the user changed, so every other element stays bit-identical to a clean run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Optional
+
+import torch
+from nnsight.intervention.eproperty import WriteBack, eproperty
+from nnsight.intervention.interleaver import Mediator
+from nnsight.intervention.util import first_input, replace_first_input
+
+from .errors import InvalidWrite
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a value is read in a block.
+
+    Attributes:
+        module: Path of the module relative to the block (``"self_attn"``,
+            ``"self_attention.dense"``); ``""`` is the block itself.
+        key: ``"output"`` or ``"input"`` (the first input of the module).
+        index: The tuple element of the output that holds the tensor (``0`` for the
+            ``(out, weights)`` every attention module returns); ``None`` for a tensor.
+        scale: A config attribute the model multiplies the module's value by before it
+            reaches the residual stream (Granite's ``residual_multiplier``).
+        flat: The module runs on a flattened ``(b·s, ...)`` tensor (OPT's ``fc2``).
+        clone: The model changes the tensor in place after the module returns (Falcon adds
+            attention into the MLP output), so the read is a copy taken at the module.
+    """
+
+    module: str = ""
+    key: str = "output"
+    index: Optional[int] = None
+    scale: Optional[str] = None
+    flat: bool = False
+    clone: bool = False
+
+    @property
+    def needs_writeback(self) -> bool:
+        """Whether the served tensor is not a view of the model's own, so edits must be written back."""
+        return self.scale is not None or self.clone
+
+
+def _pick(raw: Any, site: Site) -> torch.Tensor:
+    """The tensor of a site inside the raw served value (a tensor, a tuple, or ``(args, kwargs)``)."""
+    if site.key == "input":
+        args, kwargs = raw
+        return first_input(args, kwargs)
+    if site.index is not None and isinstance(raw, (tuple, list)):
+        return raw[site.index]
+    if hasattr(raw, "last_hidden_state") and not isinstance(raw, torch.Tensor):
+        return raw[0]
+    return raw
+
+
+def _put(raw: Any, site: Site, tensor: torch.Tensor) -> Any:
+    """The raw value with the site's tensor replaced by ``tensor`` (containers rebuilt, not mutated)."""
+    if site.key == "input":
+        args, kwargs = raw
+        return replace_first_input(args, kwargs, tensor)
+    if site.index is not None and isinstance(raw, (tuple, list)):
+        items = list(raw)
+        items[site.index] = tensor
+        return type(raw)(items) if not hasattr(raw, "_fields") else type(raw)(*items)
+    return tensor
+
+
+def _rows(mediator: Mediator) -> tuple[int, Optional[tuple[int, int]]]:
+    """The combined batch size, and this invoke's ``(start, size)`` rows when batching."""
+    batcher = getattr(mediator.interleaver, "batcher", None)
+    if batcher is None:
+        return 0, None
+    group = mediator.batch_group if batcher.batching else None
+    return batcher.total, (tuple(group) if group is not None else None)
+
+
+@dataclass
+class Binding:
+    """A site bound to one block of one model: the location it is read at, and how.
+
+    Attributes:
+        name: The standard value's name (``"attention_output"``), for messages.
+        location: The nnsight location, ``"{module envoy path}.{key}"``.
+        site: The family's site.
+        config: The model's (text) config, for scale factors.
+        where: A human label for messages (``"layers[3].self_attn"``).
+        heads: When set, the last axis is split into ``(heads, head_dim)``.
+    """
+
+    name: str
+    location: str
+    site: Site
+    config: Any
+    where: str
+    heads: Optional[int] = None
+
+    def _factor(self) -> float:
+        return getattr(self.config, self.site.scale)
+
+    def read(self, raw: Any, mediator: Mediator) -> torch.Tensor:
+        """What the user reads: ``[b, s, ...]``, this invoke's rows only."""
+        tensor = _pick(raw, self.site)
+        if self.site.flat:
+            tensor = self._unflatten(tensor, mediator)
+        if self.heads is not None:
+            tensor = tensor.unflatten(-1, (self.heads, -1))
+        if self.site.scale is not None:
+            return tensor * self._factor()
+        if self.site.clone:
+            return tensor.clone()
+        return tensor
+
+    def _unflatten(self, tensor: torch.Tensor, mediator: Mediator) -> torch.Tensor:
+        total, rows = _rows(mediator)
+        if rows is None:
+            return tensor.view(total or 1, -1, *tensor.shape[1:])
+        start, size = rows
+        if tensor.shape[0] < total:
+            # nnsight narrowed it already: one token per row (a generation step).
+            return tensor.view(size, -1, *tensor.shape[1:])
+        return tensor.view(total, -1, *tensor.shape[1:]).narrow(0, start, size)
+
+    def write_back(self, view: torch.Tensor, raw: Any) -> Any:
+        """Map the user's (possibly edited) view back into the model's raw value.
+
+        Only elements the user changed are replaced, so a write at one position leaves
+        every other position of the stream bit-identical, in any dtype.
+        """
+        tensor = _pick(raw, self.site)
+        if self.site.scale is not None:
+            factor = self._factor()
+            changed = view != tensor * factor
+            if not bool(changed.any()):
+                return raw
+            return _put(raw, self.site, torch.where(changed, view / factor, tensor))
+        return _put(raw, self.site, view.clone())
+
+    def assign(self, value: Any, raw: Any, mediator: Mediator) -> Any:
+        """The raw value to swap in when the user assigns ``value`` to the whole value."""
+        current = self.read(raw, mediator)
+        check_write(value, current, f"{self.where}.{self.name}")
+        value = value.expand_as(current)
+        if self.heads is not None:
+            value = value.flatten(-2)
+        if self.site.flat:
+            tensor = _pick(raw, self.site)
+            total, rows = _rows(mediator)
+            if rows is not None and tensor.shape[0] >= total:
+                full = tensor.clone()
+                start, size = rows
+                full.view(total, -1, *tensor.shape[1:])[start : start + size] = value
+                return _put(raw, self.site, full)
+            return _put(raw, self.site, value.reshape(tensor.shape))
+        if self.site.scale is not None:
+            return self.write_back(value, raw)
+        return _put(raw, self.site, value.clone() if self.site.clone else value)
+
+
+def check_write(value: Any, current: torch.Tensor, what: str) -> None:
+    """Raise `InvalidWrite` unless ``value`` can stand in for ``current`` (broadcast shape, dtype, device)."""
+    if not isinstance(value, torch.Tensor):
+        raise InvalidWrite(
+            f"{what} was assigned a {type(value).__name__}; it takes a tensor of shape "
+            f"{tuple(current.shape)} (or one that broadcasts to it), dtype {current.dtype}, "
+            f"on {current.device}."
+        )
+    try:
+        fits = torch.broadcast_shapes(value.shape, current.shape) == current.shape
+    except RuntimeError:
+        fits = False
+    problems = []
+    if not fits:
+        problems.append(f"shape {tuple(value.shape)} does not broadcast to {tuple(current.shape)}")
+    if value.dtype != current.dtype:
+        problems.append(f"dtype {value.dtype} is not {current.dtype} (use .to({current.dtype}))")
+    if value.device != current.device:
+        problems.append(f"device {value.device} is not {current.device} (use .to('{current.device}'))")
+    if problems:
+        raise InvalidWrite(
+            f"{what} cannot take the value written to it: " + "; ".join(problems) + ". "
+            f"It expects shape {tuple(current.shape)}, dtype {current.dtype}, on {current.device}."
+        )
+
+
+class served(eproperty):
+    """A standard value of a component, served from the site its family names.
+
+    The host (a component envoy) answers ``_nncanon_binding(name)`` with the `Binding`
+    for this block, or raises `ValueNotAvailable` with the reason ``support()`` gives.
+    """
+
+    def __init__(self, name: str, description: str, doc: str) -> None:
+        super().__init__(key=name, description=description)
+
+        def stub(host: Any, value: Any) -> torch.Tensor:  # pragma: no cover - never called
+            return value
+
+        stub.__name__ = name
+        stub.__doc__ = doc
+        self(stub)
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return self
+        binding: Binding = obj._nncanon_binding(self.name)
+        location = binding.location
+        mediator = Mediator.current(location)
+        writeback = binding.site.needs_writeback
+        occurrence = None
+        if writeback:
+            occurrence = mediator.wanted(location)
+            waiting = mediator.transform
+            if waiting is not None and waiting.key == (self, location, occurrence):
+                return waiting.view
+        raw = Mediator.value(location)
+        view = binding.read(raw, mediator)
+        if writeback:
+            mediator.transform = WriteBack(
+                partial(binding.write_back, view, raw), view, self, location, occurrence
+            )
+        return view
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        binding: Binding = obj._nncanon_binding(self.name)
+        mediator = Mediator.current(binding.location)
+        raw = Mediator.value(binding.location)
+        Mediator.swap(binding.location, binding.assign(value, raw, mediator))

@@ -1,0 +1,146 @@
+"""``model.support()``: which standard values each layer serves, and the reason where it does not."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+#: Every standard value of a layer, in the order ``support()`` reports them.
+LAYER_VALUES = (
+    "layer_input",
+    "layer_output",
+    "self_attn",
+    "attention_probabilities",
+    "attention_head_outputs",
+    "attention_output",
+    "mlp",
+    "mlp_output",
+)
+
+_COMPONENT_OF = {
+    "attention_probabilities": "self_attn",
+    "attention_head_outputs": "self_attn",
+    "attention_output": "self_attn",
+    "mlp_output": "mlp",
+}
+
+
+@dataclass(frozen=True)
+class LayerSupport:
+    """One layer's row: its block type and, per value, ``None`` (served) or the reason it is not."""
+
+    index: int
+    block_type: str
+    reasons: dict
+
+
+class SupportReport:
+    """The support table of a model. Built from the mounted family data; runs no forward.
+
+    Example:
+        >>> report = model.support()
+        >>> report.available("attention_probabilities", layer=0)
+        False
+        >>> print(report.reason("attention_probabilities", layer=0))
+        attention probabilities are only computed under attn_implementation='eager'; ...
+        >>> report.layers_with("self_attn")
+        [0, 1, 2, ...]
+    """
+
+    def __init__(self, layers: list[LayerSupport], model_type: str, family: str) -> None:
+        self.layers = layers
+        self.model_type = model_type
+        self.family = family
+
+    @classmethod
+    def of(cls, model: Any) -> "SupportReport":
+        """The report of a `StandardizedTransformer`."""
+        rows = []
+        for index, layer in enumerate(model.layers):
+            states = {"layer": layer.__dict__["_nncanon"]}
+            for component in ("self_attn", "mlp"):
+                host = layer.__dict__.get(component)
+                states[component] = None if host is None else host.__dict__.get("_nncanon")
+            reasons: dict[str, Optional[str]] = {}
+            for value in LAYER_VALUES:
+                if value in ("layer_input", "layer_output"):
+                    reasons[value] = states["layer"].reason(value)
+                elif value in ("self_attn", "mlp"):
+                    state = states[value]
+                    reasons[value] = (
+                        states["layer"].reason(value) or "this block has no such component"
+                        if state is None
+                        else None
+                    )
+                else:
+                    component = _COMPONENT_OF[value]
+                    state = states[component]
+                    reasons[value] = reasons[component] if state is None else state.reason(value)
+            rows.append(LayerSupport(index, type(layer._module).__name__, reasons))
+        return cls(rows, model._text_config.model_type, model.family.name)
+
+    def _row(self, layer: int) -> LayerSupport:
+        if not -len(self.layers) <= layer < len(self.layers):
+            raise IndexError(f"layer {layer} is out of range: the model has {len(self.layers)} layers")
+        return self.layers[layer]
+
+    def _check(self, value: str) -> None:
+        if value not in LAYER_VALUES:
+            raise KeyError(f"{value!r} is not a standard value; the values are: {', '.join(LAYER_VALUES)}")
+
+    def reason(self, value: str, layer: int) -> Optional[str]:
+        """Why ``value`` is not served on ``layer``, or ``None`` when it is."""
+        self._check(value)
+        return self._row(layer).reasons[value]
+
+    def available(self, value: str, layer: int) -> bool:
+        """Whether ``layer`` serves ``value``."""
+        return self.reason(value, layer) is None
+
+    def layers_with(self, value: str) -> list[int]:
+        """The layers that serve ``value``, e.g. ``report.layers_with("self_attn")``."""
+        self._check(value)
+        return [row.index for row in self.layers if row.reasons[value] is None]
+
+    def to_dict(self) -> dict:
+        """The report as plain data (for ``--json``)."""
+        return {
+            "model_type": self.model_type,
+            "family": self.family,
+            "layers": [
+                {"layer": row.index, "block_type": row.block_type, "values": dict(row.reasons)}
+                for row in self.layers
+            ],
+        }
+
+    def __str__(self) -> str:
+        short = {
+            "layer_input": "in",
+            "layer_output": "out",
+            "self_attn": "attn",
+            "attention_probabilities": "probs",
+            "attention_head_outputs": "heads",
+            "attention_output": "attn_out",
+            "mlp": "mlp",
+            "mlp_output": "mlp_out",
+        }
+        width = max([len("block"), *(len(row.block_type) for row in self.layers)])
+        header = f"{'layer':>5}  {'block':<{width}}  " + "  ".join(f"{short[v]:<8}" for v in LAYER_VALUES)
+        lines = [f"support of {self.model_type} (family {self.family})", header]
+        notes: dict[str, int] = {}
+        for row in self.layers:
+            cells = []
+            for value in LAYER_VALUES:
+                reason = row.reasons[value]
+                if reason is None:
+                    cells.append(f"{'yes':<8}")
+                else:
+                    mark = notes.setdefault(reason, len(notes) + 1)
+                    cells.append(f"{'no [' + str(mark) + ']':<8}")
+            lines.append(f"{row.index:>5}  {row.block_type:<{width}}  " + "  ".join(cells))
+        for reason, mark in notes.items():
+            lines.append(f"[{mark}] {reason}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return str(self)
