@@ -57,12 +57,12 @@ class Component:
             )
         return state
 
-    def _nncanon_binding(self, name: str) -> Binding:
+    def _nncanon_binding(self, name: str) -> Optional[Binding]:
         state = self._nncanon_state(name)
         reason = state.reason(name)
         if reason is not None:
             raise ValueNotAvailable(f"{state.where}.{name} is not available: {reason}")
-        return state.bindings[name]
+        return state.bindings.get(name)
 
     def __getattr__(self, name: str) -> Any:
         # A served value that raised ValueNotAvailable lands here (it is an AttributeError):

@@ -1,0 +1,244 @@
+"""The invariant suite: run on every registered family's tiny model, in fp32.
+
+Every test compares independent computations: our values against plain PyTorch hooks on the
+unwrapped model, the contribution identity, head ablation against probability ablation, a skip
+against the layer input, the lens at the last layer against the logits.
+
+Tolerance: sums of fp32 contributions are compared at ``atol=rtol=1e-5`` (the model adds them in
+another order in parallel blocks, 7.5e-9 measured); everything read or recomputed in the model's
+own order is compared bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nncanon import InvalidSkip, InvalidWrite
+from nncanon.served import _pick
+from nncanon.testing import PROMPTS
+
+from ..conftest import encode, hf_block
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def _site_reference(model, layer: int, name: str, inputs: dict) -> torch.Tensor:
+    """A value read with plain forward hooks on the unwrapped model, at the site its family names."""
+    component = model.layers[layer].self_attn if name != "mlp_output" else model.layers[layer].mlp
+    binding = component._nncanon.bindings[name]
+    site = binding.site
+    block = hf_block(model, layer)
+    module = block.get_submodule(site.module) if site.module else block
+    seen = {}
+
+    def pre(mod, args, kwargs):
+        seen["raw"] = (args, kwargs)
+
+    def post(mod, args, output):
+        tensor = _pick(output, site)
+        seen["raw"] = tensor.clone()
+
+    handle = (
+        module.register_forward_pre_hook(pre, with_kwargs=True)
+        if site.key == "input"
+        else module.register_forward_hook(post)
+    )
+    try:
+        with torch.no_grad():
+            model._module(**inputs)
+    finally:
+        handle.remove()
+    raw = seen["raw"]
+    tensor = _pick(raw, site).clone() if site.key == "input" else raw
+    batch, seq = inputs["input_ids"].shape
+    if site.flat:
+        tensor = tensor.view(batch, seq, -1)
+    if binding.heads is not None:
+        tensor = tensor.view(batch, seq, binding.heads, -1)
+    if site.scale is not None:
+        tensor = tensor * getattr(binding.config, site.scale)
+    return tensor
+
+
+def _trace_all(model, prompt=PROMPTS[0]):
+    """Every standard value of every layer, and the logits, from one trace."""
+    values = []
+    with torch.no_grad(), model.trace(prompt):
+        for layer in model.layers:
+            row = {"layer_input": layer.layer_input.save()}
+            row["attention_head_outputs"] = layer.self_attn.attention_head_outputs.save()
+            row["attention_output"] = layer.self_attn.attention_output.save()
+            row["mlp_output"] = layer.mlp.mlp_output.save()
+            row["layer_output"] = layer.layer_output.save()
+            values.append(row)
+        logits = model.logits.save()
+    return values, logits
+
+
+def test_values_equal_plain_hooks(model):
+    inputs = encode(model)
+    values, logits = _trace_all(model)
+    with torch.no_grad():
+        reference = model._module(**inputs, output_hidden_states=True)
+    torch.testing.assert_close(logits, reference.logits, rtol=0, atol=0)
+    hidden = reference.hidden_states
+    for index, row in enumerate(values):
+        torch.testing.assert_close(row["layer_input"], hidden[index], rtol=0, atol=0)
+        if index + 1 < model.num_layers:
+            torch.testing.assert_close(row["layer_output"], hidden[index + 1], rtol=0, atol=0)
+        for name in ("attention_head_outputs", "attention_output", "mlp_output"):
+            torch.testing.assert_close(row[name], _site_reference(model, index, name, inputs), rtol=0, atol=0)
+        assert row["attention_head_outputs"].shape[-2:] == (model.num_heads, model.head_dim)
+        assert row["attention_output"].shape == row["layer_input"].shape
+
+
+def test_contribution_identity(model):
+    values, _ = _trace_all(model)
+    for row in values:
+        torch.testing.assert_close(row["layer_input"] + row["attention_output"] + row["mlp_output"], row["layer_output"], **TOL)
+
+
+@pytest.mark.parametrize("zeroed, kept", [("attention_output", "mlp_output"), ("mlp_output", "attention_output")])
+def test_zeroed_contribution_leaves_the_other(model, zeroed, kept):
+    for index in range(model.num_layers):
+        layer = model.layers[index]
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            x = layer.layer_input.save()
+            attention = layer.self_attn.attention_output
+            if zeroed == "attention_output":
+                attention[:] = 0
+            attention = attention.save()
+            mlp = layer.mlp.mlp_output
+            if zeroed == "mlp_output":
+                mlp[:] = 0
+            mlp = mlp.save()
+            y = layer.layer_output.save()
+        other = mlp if kept == "mlp_output" else attention
+        torch.testing.assert_close(y - x, other, **TOL)
+
+
+def test_head_ablation_equals_probability_ablation(model):
+    head = model.num_heads - 1
+    for index in range(model.num_layers):
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            model.layers[index].self_attn.attention_head_outputs[..., head, :] = 0
+            by_head = model.logits.save()
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            model.layers[index].self_attn.attention_probabilities[:, head] = 0
+            by_probabilities = model.logits.save()
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            clean = model.logits.save()
+        torch.testing.assert_close(by_head, by_probabilities, **TOL)
+        assert not torch.equal(by_head, clean), "zeroing a head must reach the logits"
+
+
+def test_write_in_one_invoke_touches_its_rows_only(model):
+    with torch.no_grad(), model.trace() as tracer:
+        with tracer.invoke(PROMPTS[0]):
+            clean = model.logits.save()
+        with tracer.invoke(PROMPTS[0]):
+            model.layers[0].self_attn.attention_output[:] = 0
+            model.layers[-1].mlp.mlp_output[:, -1] = 1.0
+            written = model.logits.save()
+        with tracer.invoke(PROMPTS[0]):
+            again = model.logits.save()
+    assert torch.equal(clean, again)
+    assert not torch.equal(clean, written)
+
+
+def test_skip_layers_passes_the_stream(model):
+    last = model.num_layers - 1
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        entering = model.layers[0].layer_input.save()
+        model.skip_layers(0, last)
+        leaving = model.layers[last].layer_output.save()
+        lens = model.project_on_vocab(entering).save()
+        logits = model.logits.save()
+    assert torch.equal(leaving, entering)
+    assert torch.equal(logits, lens)
+
+
+def test_skip_layers_rejects_bad_replacements(model):
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        x = model.layers[0].layer_input
+        for bad in (x[:, :1], x.double(), (x,)):
+            with pytest.raises(InvalidSkip, match=r"layers\[0\]|layers 0"):
+                model.skip_layers(0, 0, skip_with=bad)
+    with pytest.raises(InvalidSkip, match="outside"):
+        with model.trace(PROMPTS[0]):
+            model.skip_layers(0, model.num_layers)
+
+
+def test_partial_batched_skip_raises(model):
+    with pytest.raises(ValueError, match="cover every row"):
+        with torch.no_grad(), model.trace() as tracer:
+            with tracer.invoke(PROMPTS[0]):
+                model.skip_layers(0, 0)
+            with tracer.invoke(PROMPTS[0]):
+                model.logits.save()
+
+
+def test_lens_at_last_layer_equals_logits(model):
+    with torch.no_grad(), model.trace(PROMPTS):
+        lens = model.project_on_vocab(model.layers[-1].layer_output).save()
+        logits = model.logits.save()
+    torch.testing.assert_close(lens, logits, rtol=0, atol=0)
+
+
+def test_assignment_and_bad_writes(model):
+    layer = model.layers[0]
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        x = layer.layer_input.save()
+        attention = layer.self_attn.attention_output
+        layer.self_attn.attention_output = torch.zeros_like(attention)
+        mlp = layer.mlp.mlp_output.save()
+        y = layer.layer_output.save()
+    torch.testing.assert_close(y - x, mlp, **TOL)
+    with pytest.raises(InvalidWrite, match=r"layers\[0\].self_attn.attention_output.*shape"):
+        with model.trace(PROMPTS[0]):
+            layer.self_attn.attention_output = torch.zeros(3, 3)
+    with pytest.raises(InvalidWrite, match="dtype"):
+        with model.trace(PROMPTS[0]):
+            layer.mlp.mlp_output = layer.mlp.mlp_output.double()
+
+
+def test_failed_trace_leaves_model_unchanged(model):
+    weights = {k: v.clone() for k, v in model._module.state_dict().items()}
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        before = model.logits.save()
+    with pytest.raises(RuntimeError, match="deliberate"):
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            model.layers[0].self_attn.attention_output[:] = 0
+            model.layers[-1].mlp.mlp_output[:] = 2
+            raise RuntimeError("deliberate")
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        model.layers[0].self_attn.attention_head_outputs[..., 0, :] = 0
+        model.layers[0].layer_output[:] = 0
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        after = model.logits.save()
+    assert torch.equal(before, after)
+    for key, value in model._module.state_dict().items():
+        assert torch.equal(value, weights[key]), key
+
+
+def test_support_is_honest(model):
+    report = model.support()
+    for index in range(model.num_layers):
+        for value in ("layer_input", "layer_output", "attention_head_outputs", "attention_output", "mlp_output",
+                      "attention_probabilities"):
+            host = model.layers[index]
+            if value.startswith("attention"):
+                host = host.self_attn
+            elif value == "mlp_output":
+                host = host.mlp
+            reason = report.reason(value, layer=index)
+            if reason is None:
+                with torch.no_grad(), model.trace(PROMPTS[0]):
+                    read = getattr(host, value).save()
+                assert isinstance(read, torch.Tensor)
+            else:
+                with pytest.raises(AttributeError, match="not available") as caught:
+                    with model.trace(PROMPTS[0]):
+                        getattr(host, value)
+                assert reason in str(caught.value)
