@@ -29,13 +29,14 @@ def envoy_classes(family: Family) -> dict[str, type]:
 
 
 def _binder(layer: Envoy, where: str, config: Any) -> Callable[..., Binding]:
-    def bind(name: str, site: Site, heads: Optional[int] = None) -> Binding:
+    def bind(name: str, site: Site, heads: Optional[int] = None, component: str = "") -> Binding:
         if site.module:
             layer.get(site.module)  # fail at load, not mid-trace, if the family's path is wrong
             path = f"{layer.path}.{site.module}"
         else:
             path = layer.path
-        return Binding(name, f"{path}.{site.key}", site, config, where, heads)
+        label = f"{where}.{component}" if component else where
+        return Binding(name, f"{path}.{site.key}", site, config, label, heads)
 
     return bind
 
@@ -89,14 +90,14 @@ def mount(model: Any, family: Family, config: Any) -> None:
         attention._nncanon = ComponentState(
             f"{where}.self_attn",
             {
-                "attention_head_outputs": bind("attention_head_outputs", family.head_outputs, heads),
-                "attention_output": bind("attention_output", family.attention_output),
+                "attention_head_outputs": bind("attention_head_outputs", family.head_outputs, heads, "self_attn"),
+                "attention_output": bind("attention_output", family.attention_output, component="self_attn"),
             },
             {"attention_probabilities": probabilities_reason},
             probabilities=family.probabilities,
         )
 
-        mlp_state = ComponentState(f"{where}.mlp", {"mlp_output": bind("mlp_output", family.mlp_output)})
+        mlp_state = ComponentState(f"{where}.mlp", {"mlp_output": bind("mlp_output", family.mlp_output, component="mlp")})
         if family.mlp is None:
             object.__setattr__(layer, "mlp", VirtualMLP(mlp_state))
         else:
