@@ -43,8 +43,14 @@ def tiny_tokenizer(vocab_size: int = 300) -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
 
 
-def tiny_hf_model(name: str | Variant, attn_implementation: str = "eager", seed: int = 0, **overrides: Any) -> Any:
-    """The bare transformers model of a registry variant, random weights from ``seed``, fp32, eval."""
+def tiny_hf_model(
+    name: str | Variant,
+    attn_implementation: str = "eager",
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    **overrides: Any,
+) -> Any:
+    """The bare transformers model of a registry variant, random weights from ``seed``, in eval mode."""
     import transformers
 
     spec = variant(name) if isinstance(name, str) else name
@@ -55,12 +61,18 @@ def tiny_hf_model(name: str | Variant, attn_implementation: str = "eager", seed:
         model = getattr(transformers, spec.model_class)(config)
     else:
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
-    return model.float().eval()
+    return model.to(dtype).eval()
 
 
-def tiny_model(name: str | Variant, attn_implementation: str = "eager", seed: int = 0, **overrides: Any) -> Any:
+def tiny_model(
+    name: str | Variant,
+    attn_implementation: str = "eager",
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    **overrides: Any,
+) -> Any:
     """A `StandardizedTransformer` over `tiny_hf_model` with `tiny_tokenizer`."""
     from .model import StandardizedTransformer
 
-    hf = tiny_hf_model(name, attn_implementation=attn_implementation, seed=seed, **overrides)
+    hf = tiny_hf_model(name, attn_implementation=attn_implementation, seed=seed, dtype=dtype, **overrides)
     return StandardizedTransformer(hf, tokenizer=tiny_tokenizer(hf.config.get_text_config().vocab_size))
