@@ -73,9 +73,20 @@ class StandardizedTransformer(TransformersModel):
         self._text_config = self._module.config.get_text_config()
         self.layers = self.get(family.layers)
         self.embed_tokens = self.get(family.embed_tokens)
-        self.norm = self.get(family.norm) if family.norm is not None else None
+        self.norm = self._optional(family.norm)
         self.lm_head = self.get(family.lm_head)
+        self._before_head = [m for m in map(self._optional, family.before_head) if m is not None]
         mount(self, family, self._text_config)
+
+    def _optional(self, path: Optional[str]) -> Any:
+        """The envoy at ``path``, or ``None`` where this configuration has no such module."""
+        if path is None:
+            return None
+        parent, _, name = path.rpartition(".")
+        owner = self.get(parent)._module if parent else self._module
+        if getattr(owner, name, None) is None:
+            return None
+        return self.get(path)
 
     # -- sizes ---------------------------------------------------------------
 
@@ -98,6 +109,8 @@ class StandardizedTransformer(TransformersModel):
     def num_kv_heads(self) -> int:
         """Number of key/value heads per block (fewer than ``num_heads`` under GQA/MQA)."""
         config = self._text_config
+        if self._family.kv_heads is not None:
+            return self._family.kv_heads(config)
         kv = getattr(config, "num_key_value_heads", None)
         if kv is None:
             kv = 1 if getattr(config, "multi_query", False) else self.num_heads
@@ -141,8 +154,8 @@ class StandardizedTransformer(TransformersModel):
         x = hidden
         if self.norm is not None:
             x = self.norm(x)
-        for path in self._family.before_head:
-            x = self.get(path)(x)
+        for module in self._before_head:
+            x = module(x)
         return apply_logit_steps(self.lm_head(x), self._family, self._text_config)
 
     # -- skipping ------------------------------------------------------------

@@ -39,7 +39,8 @@ class Family:
         embed_tokens: The token embedding.
         norm: The final norm (``None`` where the model has none).
         lm_head: The unembedding.
-        before_head: Modules applied between the final norm and ``lm_head`` (OPT's ``project_out``).
+        before_head: Modules applied between the final norm and ``lm_head`` (OPT's ``project_out``);
+            a path the configuration leaves out (or sets to ``None``) is passed over, as is ``norm``.
         attention: The block's attention module (served as ``self_attn``).
         mlp: The block's MLP module (served as ``mlp``), or ``None`` where the MLP is not a module.
         attention_output: Where attention's contribution to the stream is read.
@@ -51,7 +52,7 @@ class Family:
         logit_steps: The model's logit post-processing, in order.
         residual: The block's residual equation, for the docs and ``support()``.
         declines: Values a configuration cannot serve exactly, with the reason.
-        text_config: Whether heads and sizes are read from ``config.get_text_config()``.
+        kv_heads: The number of key/value heads, where ``config.num_key_value_heads`` does not say it.
     """
 
     name: str
@@ -71,7 +72,7 @@ class Family:
     logit_steps: tuple[LogitStep, ...] = ()
     residual: str = "h = x + attn(norm1(x)); y = h + mlp(norm2(h))"
     declines: Optional[Declines] = field(default=None, compare=False)
-    text_config: bool = False
+    kv_heads: Optional[Callable[[Any], int]] = field(default=None, compare=False)
 
     def declined(self, config: Any, layer: int) -> dict:
         """The values layer ``layer`` of a model with ``config`` cannot serve, with the reasons."""
