@@ -18,7 +18,7 @@ from nncanon import InvalidSkip, InvalidWrite
 from nncanon.served import _pick
 from nncanon.testing import PROMPTS
 
-from ..conftest import encode, hf_block
+from ..conftest import declined_as_recorded, encode, hf_block
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -61,24 +61,26 @@ def _site_reference(model, layer: int, name: str, inputs: dict) -> torch.Tensor:
     return tensor
 
 
-def _trace_all(model, prompt=PROMPTS[0]):
+def _trace_all(model, prompt=PROMPTS[0], contributions=True):
     """Every standard value of every layer, and the logits, from one trace."""
     values = []
     with torch.no_grad(), model.trace(prompt):
         for layer in model.layers:
             row = {"layer_input": layer.layer_input.save()}
             row["attention_head_outputs"] = layer.self_attn.attention_head_outputs.save()
-            row["attention_output"] = layer.self_attn.attention_output.save()
-            row["mlp_output"] = layer.mlp.mlp_output.save()
+            if contributions:
+                row["attention_output"] = layer.self_attn.attention_output.save()
+                row["mlp_output"] = layer.mlp.mlp_output.save()
             row["layer_output"] = layer.layer_output.save()
             values.append(row)
         logits = model.logits.save()
     return values, logits
 
 
-def test_values_equal_plain_hooks(model):
+def test_values_equal_plain_hooks(model, variant):
     inputs = encode(model)
-    values, logits = _trace_all(model)
+    contributions = not declined_as_recorded(model, variant)
+    values, logits = _trace_all(model, contributions=contributions)
     with torch.no_grad():
         reference = model._module(**inputs, output_hidden_states=True)
     torch.testing.assert_close(logits, reference.logits, rtol=0, atol=0)
@@ -87,20 +89,25 @@ def test_values_equal_plain_hooks(model):
         torch.testing.assert_close(row["layer_input"], hidden[index], rtol=0, atol=0)
         if index + 1 < model.num_layers:
             torch.testing.assert_close(row["layer_output"], hidden[index + 1], rtol=0, atol=0)
-        for name in ("attention_head_outputs", "attention_output", "mlp_output"):
+        for name in ("attention_head_outputs", "attention_output", "mlp_output")[: 3 if contributions else 1]:
             torch.testing.assert_close(row[name], _site_reference(model, index, name, inputs), rtol=0, atol=0)
         assert row["attention_head_outputs"].shape[-2:] == (model.num_heads, model.head_dim)
-        assert row["attention_output"].shape == row["layer_input"].shape
+        if contributions:
+            assert row["attention_output"].shape == row["layer_input"].shape
 
 
-def test_contribution_identity(model):
+def test_contribution_identity(model, variant):
+    if declined_as_recorded(model, variant):
+        return
     values, _ = _trace_all(model)
     for row in values:
         torch.testing.assert_close(row["layer_input"] + row["attention_output"] + row["mlp_output"], row["layer_output"], **TOL)
 
 
 @pytest.mark.parametrize("zeroed, kept", [("attention_output", "mlp_output"), ("mlp_output", "attention_output")])
-def test_zeroed_contribution_leaves_the_other(model, zeroed, kept):
+def test_zeroed_contribution_leaves_the_other(model, variant, zeroed, kept):
+    if declined_as_recorded(model, variant):
+        return
     for index in range(model.num_layers):
         layer = model.layers[index]
         with torch.no_grad(), model.trace(PROMPTS[0]):
@@ -133,13 +140,16 @@ def test_head_ablation_equals_probability_ablation(model):
         assert not torch.equal(by_head, clean), "zeroing a head must reach the logits"
 
 
-def test_write_in_one_invoke_touches_its_rows_only(model):
+def test_write_in_one_invoke_touches_its_rows_only(model, variant):
+    contributions = not declined_as_recorded(model, variant)
     with torch.no_grad(), model.trace() as tracer:
         with tracer.invoke(PROMPTS[0]):
             clean = model.logits.save()
         with tracer.invoke(PROMPTS[0]):
-            model.layers[0].self_attn.attention_output[:] = 0
-            model.layers[-1].mlp.mlp_output[:, -1] = 1.0
+            model.layers[0].self_attn.attention_head_outputs[:, 1:] = 0
+            if contributions:
+                model.layers[0].self_attn.attention_output[:] = 0
+                model.layers[-1].mlp.mlp_output[:, -1] = 1.0
             written = model.logits.save()
         with tracer.invoke(PROMPTS[0]):
             again = model.logits.save()
@@ -186,7 +196,9 @@ def test_lens_at_last_layer_equals_logits(model):
     torch.testing.assert_close(lens, logits, rtol=0, atol=0)
 
 
-def test_assignment_and_bad_writes(model):
+def test_assignment_and_bad_writes(model, variant):
+    if declined_as_recorded(model, variant):
+        return
     layer = model.layers[0]
     with torch.no_grad(), model.trace(PROMPTS[0]):
         x = layer.layer_input.save()
@@ -203,14 +215,16 @@ def test_assignment_and_bad_writes(model):
             layer.mlp.mlp_output = layer.mlp.mlp_output.double()
 
 
-def test_failed_trace_leaves_model_unchanged(model):
+def test_failed_trace_leaves_model_unchanged(model, variant):
+    contributions = not declined_as_recorded(model, variant)
     weights = {k: v.clone() for k, v in model._module.state_dict().items()}
     with torch.no_grad(), model.trace(PROMPTS[0]):
         before = model.logits.save()
     with pytest.raises(RuntimeError, match="deliberate"):
         with torch.no_grad(), model.trace(PROMPTS[0]):
-            model.layers[0].self_attn.attention_output[:] = 0
-            model.layers[-1].mlp.mlp_output[:] = 2
+            model.layers[0].self_attn.attention_head_outputs[:] = 0
+            if contributions:
+                model.layers[-1].mlp.mlp_output[:] = 2
             raise RuntimeError("deliberate")
     with torch.no_grad(), model.trace(PROMPTS[0]):
         model.layers[0].self_attn.attention_head_outputs[..., 0, :] = 0
