@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from nnsight.intervention.eproperty import eproperty
@@ -23,6 +23,14 @@ def _config_of(model: Any, kwargs: dict) -> Any:
 
     options = {k: kwargs[k] for k in ("revision", "trust_remote_code", "token") if k in kwargs}
     return AutoConfig.from_pretrained(model, **options)
+
+
+def _tokenizer_of(model: str, kwargs: dict) -> Any:
+    """The checkpoint's tokenizer (transformers 5.24's pipeline no longer infers it for nnsight's meta load)."""
+    from transformers import AutoTokenizer
+
+    options = {k: kwargs[k] for k in ("revision", "trust_remote_code", "token") if k in kwargs}
+    return AutoTokenizer.from_pretrained(model, **options)
 
 
 def apply_logit_steps(logits: torch.Tensor, family: Family, config: Any) -> torch.Tensor:
@@ -68,6 +76,8 @@ class StandardizedTransformer(TransformersModel):
         kwargs["envoys"] = {**envoy_classes(family), **(kwargs.get("envoys") or {})}
         if not isinstance(model, torch.nn.Module):
             kwargs.setdefault("task", "text-generation")
+            if tokenizer is None:
+                tokenizer = _tokenizer_of(model, kwargs)
         super().__init__(model, *args, tokenizer=tokenizer, **kwargs)
         self._family = family
         self._text_config = self._module.config.get_text_config()
@@ -78,7 +88,7 @@ class StandardizedTransformer(TransformersModel):
         self._before_head = [m for m in map(self._optional, family.before_head) if m is not None]
         mount(self, family, self._text_config)
 
-    def _optional(self, path: Optional[str]) -> Any:
+    def _optional(self, path: str | None) -> Any:
         """The envoy at ``path``, or ``None`` where this configuration has no such module."""
         if path is None:
             return None
@@ -160,7 +170,7 @@ class StandardizedTransformer(TransformersModel):
 
     # -- skipping ------------------------------------------------------------
 
-    def skip_layers(self, start: int, end: Optional[int] = None, skip_with: Optional[torch.Tensor] = None) -> None:
+    def skip_layers(self, start: int, end: int | None = None, skip_with: torch.Tensor | None = None) -> None:
         """Skip blocks ``start..end`` (inclusive): they do not run, the stream passes them unchanged.
 
         By default the blocks pass ``layers[start].layer_input`` through; ``skip_with`` gives
@@ -211,7 +221,7 @@ class StandardizedTransformer(TransformersModel):
 
     # -- support -------------------------------------------------------------
 
-    def support(self) -> "SupportReport":  # noqa: F821 - imported lazily below
+    def support(self) -> SupportReport:  # noqa: F821 - imported lazily below
         """Which standard values each layer serves, and why not where it does not. No forward runs."""
         from .support import SupportReport
 

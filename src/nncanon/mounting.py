@@ -8,7 +8,8 @@ family names, and records the values a configuration declines with the reason.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from nnsight.intervention.envoy import Envoy
 
@@ -29,7 +30,7 @@ def envoy_classes(family: Family) -> dict[str, type]:
 
 
 def _binder(layer: Envoy, where: str, config: Any) -> Callable[..., Binding]:
-    def bind(name: str, site: Site, heads: Optional[int] = None, component: str = "") -> Binding:
+    def bind(name: str, site: Site, heads: int | None = None, component: str = "") -> Binding:
         if site.module:
             layer.get(site.module)  # fail at load, not mid-trace, if the family's path is wrong
             path = f"{layer.path}.{site.module}"
@@ -56,7 +57,7 @@ def mount(model: Any, family: Family, config: Any) -> None:
     """
     owner = weakref.ref(model)
 
-    def probabilities_reason() -> Optional[str]:
+    def probabilities_reason() -> str | None:
         implementation = owner().attn_implementation
         if implementation == "eager":
             return None
@@ -97,7 +98,8 @@ def mount(model: Any, family: Family, config: Any) -> None:
             probabilities=family.probabilities,
         )
 
-        mlp_state = ComponentState(f"{where}.mlp", {"mlp_output": bind("mlp_output", family.mlp_output, component="mlp")})
+        mlp_binding = bind("mlp_output", family.mlp_output, component="mlp")
+        mlp_state = ComponentState(f"{where}.mlp", {"mlp_output": mlp_binding})
         if family.mlp is None:
             object.__setattr__(layer, "mlp", VirtualMLP(mlp_state))
         else:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ def registry_dir() -> Path:
     raise FileNotFoundError("model_registry/ not found next to the package or at the repository root")
 
 
-@lru_cache(maxsize=None)
+@cache
 def records() -> dict[str, dict]:
     """Every record, by model type."""
     found = {}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from nnsight.intervention.eproperty import WriteBack, eproperty
@@ -44,8 +44,8 @@ class Site:
 
     module: str = ""
     key: str = "output"
-    index: Optional[int] = None
-    scale: Optional[str] = None
+    index: int | None = None
+    scale: str | None = None
     flat: bool = False
     clone: bool = False
 
@@ -79,7 +79,7 @@ def _put(raw: Any, site: Site, tensor: torch.Tensor) -> Any:
     return tensor
 
 
-def _rows(mediator: Mediator) -> tuple[int, Optional[tuple[int, int]]]:
+def _rows(mediator: Mediator) -> tuple[int, tuple[int, int] | None]:
     """The combined batch size, and this invoke's ``(start, size)`` rows when batching."""
     batcher = getattr(mediator.interleaver, "batcher", None)
     if batcher is None:
@@ -106,7 +106,7 @@ class Binding:
     site: Site
     config: Any
     where: str
-    heads: Optional[int] = None
+    heads: int | None = None
 
     def _factor(self) -> float:
         return getattr(self.config, self.site.scale)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 #: Every standard value of a layer, in the order ``support()`` reports them.
 LAYER_VALUES = (
@@ -53,7 +53,7 @@ class SupportReport:
         self.family = family
 
     @classmethod
-    def of(cls, model: Any) -> "SupportReport":
+    def of(cls, model: Any) -> SupportReport:
         """The report of a `StandardizedTransformer`."""
         rows = []
         for index, layer in enumerate(model.layers):
@@ -61,7 +61,7 @@ class SupportReport:
             for component in ("self_attn", "mlp"):
                 host = layer.__dict__.get(component)
                 states[component] = None if host is None else host.__dict__.get("_nncanon")
-            reasons: dict[str, Optional[str]] = {}
+            reasons: dict[str, str | None] = {}
             for value in LAYER_VALUES:
                 if value in ("layer_input", "layer_output"):
                     reasons[value] = states["layer"].reason(value)
@@ -88,7 +88,7 @@ class SupportReport:
         if value not in LAYER_VALUES:
             raise KeyError(f"{value!r} is not a standard value; the values are: {', '.join(LAYER_VALUES)}")
 
-    def reason(self, value: str, layer: int) -> Optional[str]:
+    def reason(self, value: str, layer: int) -> str | None:
         """Why ``value`` is not served on ``layer``, or ``None`` when it is."""
         self._check(value)
         return self._row(layer).reasons[value]

@@ -6,7 +6,7 @@ variant with random weights and wraps it in a `StandardizedTransformer`.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import torch
@@ -24,7 +24,7 @@ _CORPUS = [
 PROMPTS = ["The Eiffel Tower is in the city of", "Berlin lies in"]
 
 
-@lru_cache(maxsize=None)
+@cache
 def tiny_tokenizer(vocab_size: int = 300) -> Any:
     """A byte-level BPE tokenizer of ``vocab_size`` tokens; ids 0, 1, 2 are pad, bos, eos."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

@@ -50,8 +50,12 @@ def test_heads_sum_to_projection(model):
     for index in range(model.num_layers):
         binding = model.layers[index].self_attn._nncanon.bindings["attention_head_outputs"]
         projection = hf_block(model, index).get_submodule(binding.site.module)
-        seen = {}
-        handle = projection.register_forward_hook(lambda m, a, out: seen.__setitem__("out", out.clone()))
+        seen: dict = {}
+
+        def keep(module, args, out, seen=seen):
+            seen["out"] = out.clone()
+
+        handle = projection.register_forward_hook(keep)
         try:
             with torch.no_grad(), model.trace(PROMPTS[0]):
                 heads = model.layers[index].self_attn.attention_head_outputs.save()
@@ -79,7 +83,7 @@ def test_sdpa_heads_equal_eager_and_probabilities_decline(variant, model):
     with torch.no_grad(), sdpa.trace(PROMPTS[0]):
         for layer in sdpa.layers:
             sdpa_heads.append(layer.self_attn.attention_head_outputs.save())
-    for eager_value, sdpa_value in zip(eager_heads, sdpa_heads):
+    for eager_value, sdpa_value in zip(eager_heads, sdpa_heads, strict=True):
         torch.testing.assert_close(sdpa_value, eager_value, rtol=1e-4, atol=1e-5)
     assert not sdpa.support().available("attention_probabilities", layer=0)
     with pytest.raises(ValueNotAvailable, match="eager"):

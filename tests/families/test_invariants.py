@@ -101,7 +101,8 @@ def test_contribution_identity(model, variant):
         return
     values, _ = _trace_all(model)
     for row in values:
-        torch.testing.assert_close(row["layer_input"] + row["attention_output"] + row["mlp_output"], row["layer_output"], **TOL)
+        total = row["layer_input"] + row["attention_output"] + row["mlp_output"]
+        torch.testing.assert_close(total, row["layer_output"], **TOL)
 
 
 @pytest.mark.parametrize("zeroed, kept", [("attention_output", "mlp_output"), ("mlp_output", "attention_output")])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from nnsight.intervention.envoy import Envoy
@@ -58,7 +58,7 @@ class AttentionEnvoy(Component, Envoy):
 
     def _probability_operation(self) -> Any:
         """The source operation whose first input is the probabilities."""
-        path: Optional[tuple[str, ...]] = self._nncanon.probabilities
+        path: tuple[str, ...] | None = self._nncanon.probabilities
         if path is not None:
             source = self.source
             for name in path[:-1]:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import Any, Optional, Union
 
 from ..errors import ValueNotAvailable
 from ..served import Binding
 
 #: A reason a value is not served: a fixed sentence, or a function that says it now (``None``: served).
-Reason = Union[str, Callable[[], Optional[str]]]
+Reason = Union[str, Callable[[], Optional[str]]]  # noqa: UP007 - a runtime alias, kept 3.10-safe
 
 
 @dataclass
@@ -27,9 +28,9 @@ class ComponentState:
     where: str
     bindings: dict[str, Binding] = field(default_factory=dict)
     reasons: dict[str, Reason] = field(default_factory=dict)
-    probabilities: Optional[tuple[str, ...]] = None
+    probabilities: tuple[str, ...] | None = None
 
-    def reason(self, name: str) -> Optional[str]:
+    def reason(self, name: str) -> str | None:
         """Why ``name`` is not served here, or ``None`` when it is."""
         reason = self.reasons.get(name)
         if callable(reason):
@@ -57,7 +58,7 @@ class Component:
             )
         return state
 
-    def _nncanon_binding(self, name: str) -> Optional[Binding]:
+    def _nncanon_binding(self, name: str) -> Binding | None:
         state = self._nncanon_state(name)
         reason = state.reason(name)
         if reason is not None:

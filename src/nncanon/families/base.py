@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 from ..served import Site
 
@@ -59,20 +60,20 @@ class Family:
     model_types: tuple[str, ...]
     layers: str = "model.layers"
     embed_tokens: str = "model.embed_tokens"
-    norm: Optional[str] = "model.norm"
+    norm: str | None = "model.norm"
     lm_head: str = "lm_head"
     before_head: tuple[str, ...] = ()
     attention: str = "self_attn"
-    mlp: Optional[str] = "mlp"
+    mlp: str | None = "mlp"
     attention_output: Site = Site("self_attn", index=0)
     mlp_output: Site = Site("mlp")
     head_outputs: Site = Site("self_attn.o_proj", key="input")
-    probabilities: Optional[tuple[str, ...]] = None
+    probabilities: tuple[str, ...] | None = None
     block_extras: int = 0
     logit_steps: tuple[LogitStep, ...] = ()
     residual: str = "h = x + attn(norm1(x)); y = h + mlp(norm2(h))"
-    declines: Optional[Declines] = field(default=None, compare=False)
-    kv_heads: Optional[Callable[[Any], int]] = field(default=None, compare=False)
+    declines: Declines | None = field(default=None, compare=False)
+    kv_heads: Callable[[Any], int] | None = field(default=None, compare=False)
 
     def declined(self, config: Any, layer: int) -> dict:
         """The values layer ``layer`` of a model with ``config`` cannot serve, with the reasons."""

@@ -1,0 +1,121 @@
+"""The ``nncanon`` command line (also ``python -m nncanon``).
+
+Commands:
+    nncanon families [-k FILTER]      build every registered family's tiny model, check it, print a table
+    nncanon support MODEL [--json]    the support() table of a hub id or local folder
+
+Exit codes: 0 success, 1 a check failed, 2 bad usage or a model that cannot be loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def identity_error(model, prompt: str) -> float | None:
+    """Max ``|layer_input + attention_output + mlp_output - layer_output|`` over layers, or ``None`` if declined."""
+    import torch
+
+    report = model.support()
+    layers = [
+        i
+        for i in range(model.num_layers)
+        if report.available("attention_output", layer=i) and report.available("mlp_output", layer=i)
+    ]
+    if not layers:
+        return None
+    rows = []
+    with torch.no_grad(), model.trace(prompt):
+        for i in layers:
+            layer = model.layers[i]
+            x = layer.layer_input.save()
+            a = layer.self_attn.attention_output.save()
+            m = layer.mlp.mlp_output.save()
+            y = layer.layer_output.save()
+            rows.append((x, a, m, y))
+    return max(float((x + a + m - y).abs().max()) for x, a, m, y in rows)
+
+
+def _families(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .registry import variants
+    from .testing import PROMPTS, tiny_model
+
+    selected = [v for v in variants() if not args.k or args.k in v.name or args.k in v.model_type]
+    if not selected:
+        print(f"no registered family matches {args.k!r}", file=sys.stderr)
+        return EXIT_USAGE
+    rows, failed = [], 0
+    for spec in tqdm(selected, desc="families", unit="variant", file=sys.stderr, disable=args.quiet):
+        try:
+            model = tiny_model(spec)
+            report = model.support()
+            error = identity_error(model, PROMPTS[0])
+            declined = sorted({v for row in report.layers for v, r in row.reasons.items() if r is not None})
+            ok = error is None or error <= 1e-5
+            status = "ok" if ok else "IDENTITY FAILS"
+            rows.append((spec.name, spec.model_type, model.family.name, model.num_layers,
+                         "declined" if error is None else f"{error:.1e}", ", ".join(declined) or "-", status))
+        except Exception as exception:
+            ok = False
+            error_text = f"ERROR {type(exception).__name__}: {exception}"
+            rows.append((spec.name, spec.model_type, "?", "?", "-", "-", error_text))
+        failed += not ok
+    header = ("variant", "model_type", "family", "layers", "identity err", "declined values", "status")
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header) - 1)]
+    for row in [header, *rows]:
+        print("  ".join(f"{c!s:<{w}}" for c, w in zip(row, widths, strict=False)) + "  " + str(row[-1]))
+    print(f"\n{len(rows) - failed} of {len(rows)} variants pass ({len({r[1] for r in rows})} model types).")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _support(args: argparse.Namespace) -> int:
+    from . import StandardizedTransformer
+    from .errors import UnknownFamilyError
+
+    try:
+        model = StandardizedTransformer(args.model, **({"attn_implementation": args.attn} if args.attn else {}))
+    except UnknownFamilyError as error:
+        print(error, file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as error:
+        print(f"cannot load {args.model!r}: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    report = model.support()
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report)
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nncanon", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    families = commands.add_parser(
+        "families", help="build every registered family's tiny model, run support() and the contribution identity"
+    )
+    families.add_argument("-k", default="", help="only variants whose name or model_type contains this")
+    families.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    families.set_defaults(run=_families)
+
+    support = commands.add_parser("support", help="the support() table of a hub id or local folder")
+    support.add_argument("model", help="hub id or local folder")
+    support.add_argument("--json", action="store_true", help="print the report as JSON")
+    support.add_argument("--attn", default=None, help="attn_implementation to load with (e.g. eager)")
+    support.set_defaults(run=_support)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``nncanon``; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

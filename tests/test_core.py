@@ -1,0 +1,133 @@
+"""The core surface, beyond the per-family invariants: loading, errors, sizes, support, the recipe."""
+
+from __future__ import annotations
+
+import re
+import runpy
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from nncanon import InvalidWrite, StandardizedTransformer, UnknownFamilyError
+from nncanon.testing import PROMPTS, tiny_hf_model, tiny_model, tiny_tokenizer
+
+
+def test_load_from_folder_matches_in_memory(tmp_path):
+    hf = tiny_hf_model("llama")
+    hf.save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    loaded = StandardizedTransformer(str(tmp_path), device="cpu", attn_implementation="eager")
+    assert not loaded.dispatched, "loading by path builds the envoys only; weights come at the first trace"
+    in_memory = StandardizedTransformer(hf, tokenizer=tiny_tokenizer())
+    with torch.no_grad(), loaded.trace(PROMPTS):
+        a = loaded.layers[1].mlp.mlp_output.save()
+        logits = loaded.logits.save()
+    with torch.no_grad(), in_memory.trace(PROMPTS):
+        b = in_memory.layers[1].mlp.mlp_output.save()
+        expected = in_memory.logits.save()
+    assert torch.equal(a, b) and torch.equal(logits, expected)
+
+
+def test_loading_runs_no_forward():
+    hf = tiny_hf_model("gpt2")
+    calls = []
+    handle = hf.register_forward_hook(lambda *args: calls.append(1))
+    model = StandardizedTransformer(hf, tokenizer=tiny_tokenizer())
+    model.support()
+    handle.remove()
+    assert calls == []
+
+
+def test_left_padding_makes_last_position_every_prompts_last_token():
+    model = tiny_model("llama")
+    assert model.tokenizer.padding_side == "left"
+    with torch.no_grad(), model.trace(PROMPTS):
+        batched = model.next_token_probs.save()
+    for row, prompt in enumerate(PROMPTS):
+        with torch.no_grad(), model.trace(prompt):
+            alone = model.next_token_probs.save()
+        torch.testing.assert_close(batched[row], alone[0], rtol=1e-5, atol=1e-6)
+
+
+def test_unknown_family_names_what_is_missing():
+    config = transformers.PretrainedConfig()
+    config.model_type = "made_up_arch"
+    module = torch.nn.Linear(2, 2)
+    module.config = config
+    expected = r"made_up_arch.*Registered: .*llama.*nncanon/families/.*model_registry"
+    with pytest.raises(UnknownFamilyError, match=expected):
+        StandardizedTransformer(module)
+
+
+def test_sizes_follow_the_config():
+    model = tiny_model("qwen3")
+    config = model._module.config
+    assert model.num_layers == config.num_hidden_layers == 2
+    assert (model.num_heads, model.num_kv_heads, model.head_dim) == (4, 2, 16)
+    assert model.hidden_size == 32 and model.vocab_size == 300
+
+
+def test_support_report_api():
+    model = tiny_model("llama", attn_implementation="sdpa")
+    report = model.support()
+    assert report.available("attention_head_outputs", layer=1)
+    assert not report.available("attention_probabilities", layer=0)
+    assert "attn_implementation='eager'" in report.reason("attention_probabilities", layer=0)
+    assert report.layers_with("self_attn") == [0, 1]
+    assert report.layers_with("attention_probabilities") == []
+    table = str(report)
+    assert "LlamaDecoderLayer" in table and "[1] attention probabilities" in table
+    assert report.to_dict()["layers"][0]["values"]["mlp_output"] is None
+    with pytest.raises(KeyError, match="not a standard value"):
+        report.available("attn_out", layer=0)
+    with pytest.raises(IndexError, match="2 layers"):
+        report.reason("mlp_output", layer=5)
+
+
+def test_head_output_write_by_assignment_and_wrong_shape():
+    model = tiny_model("llama")
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        heads = model.layers[0].self_attn.attention_head_outputs
+        model.layers[0].self_attn.attention_head_outputs = torch.zeros_like(heads)
+        attention = model.layers[0].self_attn.attention_output.save()
+    assert torch.equal(attention, torch.zeros_like(attention))
+    with pytest.raises(InvalidWrite, match=r"attention_head_outputs.*\(1, \d+, 4, 8\)"):
+        with model.trace(PROMPTS[0]):
+            model.layers[0].self_attn.attention_head_outputs = torch.zeros(1, 2, 3)
+
+
+def test_generation_with_a_write_at_every_step():
+    model = tiny_model("llama")
+    norms = []
+    with torch.no_grad(), model.generate(PROMPTS[0], max_new_tokens=3) as tracer:
+        for _ in tracer.iter[0:3]:
+            model.layers[0].mlp.mlp_output[:] = 0
+            norms.append(model.layers[0].mlp.mlp_output.abs().sum().save())
+        ids = tracer.result.save()
+    assert [float(n) for n in norms] == [0.0, 0.0, 0.0]
+    assert ids.shape[1] == len(model.tokenizer(PROMPTS[0]).input_ids) + 3
+
+
+def _readme_python() -> str:
+    text = (Path(__file__).parents[1] / "README.md").read_text()
+    return re.findall(r"```python\n(.*?)```", text, re.S)[0]
+
+
+def test_readme_recipe_runs_unchanged_but_for_the_hub_id(tmp_path, capsys):
+    """The README's example is the seed ablation recipe; run it on a GPT-2-shaped model in a folder."""
+    config = transformers.GPT2Config(vocab_size=300, n_embd=48, n_layer=12, n_head=12, n_positions=64,
+                                     bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    code = _readme_python()
+    assert '"openai-community/gpt2"' in code
+    script = tmp_path / "readme_example.py"  # nnsight reads a trace's source from its file
+    script.write_text(code.replace('"openai-community/gpt2"', repr(str(tmp_path))))
+    runpy.run_path(str(script), run_name="__main__")
+    printed = capsys.readouterr().out
+    for name in ("clean", "attention", "mlp", "head 8", "blocks 9-10"):
+        assert re.search(rf"^{name}\s+P\(Paris\) \d\.\d{{3}}$", printed, re.M), name
+    assert "GPT2Block" in printed
