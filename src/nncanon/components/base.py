@@ -10,7 +10,7 @@ from ..errors import ValueNotAvailable
 from ..served import Binding
 
 #: A reason a value is not served: a fixed sentence, or a function that says it now (``None``: served).
-Reason = Union[str, Callable[[], Optional[str]]]  # noqa: UP007 - a runtime alias, kept 3.10-safe
+Reason = Union[str, Callable[[], Optional[str]]]  # noqa: UP007, UP045 - a runtime alias, kept 3.10-safe
 
 
 @dataclass
