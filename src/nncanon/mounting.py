@@ -1,8 +1,9 @@
 """Mount a family's sites on a model's envoy tree: the only place family data meets a model.
 
-`envoy_classes` tells nnsight which envoy class to build for blocks, attention and MLP modules
-(by native path); `mount` then binds, on every block, each standard value to the site its
-family names, and records the values a configuration declines with the reason.
+`envoy_classes` tells nnsight which envoy class to build for blocks and their components (by
+native path); `mount` then binds, on every block, each standard value to the site its family
+names for that block's kind, routes the standard component names by block kind (not by the
+family's attribute names), and records what a block does not serve with the reason.
 """
 
 from __future__ import annotations
@@ -13,26 +14,55 @@ from typing import Any
 
 from nnsight.intervention.envoy import Envoy
 
-from .components import AttentionEnvoy, ComponentState, LayerEnvoy, MLPEnvoy, VirtualMLP
+from .components import (
+    AttentionEnvoy,
+    ComponentState,
+    LayerEnvoy,
+    LinearAttentionEnvoy,
+    MLPEnvoy,
+    TokenMixerEnvoy,
+    VirtualMLP,
+)
 from .families import Family
 from .served import Binding, Site
 
+_ROLE_CLASSES = {
+    frozenset({"attention"}): AttentionEnvoy,
+    frozenset({"mixer"}): LinearAttentionEnvoy,
+    frozenset({"attention", "mixer"}): TokenMixerEnvoy,
+    frozenset({"mlp"}): MLPEnvoy,
+}
+
 
 def envoy_classes(family: Family) -> dict[str, type]:
-    """The ``envoys=`` map nnsight builds the tree with: our classes on blocks, attention, MLP."""
-    classes: dict[str, type] = {
-        f"{family.layers}.*": LayerEnvoy,
-        f"{family.layers}.*.{family.attention}": AttentionEnvoy,
-    }
-    if family.mlp is not None:
-        classes[f"{family.layers}.*.{family.mlp}"] = MLPEnvoy
+    """The ``envoys=`` map nnsight builds the tree with: our classes on blocks and their components."""
+    roles: dict[str, set] = {}
+    for layout in family.all_layouts():
+        for role, native in (("attention", layout.attention), ("mixer", layout.mixer), ("mlp", layout.mlp)):
+            if native is not None:
+                roles.setdefault(native, set()).add(role)
+    classes: dict[str, type] = {f"{family.layers}.*": LayerEnvoy}
+    for native, played in roles.items():
+        cls = _ROLE_CLASSES.get(frozenset(played))
+        if cls is None:
+            raise ValueError(f"family {family.name!r}: module {native!r} is both an MLP and a token mixer")
+        classes[f"{family.layers}.*.{native}"] = cls
     return classes
+
+
+def _child(layer: Envoy, path: str) -> Envoy:
+    """The envoy at ``path`` under ``layer``, by the module's own entry names (routing may hide attributes)."""
+    first, _, rest = path.partition(".")
+    envoy = layer._child_map.get(first)
+    if envoy is None:
+        raise AttributeError(f"{layer.path} has no submodule {first!r}")
+    return envoy.get(rest) if rest else envoy
 
 
 def _binder(layer: Envoy, where: str, config: Any) -> Callable[..., Binding]:
     def bind(name: str, site: Site, heads: int | None = None, component: str = "") -> Binding:
         if site.module:
-            layer.get(site.module)  # fail at load, not mid-trace, if the family's path is wrong
+            _child(layer, site.module)  # fail at load, not mid-trace, if the family's path is wrong
             path = f"{layer.path}.{site.module}"
         else:
             path = layer.path
@@ -42,12 +72,18 @@ def _binder(layer: Envoy, where: str, config: Any) -> Callable[..., Binding]:
     return bind
 
 
-def _alias(parent: Envoy, alias: str, target: Any, native: str) -> None:
-    """Bind ``target`` on ``parent`` as ``alias`` (the standard name) unless that is its native name."""
-    if alias == native:
-        return
-    object.__setattr__(parent, alias, target)
-    parent._aliases[alias] = native
+def _route(layer: Envoy, standard: str, native: str | None, target: Any, hidden: set) -> None:
+    """Make ``layer.<standard>`` the component, and hide a native attribute that names another role."""
+    if native is not None and native != standard:
+        object.__setattr__(layer, standard, target)
+        layer._aliases[standard] = native
+    elif native is None and standard in hidden:
+        layer.__dict__.pop(standard, None)
+
+
+def _label(index: int, kind: str | None, layer: Envoy) -> str:
+    block = type(layer._module).__name__
+    return f"layers[{index}] is a {kind} block ({block})" if kind else f"layers[{index}] ({block})"
 
 
 def mount(model: Any, family: Family, config: Any) -> None:
@@ -74,40 +110,94 @@ def mount(model: Any, family: Family, config: Any) -> None:
                 f"family {family.name!r} names {family.layers!r} as the blocks, but block {index} "
                 f"({type(layer._module).__name__}) was not built as a LayerEnvoy: check the family's paths."
             )
+        spec, kind = family.for_layer(config, index)
         where = f"layers[{index}]"
+        label = _label(index, kind, layer)
         bind = _binder(layer, where, config)
-        declined = family.declined(config, index)
+        # Native names this block uses for a role other than the standard name's own.
+        hidden = {n for n in (spec.attention, spec.mixer, spec.mlp) if n is not None}
 
-        layer._nncanon = ComponentState(
+        state = ComponentState(
             where,
             {
                 "layer_input": bind("layer_input", Site(key="input")),
-                "layer_output": bind("layer_output", Site(index=0 if family.block_extras else None)),
+                "layer_output": bind("layer_output", Site(index=0 if spec.block_extras else None)),
             },
         )
+        layer._nncanon = state
+        components: list[ComponentState] = [state]
 
-        attention = layer.get(family.attention)
-        _alias(layer, "self_attn", attention, family.attention)
-        attention._nncanon = ComponentState(
-            f"{where}.self_attn",
-            {
-                "attention_head_outputs": bind("attention_head_outputs", family.head_outputs, heads, "self_attn"),
-                "attention_output": bind("attention_output", family.attention_output, component="self_attn"),
-            },
-            {"attention_probabilities": probabilities_reason},
-            probabilities=family.probabilities,
-        )
-
-        mlp_binding = bind("mlp_output", family.mlp_output, component="mlp")
-        mlp_state = ComponentState(f"{where}.mlp", {"mlp_output": mlp_binding})
-        if family.mlp is None:
-            object.__setattr__(layer, "mlp", VirtualMLP(mlp_state))
+        if spec.attention is not None:
+            attention = _child(layer, spec.attention)
+            _route(layer, "self_attn", spec.attention, attention, hidden)
+            attention._nncanon = ComponentState(
+                f"{where}.self_attn",
+                {
+                    "attention_head_outputs": bind("attention_head_outputs", spec.head_outputs, heads, "self_attn"),
+                    "attention_output": bind("attention_output", spec.attention_output, component="self_attn"),
+                },
+                {"attention_probabilities": probabilities_reason},
+                probabilities=spec.probabilities,
+            )
+            if isinstance(attention, TokenMixerEnvoy):
+                _decline_other_kind(
+                    attention._nncanon, LinearAttentionEnvoy.standard_values, f"{label}: softmax attention"
+                )
+            components.append(attention._nncanon)
         else:
-            mlp = layer.get(family.mlp)
-            _alias(layer, "mlp", mlp, family.mlp)
-            mlp._nncanon = mlp_state
+            _route(layer, "self_attn", None, None, hidden)
+            mixer_note = f"; its token mixer is layers[{index}].linear_attn" if spec.mixer else ""
+            state.reasons["self_attn"] = f"{label}: it has no softmax attention{mixer_note}"
 
-        for name, reason in declined.items():
-            for state in (layer._nncanon, attention._nncanon, mlp_state):
-                if name in state.bindings or name in state.reasons:
-                    state.reasons[name] = reason
+        if spec.mixer is not None:
+            mixer = _child(layer, spec.mixer)
+            _route(layer, "linear_attn", spec.mixer, mixer, hidden)
+            output = bind("linear_attention_output", spec.mixer_output, component="linear_attn")
+            bindings = {"linear_attention_output": output}
+            reasons = {}
+            if spec.mixer_head_outputs is not None:
+                bindings["linear_attention_head_outputs"] = bind(
+                    "linear_attention_head_outputs",
+                    spec.mixer_head_outputs,
+                    getattr(config, spec.mixer_heads),
+                    "linear_attn",
+                )
+            else:
+                reasons["linear_attention_head_outputs"] = (
+                    f"{label}: its mixer ({type(mixer._module).__name__}) has no per-head structure "
+                    f"before its output projection"
+                )
+            mixer._nncanon = ComponentState(f"{where}.linear_attn", bindings, reasons)
+            if isinstance(mixer, TokenMixerEnvoy):
+                _decline_other_kind(mixer._nncanon, AttentionEnvoy.standard_values, f"{label}: a linear token mixer")
+            components.append(mixer._nncanon)
+        else:
+            note = f"; its token mixer is softmax attention: layers[{index}].self_attn" if spec.attention else ""
+            state.reasons["linear_attn"] = f"{label}: it has no linear-attention or state-space mixer{note}"
+
+        if spec.mlp_output is not None:
+            mlp_binding = bind("mlp_output", spec.mlp_output, component="mlp")
+            mlp_state = ComponentState(f"{where}.mlp", {"mlp_output": mlp_binding})
+            if spec.mlp is None:
+                object.__setattr__(layer, "mlp", VirtualMLP(mlp_state))
+            else:
+                mlp = _child(layer, spec.mlp)
+                _route(layer, "mlp", spec.mlp, mlp, hidden)
+                mlp._nncanon = mlp_state
+            components.append(mlp_state)
+        else:
+            _route(layer, "mlp", None, None, hidden)
+            state.reasons["mlp"] = f"{label}: it has no MLP"
+
+        for name, reason in spec.declined(config, index).items():
+            if name in ("self_attn", "linear_attn", "mlp"):
+                state.reasons[name] = reason
+            for component in components:
+                if name in component.bindings or name in component.reasons:
+                    component.reasons[name] = reason
+
+
+def _decline_other_kind(state: ComponentState, values: tuple[str, ...], what: str) -> None:
+    """On a shared-name component, decline the values of the kind this block is not."""
+    for value in values:
+        state.reasons.setdefault(value, f"{what}; this value belongs to the other kind of block")

@@ -13,16 +13,23 @@ LAYER_VALUES = (
     "attention_probabilities",
     "attention_head_outputs",
     "attention_output",
+    "linear_attn",
+    "linear_attention_head_outputs",
+    "linear_attention_output",
     "mlp",
     "mlp_output",
 )
 
-_COMPONENT_OF = {
+#: The component each value is served on.
+COMPONENT_OF = {
     "attention_probabilities": "self_attn",
     "attention_head_outputs": "self_attn",
     "attention_output": "self_attn",
+    "linear_attention_head_outputs": "linear_attn",
+    "linear_attention_output": "linear_attn",
     "mlp_output": "mlp",
 }
+COMPONENTS = ("self_attn", "linear_attn", "mlp")
 
 
 @dataclass(frozen=True)
@@ -58,14 +65,14 @@ class SupportReport:
         rows = []
         for index, layer in enumerate(model.layers):
             states = {"layer": layer.__dict__["_nncanon"]}
-            for component in ("self_attn", "mlp"):
+            for component in COMPONENTS:
                 host = layer.__dict__.get(component)
                 states[component] = None if host is None else host.__dict__.get("_nncanon")
             reasons: dict[str, str | None] = {}
             for value in LAYER_VALUES:
                 if value in ("layer_input", "layer_output"):
                     reasons[value] = states["layer"].reason(value)
-                elif value in ("self_attn", "mlp"):
+                elif value in COMPONENTS:
                     state = states[value]
                     reasons[value] = (
                         states["layer"].reason(value) or "this block has no such component"
@@ -73,7 +80,7 @@ class SupportReport:
                         else None
                     )
                 else:
-                    component = _COMPONENT_OF[value]
+                    component = COMPONENT_OF[value]
                     state = states[component]
                     reasons[value] = reasons[component] if state is None else state.reason(value)
             rows.append(LayerSupport(index, type(layer._module).__name__, reasons))
@@ -121,11 +128,14 @@ class SupportReport:
             "attention_probabilities": "probs",
             "attention_head_outputs": "heads",
             "attention_output": "attn_out",
+            "linear_attn": "linear",
+            "linear_attention_head_outputs": "lin_heads",
+            "linear_attention_output": "lin_out",
             "mlp": "mlp",
             "mlp_output": "mlp_out",
         }
         width = max([len("block"), *(len(row.block_type) for row in self.layers)])
-        header = f"{'layer':>5}  {'block':<{width}}  " + "  ".join(f"{short[v]:<8}" for v in LAYER_VALUES)
+        header = f"{'layer':>5}  {'block':<{width}}  " + "  ".join(f"{short[v]:<9}" for v in LAYER_VALUES)
         lines = [f"support of {self.model_type} (family {self.family})", header]
         notes: dict[str, int] = {}
         for row in self.layers:
@@ -133,10 +143,10 @@ class SupportReport:
             for value in LAYER_VALUES:
                 reason = row.reasons[value]
                 if reason is None:
-                    cells.append(f"{'yes':<8}")
+                    cells.append(f"{'yes':<9}")
                 else:
                     mark = notes.setdefault(reason, len(notes) + 1)
-                    cells.append(f"{'no [' + str(mark) + ']':<8}")
+                    cells.append(f"{'no [' + str(mark) + ']':<9}")
             lines.append(f"{row.index:>5}  {row.block_type:<{width}}  " + "  ".join(cells))
         for reason, mark in notes.items():
             lines.append(f"[{mark}] {reason}")

@@ -1,8 +1,9 @@
-"""One envoy class per standard role: the block, its attention and its MLP."""
+"""One envoy class per standard role: the block, its attention, its linear mixer and its MLP."""
 
 from .attention import AttentionEnvoy
 from .base import Component, ComponentState
 from .layer import COMPONENT_NAMES, LayerEnvoy
+from .linear_attention import LinearAttentionEnvoy, TokenMixerEnvoy
 from .mlp import MLPEnvoy, VirtualMLP
 
 __all__ = [
@@ -11,6 +12,8 @@ __all__ = [
     "Component",
     "ComponentState",
     "LayerEnvoy",
+    "LinearAttentionEnvoy",
     "MLPEnvoy",
+    "TokenMixerEnvoy",
     "VirtualMLP",
 ]

@@ -11,15 +11,16 @@ from ..served import served
 from .base import Component
 
 #: The components a block may serve, by standard name.
-COMPONENT_NAMES = ("self_attn", "mlp")
+COMPONENT_NAMES = ("self_attn", "linear_attn", "mlp")
 
 
 class LayerEnvoy(Component, Envoy):
     """Block ``i`` of the model: ``model.layers[i]``.
 
     ``layer_input`` and ``layer_output`` are the residual stream, ``[batch, seq, hidden]``,
-    always a tensor (also where the block returns a tuple). ``self_attn`` and ``mlp`` are
-    the block's attention and MLP, whatever the family calls them.
+    always a tensor (also where the block returns a tuple). ``self_attn``, ``linear_attn`` and
+    ``mlp`` are the block's softmax attention, other token mixer and MLP, whatever the family calls
+    them; a block without one raises `ValueNotAvailable` naming what it has.
     """
 
     standard_values = ("layer_input", "layer_output")

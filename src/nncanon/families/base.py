@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..served import Site
@@ -42,7 +42,13 @@ class Family:
         lm_head: The unembedding.
         before_head: Modules applied between the final norm and ``lm_head`` (OPT's ``project_out``);
             a path the configuration leaves out (or sets to ``None``) is passed over, as is ``norm``.
-        attention: The block's attention module (served as ``self_attn``).
+        attention: The block's softmax attention module (served as ``self_attn``), ``None`` if it has none.
+        mixer: The block's token mixer that is not softmax attention (gated DeltaNet, Mamba, short
+            convolution...), served as ``linear_attn``; ``None`` if it has none.
+        mixer_output: Where the mixer's contribution to the stream is read.
+        mixer_head_outputs: The input of the mixer's output projection, viewed per head
+            (``None`` where the mixer has no per-head structure there).
+        mixer_heads: The config attribute holding the mixer's number of heads.
         mlp: The block's MLP module (served as ``mlp``), or ``None`` where the MLP is not a module.
         attention_output: Where attention's contribution to the stream is read.
         mlp_output: Where the MLP's contribution is read.
@@ -54,6 +60,9 @@ class Family:
         residual: The block's residual equation, for the docs and ``support()``.
         declines: Values a configuration cannot serve exactly, with the reason.
         kv_heads: The number of key/value heads, where ``config.num_key_value_heads`` does not say it.
+        layouts: For families whose blocks differ (hybrids, dense layers in an MoE model): block kind
+            -> the fields that differ from this record for blocks of that kind.
+        layout_of: ``(config, layer) -> kind`` for ``layouts``.
     """
 
     name: str
@@ -63,10 +72,14 @@ class Family:
     norm: str | None = "model.norm"
     lm_head: str = "lm_head"
     before_head: tuple[str, ...] = ()
-    attention: str = "self_attn"
+    attention: str | None = "self_attn"
+    mixer: str | None = None
+    mixer_output: Site | None = None
+    mixer_head_outputs: Site | None = None
+    mixer_heads: str | None = None
     mlp: str | None = "mlp"
     attention_output: Site = Site("self_attn", index=0)
-    mlp_output: Site = Site("mlp")
+    mlp_output: Site | None = Site("mlp")
     head_outputs: Site = Site("self_attn.o_proj", key="input")
     probabilities: tuple[str, ...] | None = None
     block_extras: int = 0
@@ -74,6 +87,19 @@ class Family:
     residual: str = "h = x + attn(norm1(x)); y = h + mlp(norm2(h))"
     declines: Declines | None = field(default=None, compare=False)
     kv_heads: Callable[[Any], int] | None = field(default=None, compare=False)
+    layouts: dict = field(default_factory=dict, compare=False)
+    layout_of: Callable[[Any, int], str] | None = field(default=None, compare=False)
+
+    def for_layer(self, config: Any, layer: int) -> tuple[Family, str | None]:
+        """The layout of block ``layer`` (this record with its kind's fields), and the kind's name."""
+        if self.layout_of is None:
+            return self, None
+        kind = self.layout_of(config, layer)
+        return replace(self, layouts={}, layout_of=None, **self.layouts.get(kind, {})), kind
+
+    def all_layouts(self) -> list[Family]:
+        """This record and every block layout it declares."""
+        return [self] + [replace(self, layouts={}, layout_of=None, **fields) for fields in self.layouts.values()]
 
     def declined(self, config: Any, layer: int) -> dict:
         """The values layer ``layer`` of a model with ``config`` cannot serve, with the reasons."""

@@ -1,0 +1,43 @@
+"""Token mixers that are not softmax attention: gated DeltaNet, KDA, Lightning, Mamba, short convolutions, RG-LRU."""
+
+from __future__ import annotations
+
+from nnsight.intervention.envoy import Envoy
+
+from ..served import served
+from .attention import AttentionEnvoy
+from .base import Component
+
+
+class LinearAttentionEnvoy(Component, Envoy):
+    """A block's linear-attention or state-space mixer: ``model.layers[i].linear_attn``.
+
+    - ``linear_attention_head_outputs`` ``[batch, seq, heads, head_dim]``: each head's output before
+      the mixer's output projection, where the mixer has per-head structure there.
+    - ``linear_attention_output`` ``[batch, seq, hidden]``: exactly what the mixer adds to the
+      residual stream.
+    """
+
+    standard_values = ("linear_attention_head_outputs", "linear_attention_output")
+
+    linear_attention_head_outputs = served(
+        "linear_attention_head_outputs",
+        "per-head outputs before the mixer's output projection [b, s, H, head_dim]",
+        "Each head's output before the mixer's output projection, ``[batch, seq, heads, head_dim]``. Writable.",
+    )
+    linear_attention_output = served(
+        "linear_attention_output",
+        "what the mixer adds to the residual stream [b, s, d]",
+        "Exactly what the linear-attention / state-space mixer adds to the residual stream, "
+        "``[batch, seq, hidden]``. Writable.",
+    )
+
+
+class TokenMixerEnvoy(AttentionEnvoy, LinearAttentionEnvoy):
+    """A module name a family uses for softmax attention in some blocks and a linear mixer in others.
+
+    Kimi-Linear, Bailing and MiniMax keep both under ``self_attn``; each block serves the values of
+    the kind it is (``support()`` says which), and declines the others with the reason.
+    """
+
+    standard_values = AttentionEnvoy.standard_values + LinearAttentionEnvoy.standard_values
