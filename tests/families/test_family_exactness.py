@@ -16,11 +16,10 @@ from nncanon import ValueNotAvailable
 from nncanon.registry import records
 from nncanon.testing import PROMPTS, tiny_model
 
-from ..conftest import declined_as_recorded, hf_block
+from ..conftest import CONTRIBUTIONS, HEAD_VALUES, declined_as_recorded, hf_block, host, served
 
 
-@pytest.mark.parametrize("value", ["attention_output", "mlp_output"])
-def test_bf16_write_is_local(variant, value):
+def test_bf16_write_is_local(variant):
     model = tiny_model(variant, dtype=torch.bfloat16)
     if declined_as_recorded(model, variant):
         return
@@ -29,13 +28,13 @@ def test_bf16_write_is_local(variant, value):
         layer = model.layers[index]
         with torch.no_grad(), model.trace(PROMPTS[0]):
             clean = layer.layer_output.save()
-        with torch.no_grad(), model.trace(PROMPTS[0]):
-            host = layer.self_attn if value == "attention_output" else layer.mlp
-            getattr(host, value)[:, position] += 0.5
-            written = layer.layer_output.save()
-        others = [p for p in range(clean.shape[1]) if p != position]
-        assert torch.equal(written[:, others], clean[:, others]), f"layer {index}: other positions moved"
-        assert not torch.equal(written[:, position], clean[:, position]), "the write must reach the stream"
+        for value in served(model, index, CONTRIBUTIONS):
+            with torch.no_grad(), model.trace(PROMPTS[0]):
+                getattr(host(model, index, value), value)[:, position] += 0.5
+                written = layer.layer_output.save()
+            others = [p for p in range(clean.shape[1]) if p != position]
+            assert torch.equal(written[:, others], clean[:, others]), f"layer {index} {value}: other positions moved"
+            assert not torch.equal(written[:, position], clean[:, position]), "the write must reach the stream"
 
 
 def _projection(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -47,26 +46,32 @@ def _projection(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | N
 
 
 def test_heads_sum_to_projection(model):
+    checked = 0
     for index in range(model.num_layers):
-        binding = model.layers[index].self_attn._nncanon.bindings["attention_head_outputs"]
-        projection = hf_block(model, index).get_submodule(binding.site.module)
-        seen: dict = {}
+        for value in served(model, index, HEAD_VALUES):
+            binding = host(model, index, value)._nncanon.bindings[value]
+            projection = hf_block(model, index).get_submodule(binding.site.module)
+            seen: dict = {}
 
-        def keep(module, args, out, seen=seen):
-            seen["out"] = out.clone()
+            def keep(module, args, out, seen=seen):
+                seen["out"] = out.clone()
 
-        handle = projection.register_forward_hook(keep)
-        try:
-            with torch.no_grad(), model.trace(PROMPTS[0]):
-                heads = model.layers[index].self_attn.attention_head_outputs.save()
-        finally:
-            handle.remove()
-        weight, bias = _projection(projection)
-        per_head = weight.view(weight.shape[0], model.num_heads, -1)  # [out, H, head_dim]
-        total = torch.einsum("bshd,ohd->bso", heads, per_head)
-        if bias is not None:
-            total = total + bias
-        torch.testing.assert_close(total, seen["out"].view_as(total), rtol=1e-5, atol=1e-5)
+            handle = projection.register_forward_hook(keep)
+            try:
+                with torch.no_grad(), model.trace(PROMPTS[0]):
+                    heads = getattr(host(model, index, value), value).save()
+            finally:
+                handle.remove()
+            weight, bias = _projection(projection)
+            per_head = weight.view(weight.shape[0], heads.shape[-2], -1)  # [out, H, head_dim]
+            total = torch.einsum("bshd,ohd->bso", heads, per_head)
+            if bias is not None:
+                total = total + bias
+            torch.testing.assert_close(total, seen["out"].view_as(total), rtol=1e-5, atol=1e-5)
+            checked += 1
+    assert checked or not any(
+        layout.attention or layout.mixer_head_outputs for layout in model.family.all_layouts()
+    ), "a family with heads must serve them somewhere"
 
 
 def test_sdpa_heads_equal_eager_and_probabilities_decline(variant, model):
@@ -76,16 +81,18 @@ def test_sdpa_heads_equal_eager_and_probabilities_decline(variant, model):
         return
     sdpa = tiny_model(variant, attn_implementation="sdpa")
     assert sdpa.attn_implementation == "sdpa"
+    attention_layers = model.support().layers_with("attention_head_outputs")
     eager_heads, sdpa_heads = [], []
     with torch.no_grad(), model.trace(PROMPTS[0]):
-        for layer in model.layers:
-            eager_heads.append(layer.self_attn.attention_head_outputs.save())
+        for index in attention_layers:
+            eager_heads.append(model.layers[index].self_attn.attention_head_outputs.save())
     with torch.no_grad(), sdpa.trace(PROMPTS[0]):
-        for layer in sdpa.layers:
-            sdpa_heads.append(layer.self_attn.attention_head_outputs.save())
+        for index in attention_layers:
+            sdpa_heads.append(sdpa.layers[index].self_attn.attention_head_outputs.save())
     for eager_value, sdpa_value in zip(eager_heads, sdpa_heads, strict=True):
         torch.testing.assert_close(sdpa_value, eager_value, rtol=1e-4, atol=1e-5)
-    assert not sdpa.support().available("attention_probabilities", layer=0)
-    with pytest.raises(ValueNotAvailable, match="eager"):
-        with sdpa.trace(PROMPTS[0]):
-            sdpa.layers[0].self_attn.attention_probabilities
+    for index in attention_layers:
+        assert not sdpa.support().available("attention_probabilities", layer=index)
+        with pytest.raises(ValueNotAvailable, match="eager"):
+            with sdpa.trace(PROMPTS[0]):
+                sdpa.layers[index].self_attn.attention_probabilities

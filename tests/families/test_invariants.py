@@ -18,15 +18,14 @@ from nncanon import InvalidSkip, InvalidWrite
 from nncanon.served import _pick
 from nncanon.testing import PROMPTS
 
-from ..conftest import declined_as_recorded, encode, hf_block
+from ..conftest import CONTRIBUTIONS, HEAD_VALUES, declined_as_recorded, encode, hf_block, host, served
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
 def _site_reference(model, layer: int, name: str, inputs: dict) -> torch.Tensor:
     """A value read with plain forward hooks on the unwrapped model, at the site its family names."""
-    component = model.layers[layer].self_attn if name != "mlp_output" else model.layers[layer].mlp
-    binding = component._nncanon.bindings[name]
+    binding = host(model, layer, name)._nncanon.bindings[name]
     site = binding.site
     block = hf_block(model, layer)
     module = block.get_submodule(site.module) if site.module else block
@@ -62,15 +61,19 @@ def _site_reference(model, layer: int, name: str, inputs: dict) -> torch.Tensor:
 
 
 def _trace_all(model, prompt=PROMPTS[0], contributions=True):
-    """Every standard value of every layer, and the logits, from one trace."""
+    """Every served value of every layer, and the logits, from one trace (in execution order)."""
+    plan = []
+    for index in range(model.num_layers):
+        names = served(model, index, ("attention_head_outputs", "attention_output", "linear_attention_head_outputs",
+                                      "linear_attention_output", "mlp_output"))
+        plan.append([n for n in names if contributions or n in HEAD_VALUES])
     values = []
     with torch.no_grad(), model.trace(prompt):
-        for layer in model.layers:
+        for index, names in enumerate(plan):
+            layer = model.layers[index]
             row = {"layer_input": layer.layer_input.save()}
-            row["attention_head_outputs"] = layer.self_attn.attention_head_outputs.save()
-            if contributions:
-                row["attention_output"] = layer.self_attn.attention_output.save()
-                row["mlp_output"] = layer.mlp.mlp_output.save()
+            for name in names:
+                row[name] = getattr(host(model, index, name), name).save()
             row["layer_output"] = layer.layer_output.save()
             values.append(row)
         logits = model.logits.save()
@@ -89,11 +92,12 @@ def test_values_equal_plain_hooks(model, variant):
         torch.testing.assert_close(row["layer_input"], hidden[index], rtol=0, atol=0)
         if index + 1 < model.num_layers:
             torch.testing.assert_close(row["layer_output"], hidden[index + 1], rtol=0, atol=0)
-        for name in ("attention_head_outputs", "attention_output", "mlp_output")[: 3 if contributions else 1]:
+        for name in set(row) - {"layer_input", "layer_output"}:
             torch.testing.assert_close(row[name], _site_reference(model, index, name, inputs), rtol=0, atol=0)
-        assert row["attention_head_outputs"].shape[-2:] == (model.num_heads, model.head_dim)
-        if contributions:
-            assert row["attention_output"].shape == row["layer_input"].shape
+            if name in CONTRIBUTIONS:
+                assert row[name].shape == row["layer_input"].shape
+        if "attention_head_outputs" in row:
+            assert row["attention_head_outputs"].shape[-2:] == (model.num_heads, model.head_dim)
 
 
 def test_contribution_identity(model, variant):
@@ -101,34 +105,32 @@ def test_contribution_identity(model, variant):
         return
     values, _ = _trace_all(model)
     for row in values:
-        total = row["layer_input"] + row["attention_output"] + row["mlp_output"]
+        total = row["layer_input"] + sum(row[name] for name in CONTRIBUTIONS if name in row)
         torch.testing.assert_close(total, row["layer_output"], **TOL)
 
 
-@pytest.mark.parametrize("zeroed, kept", [("attention_output", "mlp_output"), ("mlp_output", "attention_output")])
-def test_zeroed_contribution_leaves_the_other(model, variant, zeroed, kept):
+def test_zeroed_contribution_leaves_the_others(model, variant):
     if declined_as_recorded(model, variant):
         return
     for index in range(model.num_layers):
-        layer = model.layers[index]
-        with torch.no_grad(), model.trace(PROMPTS[0]):
-            x = layer.layer_input.save()
-            attention = layer.self_attn.attention_output
-            if zeroed == "attention_output":
-                attention[:] = 0
-            attention = attention.save()
-            mlp = layer.mlp.mlp_output
-            if zeroed == "mlp_output":
-                mlp[:] = 0
-            mlp = mlp.save()
-            y = layer.layer_output.save()
-        other = mlp if kept == "mlp_output" else attention
-        torch.testing.assert_close(y - x, other, **TOL)
+        names = served(model, index)
+        for zeroed in names:
+            kept = []
+            with torch.no_grad(), model.trace(PROMPTS[0]):
+                x = model.layers[index].layer_input.save()
+                for name in names:
+                    value = getattr(host(model, index, name), name)
+                    if name == zeroed:
+                        value[:] = 0
+                    else:
+                        kept.append(value.save())
+                y = model.layers[index].layer_output.save()
+            torch.testing.assert_close(y - x, sum(kept) if kept else torch.zeros_like(x), **TOL)
 
 
 def test_head_ablation_equals_probability_ablation(model):
     head = model.num_heads - 1
-    for index in range(model.num_layers):
+    for index in model.support().layers_with("attention_probabilities"):
         with torch.no_grad(), model.trace(PROMPTS[0]):
             model.layers[index].self_attn.attention_head_outputs[..., head, :] = 0
             by_head = model.logits.save()
@@ -141,19 +143,32 @@ def test_head_ablation_equals_probability_ablation(model):
         assert not torch.equal(by_head, clean), "zeroing a head must reach the logits"
 
 
+def test_tiny_config_has_every_block_kind(model):
+    """The tiny config exercises every kind of block the family declares, and attention where it has it."""
+    family = model.family
+    kinds = {family.for_layer(model._text_config, i)[1] for i in range(model.num_layers)}
+    assert kinds == (set(family.layouts) or {None})
+    report = model.support()
+    if any(layout.attention for layout in family.all_layouts()):
+        assert report.layers_with("attention_probabilities"), "eager attention layers serve probabilities"
+
+
 def test_write_in_one_invoke_touches_its_rows_only(model, variant):
     contributions = not declined_as_recorded(model, variant)
+    first = served(model, 0, HEAD_VALUES + (CONTRIBUTIONS if contributions else ()))
+    last = served(model, model.num_layers - 1, CONTRIBUTIONS if contributions else HEAD_VALUES)
     with torch.no_grad(), model.trace() as tracer:
         with tracer.invoke(PROMPTS[0]):
             clean = model.logits.save()
         with tracer.invoke(PROMPTS[0]):
-            model.layers[0].self_attn.attention_head_outputs[:, 1:] = 0
-            if contributions:
-                model.layers[0].self_attn.attention_output[:] = 0
-                model.layers[-1].mlp.mlp_output[:, -1] = 1.0
+            for name in first:
+                getattr(host(model, 0, name), name)[:, 1:] = 0
+            if last and model.num_layers > 1:
+                getattr(host(model, model.num_layers - 1, last[-1]), last[-1])[:, -1] = 1.0
             written = model.logits.save()
         with tracer.invoke(PROMPTS[0]):
             again = model.logits.save()
+    assert first, "block 0 serves at least one writable value"
     assert torch.equal(clean, again)
     assert not torch.equal(clean, written)
 
@@ -200,20 +215,27 @@ def test_lens_at_last_layer_equals_logits(model):
 def test_assignment_and_bad_writes(model, variant):
     if declined_as_recorded(model, variant):
         return
-    layer = model.layers[0]
+    names = served(model, 0)
+    zeroed, kept = names[0], names[1:]
+    component = host(model, 0, zeroed)
+    others = []
     with torch.no_grad(), model.trace(PROMPTS[0]):
-        x = layer.layer_input.save()
-        attention = layer.self_attn.attention_output
-        layer.self_attn.attention_output = torch.zeros_like(attention)
-        mlp = layer.mlp.mlp_output.save()
-        y = layer.layer_output.save()
-    torch.testing.assert_close(y - x, mlp, **TOL)
-    with pytest.raises(InvalidWrite, match=r"layers\[0\].self_attn.attention_output.*shape"):
+        x = model.layers[0].layer_input.save()
+        for name in names:
+            value = getattr(host(model, 0, name), name)
+            if name == zeroed:
+                setattr(component, zeroed, torch.zeros_like(value))
+            else:
+                others.append(value.save())
+        y = model.layers[0].layer_output.save()
+    torch.testing.assert_close(y - x, sum(others) if kept else torch.zeros_like(x), **TOL)
+    where = component._nncanon.where.replace("[", r"\[").replace("]", r"\]")
+    with pytest.raises(InvalidWrite, match=rf"{where}.{zeroed}.*shape"):
         with model.trace(PROMPTS[0]):
-            layer.self_attn.attention_output = torch.zeros(3, 3)
+            setattr(component, zeroed, torch.zeros(3, 3))
     with pytest.raises(InvalidWrite, match="dtype"):
         with model.trace(PROMPTS[0]):
-            layer.mlp.mlp_output = layer.mlp.mlp_output.double()
+            setattr(component, zeroed, getattr(component, zeroed).double())
 
 
 def test_failed_trace_leaves_model_unchanged(model, variant):
@@ -223,12 +245,10 @@ def test_failed_trace_leaves_model_unchanged(model, variant):
         before = model.logits.save()
     with pytest.raises(RuntimeError, match="deliberate"):
         with torch.no_grad(), model.trace(PROMPTS[0]):
-            model.layers[0].self_attn.attention_head_outputs[:] = 0
-            if contributions:
-                model.layers[-1].mlp.mlp_output[:] = 2
+            for name in served(model, 0, HEAD_VALUES + (CONTRIBUTIONS if contributions else ())):
+                getattr(host(model, 0, name), name)[:] = 0
             raise RuntimeError("deliberate")
     with torch.no_grad(), model.trace(PROMPTS[0]):
-        model.layers[0].self_attn.attention_head_outputs[..., 0, :] = 0
         model.layers[0].layer_output[:] = 0
     with torch.no_grad(), model.trace(PROMPTS[0]):
         after = model.logits.save()
@@ -238,22 +258,34 @@ def test_failed_trace_leaves_model_unchanged(model, variant):
 
 
 def test_support_is_honest(model):
+    from nncanon.support import COMPONENT_OF, COMPONENTS, LAYER_VALUES
+
     report = model.support()
     for index in range(model.num_layers):
-        for value in ("layer_input", "layer_output", "attention_head_outputs", "attention_output", "mlp_output",
-                      "attention_probabilities"):
-            host = model.layers[index]
-            if value.startswith("attention"):
-                host = host.self_attn
-            elif value == "mlp_output":
-                host = host.mlp
+        layer = model.layers[index]
+        for value in LAYER_VALUES:
             reason = report.reason(value, layer=index)
+            if value in COMPONENTS:
+                if reason is None:
+                    assert getattr(layer, value) is not None
+                else:
+                    with pytest.raises(AttributeError, match="not available") as caught:
+                        getattr(layer, value)
+                    assert reason in str(caught.value)
+                continue
+            owner = layer if value in ("layer_input", "layer_output") else None
+            if owner is None:
+                component_reason = report.reason(COMPONENT_OF[value], layer=index)
+                if component_reason is not None:
+                    assert reason == component_reason
+                    continue
+                owner = getattr(layer, COMPONENT_OF[value])
             if reason is None:
                 with torch.no_grad(), model.trace(PROMPTS[0]):
-                    read = getattr(host, value).save()
+                    read = getattr(owner, value).save()
                 assert isinstance(read, torch.Tensor)
             else:
                 with pytest.raises(AttributeError, match="not available") as caught:
                     with model.trace(PROMPTS[0]):
-                        getattr(host, value)
+                        getattr(owner, value)
                 assert reason in str(caught.value)
