@@ -81,11 +81,13 @@ class StandardizedTransformer(TransformersModel):
         super().__init__(model, *args, tokenizer=tokenizer, **kwargs)
         self._family = family
         self._text_config = self._module.config.get_text_config()
+        # Native paths first: a standard name bound below may shadow a native module of that name
+        # (ModernBERT-decoder's native ``lm_head`` is the prediction head run before ``decoder``).
+        self._before_head = [m for m in map(self._optional, family.before_head) if m is not None]
         self.layers = self.get(family.layers)
         self.embed_tokens = self.get(family.embed_tokens)
         self.norm = self._optional(family.norm)
         self.lm_head = self.get(family.lm_head)
-        self._before_head = [m for m in map(self._optional, family.before_head) if m is not None]
         mount(self, family, self._text_config)
 
     def _optional(self, path: str | None) -> Any:
@@ -97,6 +99,22 @@ class StandardizedTransformer(TransformersModel):
         if getattr(owner, name, None) is None:
             return None
         return self.get(path)
+
+    def dispatch(self) -> None:
+        """Load the real weights (a model built on meta), then re-install the operation hooks on them."""
+        was = self.dispatched
+        super().dispatch()
+        if not was:
+            self._prepare_operations()
+
+    def _prepare_operations(self) -> None:
+        """Install nnsight's source hooks for every value read inside a forward (router logits, ...)."""
+        for layer in self.layers:
+            for host in (layer, *(layer.__dict__.get(name) for name in ("self_attn", "linear_attn", "mlp"))):
+                state = getattr(host, "__dict__", {}).get("_nncanon")
+                for binding in state.bindings.values() if state is not None else ():
+                    if binding.prepare is not None:
+                        binding.prepare()
 
     # -- sizes ---------------------------------------------------------------
 
@@ -226,3 +244,9 @@ class StandardizedTransformer(TransformersModel):
         from .support import SupportReport
 
         return SupportReport.of(self)
+
+    def steer(self, layers: Any, vector: torch.Tensor, factor: float = 1.0, positions: Any = None) -> None:
+        """Add ``factor · vector`` to ``layers[l].layer_output`` inside a trace: `nncanon.tools.steer`."""
+        from .tools.steering import steer
+
+        steer(self, layers, vector, factor, positions)

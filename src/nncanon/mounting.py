@@ -61,13 +61,21 @@ def _child(layer: Envoy, path: str) -> Envoy:
 
 def _binder(layer: Envoy, where: str, config: Any) -> Callable[..., Binding]:
     def bind(name: str, site: Site, heads: int | None = None, component: str = "") -> Binding:
-        if site.module:
-            _child(layer, site.module)  # fail at load, not mid-trace, if the family's path is wrong
-            path = f"{layer.path}.{site.module}"
-        else:
-            path = layer.path
+        module = _child(layer, site.module) if site.module else layer  # fail at load if the path is wrong
+        path = f"{layer.path}.{site.module}" if site.module else layer.path
+        prepare = None
+        if site.op is not None:
+            path = f"{path}.source.{site.op}"
+
+            def prepare(module: Envoy = module) -> None:
+                module.source  # noqa: B018 - installs nnsight's operation hooks (idempotent)
+
+            # Now, not at the first read: a forward already running when they are installed
+            # (the router's MoE block, mid-trace) would never reach them.
+            prepare()
+
         label = f"{where}.{component}" if component else where
-        return Binding(name, f"{path}.{site.key}", site, config, label, heads)
+        return Binding(name, f"{path}.{site.key}", site, config, label, heads, prepare)
 
     return bind
 
@@ -137,7 +145,7 @@ def mount(model: Any, family: Family, config: Any) -> None:
                     "attention_output": bind("attention_output", spec.attention_output, component="self_attn"),
                 },
                 {"attention_probabilities": probabilities_reason},
-                probabilities=spec.probabilities,
+                probabilities=spec.probabilities(config) if callable(spec.probabilities) else spec.probabilities,
             )
             if isinstance(attention, TokenMixerEnvoy):
                 _decline_other_kind(
@@ -178,6 +186,15 @@ def mount(model: Any, family: Family, config: Any) -> None:
         if spec.mlp_output is not None:
             mlp_binding = bind("mlp_output", spec.mlp_output, component="mlp")
             mlp_state = ComponentState(f"{where}.mlp", {"mlp_output": mlp_binding})
+            routing = ("router_logits", "expert_weights", "expert_indices")
+            for name in (*routing, "shared_expert_output"):
+                site = getattr(spec, name)
+                if site is not None:
+                    mlp_state.bindings[name] = bind(name, site, component="mlp")
+                elif name in routing:
+                    mlp_state.reasons[name] = f"{label}: its MLP is dense, not a mixture of experts: it has no router"
+                else:
+                    mlp_state.reasons[name] = f"{label}: its MLP has no shared expert"
             if spec.mlp is None:
                 object.__setattr__(layer, "mlp", VirtualMLP(mlp_state))
             else:

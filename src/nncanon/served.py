@@ -40,6 +40,13 @@ class Site:
         flat: The module runs on a flattened ``(b·s, ...)`` tensor (OPT's ``fc2``).
         clone: The model changes the tensor in place after the module returns (Falcon adds
             attention into the MLP output), so the read is a copy taken at the module.
+        bias: The tuple element of the output holding a bias the caller adds to the tensor
+            (GPT-NeoX-Japanese's last attention returns its ``dense_bias`` apart, Megatron's
+            ``skip_bias_add``); the value served is ``tensor + bias`` where that element is not ``None``.
+        op: An operation inside the module's forward, by its nnsight ``.source`` name
+            (``"router_logits_0"``: the value bound to ``router_logits``); ``key`` then applies
+            to the operation. For values that exist only inside a forward, such as router
+            logits whose edit must change the routing.
     """
 
     module: str = ""
@@ -48,11 +55,13 @@ class Site:
     scale: str | None = None
     flat: bool = False
     clone: bool = False
+    op: str | None = None
+    bias: int | None = None
 
     @property
     def needs_writeback(self) -> bool:
         """Whether the served tensor is not a view of the model's own, so edits must be written back."""
-        return self.scale is not None or self.clone
+        return self.scale is not None or self.clone or self.bias is not None
 
 
 def _pick(raw: Any, site: Site) -> torch.Tensor:
@@ -99,6 +108,7 @@ class Binding:
         config: The model's (text) config, for scale factors.
         where: A human label for messages (``"layers[3].self_attn"``).
         heads: When set, the last axis is split into ``(heads, head_dim)``.
+        prepare: Called before a read; installs nnsight's source hooks for an operation site.
     """
 
     name: str
@@ -107,13 +117,23 @@ class Binding:
     config: Any
     where: str
     heads: int | None = None
+    prepare: Any | None = None
 
     def _factor(self) -> float:
         return getattr(self.config, self.site.scale)
 
+    def _bias(self, raw: Any) -> torch.Tensor | None:
+        """The bias the caller adds to the site's tensor, where the site names one and it is set."""
+        if self.site.bias is None or not isinstance(raw, (tuple, list)):
+            return None
+        return raw[self.site.bias]
+
     def read(self, raw: Any, mediator: Mediator) -> torch.Tensor:
         """What the user reads: ``[b, s, ...]``, this invoke's rows only."""
         tensor = _pick(raw, self.site)
+        bias = self._bias(raw)
+        if bias is not None:
+            tensor = tensor + bias
         if self.site.flat:
             tensor = self._unflatten(tensor, mediator)
         if self.heads is not None:
@@ -141,12 +161,16 @@ class Binding:
         every other position of the stream bit-identical, in any dtype.
         """
         tensor = _pick(raw, self.site)
-        if self.site.scale is not None:
-            factor = self._factor()
-            changed = view != tensor * factor
+        bias = self._bias(raw)
+        if self.site.scale is not None or bias is not None:
+            current = tensor if bias is None else tensor + bias
+            factor = self._factor() if self.site.scale is not None else None
+            changed = view != (current if factor is None else current * factor)
             if not bool(changed.any()):
                 return raw
-            return _put(raw, self.site, torch.where(changed, view / factor, tensor))
+            written = view if factor is None else view / factor
+            written = written if bias is None else written - bias
+            return _put(raw, self.site, torch.where(changed, written, tensor))
         return _put(raw, self.site, view.clone())
 
     def assign(self, value: Any, raw: Any, mediator: Mediator) -> Any:
@@ -165,7 +189,7 @@ class Binding:
                 full.view(total, -1, *tensor.shape[1:])[start : start + size] = value
                 return _put(raw, self.site, full)
             return _put(raw, self.site, value.reshape(tensor.shape))
-        if self.site.scale is not None:
+        if self.site.scale is not None or self._bias(raw) is not None:
             return self.write_back(value, raw)
         return _put(raw, self.site, value.clone() if self.site.clone else value)
 
@@ -219,6 +243,8 @@ class served(eproperty):
         binding: Binding = obj._nncanon_binding(self.name)
         location = binding.location
         mediator = Mediator.current(location)
+        if binding.prepare is not None:
+            binding.prepare()
         writeback = binding.site.needs_writeback
         occurrence = None
         if writeback:
@@ -237,5 +263,7 @@ class served(eproperty):
     def __set__(self, obj: Any, value: Any) -> None:
         binding: Binding = obj._nncanon_binding(self.name)
         mediator = Mediator.current(binding.location)
+        if binding.prepare is not None:
+            binding.prepare()
         raw = Mediator.value(binding.location)
         Mediator.swap(binding.location, binding.assign(value, raw, mediator))

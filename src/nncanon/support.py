@@ -17,6 +17,10 @@ LAYER_VALUES = (
     "linear_attention_head_outputs",
     "linear_attention_output",
     "mlp",
+    "router_logits",
+    "expert_weights",
+    "expert_indices",
+    "shared_expert_output",
     "mlp_output",
 )
 
@@ -27,6 +31,10 @@ COMPONENT_OF = {
     "attention_output": "self_attn",
     "linear_attention_head_outputs": "linear_attn",
     "linear_attention_output": "linear_attn",
+    "router_logits": "mlp",
+    "expert_weights": "mlp",
+    "expert_indices": "mlp",
+    "shared_expert_output": "mlp",
     "mlp_output": "mlp",
 }
 COMPONENTS = ("self_attn", "linear_attn", "mlp")
@@ -132,6 +140,10 @@ class SupportReport:
             "linear_attention_head_outputs": "lin_heads",
             "linear_attention_output": "lin_out",
             "mlp": "mlp",
+            "router_logits": "router",
+            "expert_weights": "exp_w",
+            "expert_indices": "exp_idx",
+            "shared_expert_output": "shared",
             "mlp_output": "mlp_out",
         }
         width = max([len("block"), *(len(row.block_type) for row in self.layers)])

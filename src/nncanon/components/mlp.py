@@ -1,4 +1,4 @@
-"""The MLP: its contribution to the residual stream."""
+"""The MLP or mixture of experts: its contribution to the residual stream, and the routing."""
 
 from __future__ import annotations
 
@@ -9,30 +9,52 @@ from nnsight.intervention.envoy import Envoy
 from ..served import served
 from .base import Component, ComponentState
 
-_MLP_OUTPUT_DOC = (
-    "Exactly what the MLP adds to the residual stream, ``[batch, seq, hidden]``: "
-    "``layer_input + attention_output + mlp_output == layer_output``. Writable."
-)
+
+class MLPValues(Component):
+    """The values of a block's MLP; on a mixture of experts also the router's."""
+
+    standard_values = ("router_logits", "expert_weights", "expert_indices", "shared_expert_output", "mlp_output")
+
+    router_logits = served(
+        "router_logits",
+        "router logits [b, s, num_experts]",
+        "The router's logits, ``[batch, seq, num_experts]``, before the top-k; writable, and a write "
+        "changes which experts each token is routed to.",
+    )
+    expert_weights = served(
+        "expert_weights",
+        "weights of the chosen experts [b, s, top_k]",
+        "The weights the chosen experts' outputs are combined with, ``[batch, seq, top_k]``.",
+    )
+    expert_indices = served(
+        "expert_indices",
+        "indices of the chosen experts [b, s, top_k]",
+        "The experts each token is routed to, ``[batch, seq, top_k]``.",
+    )
+    shared_expert_output = served(
+        "shared_expert_output",
+        "what the shared expert adds [b, s, d]",
+        "The shared expert's part of the MLP output (after its gate, where it has one), ``[batch, seq, hidden]``.",
+    )
+    mlp_output = served(
+        "mlp_output",
+        "what the MLP adds to the residual stream [b, s, d]",
+        "Exactly what the MLP (or the whole mixture of experts: routed plus shared) adds to the residual "
+        "stream, ``[batch, seq, hidden]``: ``layer_input + attention_output + mlp_output == layer_output``. "
+        "Writable.",
+    )
 
 
-class MLPEnvoy(Component, Envoy):
-    """A block's MLP: ``model.layers[i].mlp``."""
-
-    standard_values = ("mlp_output",)
-
-    mlp_output = served("mlp_output", "what the MLP adds to the residual stream [b, s, d]", _MLP_OUTPUT_DOC)
+class MLPEnvoy(MLPValues, Envoy):
+    """A block's MLP or mixture of experts: ``model.layers[i].mlp``."""
 
 
-class VirtualMLP(Component):
+class VirtualMLP(MLPValues):
     """``model.layers[i].mlp`` for a family whose MLP is not a module of its own (OPT).
 
     It serves ``mlp_output`` from the modules the block runs inline; everything else about
     those modules is on the block (``model.layers[i].fc1``, ``.fc2``).
     """
-
-    standard_values = ("mlp_output",)
-
-    mlp_output = served("mlp_output", "what the MLP adds to the residual stream [b, s, d]", _MLP_OUTPUT_DOC)
 
     def __init__(self, state: ComponentState) -> None:
         self._nncanon = state

@@ -51,10 +51,17 @@ class Family:
         mixer_heads: The config attribute holding the mixer's number of heads.
         mlp: The block's MLP module (served as ``mlp``), or ``None`` where the MLP is not a module.
         attention_output: Where attention's contribution to the stream is read.
-        mlp_output: Where the MLP's contribution is read.
+        mlp_output: Where the MLP's contribution is read (the whole MoE: routed plus shared).
+        router_logits: Where a mixture of experts' router logits are, such that a write changes
+            the routing (usually an operation inside the router: ``Site(..., op="router_logits_0")``).
+        expert_weights: The routing weights of the chosen experts.
+        expert_indices: The chosen experts.
+        shared_expert_output: What the shared expert adds (after its gate).
         head_outputs: The input of the output projection (viewed per head).
         probabilities: Source-operation path from the attention module to the operation whose
             first input is the probabilities; ``None``: found through transformers' attention interface.
+            A function of the config returns the path where the configuration picks the code path
+            (Falcon: ALiBi or RoPE).
         block_extras: How many elements the block returns after the hidden state (0: a tensor).
         logit_steps: The model's logit post-processing, in order.
         residual: The block's residual equation, for the docs and ``support()``.
@@ -62,7 +69,8 @@ class Family:
         kv_heads: The number of key/value heads, where ``config.num_key_value_heads`` does not say it.
         layouts: For families whose blocks differ (hybrids, dense layers in an MoE model): block kind
             -> the fields that differ from this record for blocks of that kind.
-        layout_of: ``(config, layer) -> kind`` for ``layouts``.
+        layout_of: ``(config, layer) -> kind`` for ``layouts``, or a tuple of kinds whose fields are
+            applied in order (a hybrid MoE block: its mixer's kind, then its MLP's).
     """
 
     name: str
@@ -80,8 +88,12 @@ class Family:
     mlp: str | None = "mlp"
     attention_output: Site = Site("self_attn", index=0)
     mlp_output: Site | None = Site("mlp")
+    router_logits: Site | None = None
+    expert_weights: Site | None = None
+    expert_indices: Site | None = None
+    shared_expert_output: Site | None = None
     head_outputs: Site = Site("self_attn.o_proj", key="input")
-    probabilities: tuple[str, ...] | None = None
+    probabilities: tuple[str, ...] | Callable[[Any], tuple[str, ...] | None] | None = None
     block_extras: int = 0
     logit_steps: tuple[LogitStep, ...] = ()
     residual: str = "h = x + attn(norm1(x)); y = h + mlp(norm2(h))"
@@ -94,8 +106,12 @@ class Family:
         """The layout of block ``layer`` (this record with its kind's fields), and the kind's name."""
         if self.layout_of is None:
             return self, None
-        kind = self.layout_of(config, layer)
-        return replace(self, layouts={}, layout_of=None, **self.layouts.get(kind, {})), kind
+        kinds = self.layout_of(config, layer)
+        kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
+        fields: dict = {}
+        for kind in kinds:
+            fields.update(self.layouts[kind])
+        return replace(self, layouts={}, layout_of=None, **fields), " ".join(kinds)
 
     def all_layouts(self) -> list[Family]:
         """This record and every block layout it declares."""
