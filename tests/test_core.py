@@ -78,7 +78,7 @@ def test_support_report_api():
     assert report.layers_with("self_attn") == [0, 1]
     assert report.layers_with("attention_probabilities") == []
     table = str(report)
-    assert "LlamaDecoderLayer" in table and "[1] attention probabilities" in table
+    assert "LlamaDecoderLayer" in table and "attention_probabilities: attention probabilities" in table
     assert report.to_dict()["layers"][0]["values"]["mlp_output"] is None
     with pytest.raises(KeyError, match="not a standard value"):
         report.available("attn_out", layer=0)

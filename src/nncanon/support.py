@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,8 @@ COMPONENT_OF = {
     "mlp_output": "mlp",
 }
 COMPONENTS = ("self_attn", "linear_attn", "mlp")
+
+_ANY_LAYER = re.compile(r"layers\[\d+\]")
 
 
 @dataclass(frozen=True)
@@ -129,39 +132,37 @@ class SupportReport:
         }
 
     def __str__(self) -> str:
-        short = {
-            "layer_input": "in",
-            "layer_output": "out",
-            "self_attn": "attn",
-            "attention_probabilities": "probs",
-            "attention_head_outputs": "heads",
-            "attention_output": "attn_out",
-            "linear_attn": "linear",
-            "linear_attention_head_outputs": "lin_heads",
-            "linear_attention_output": "lin_out",
-            "mlp": "mlp",
-            "router_logits": "router",
-            "expert_weights": "exp_w",
-            "expert_indices": "exp_idx",
-            "shared_expert_output": "shared",
-            "mlp_output": "mlp_out",
-        }
+        """A table: one row per layer, one column per value served on some layer; reasons below."""
+        columns = [v for v in LAYER_VALUES if any(row.reasons[v] is None for row in self.layers)]
+        absent = [v for v in LAYER_VALUES if v not in columns]
         width = max([len("block"), *(len(row.block_type) for row in self.layers)])
-        header = f"{'layer':>5}  {'block':<{width}}  " + "  ".join(f"{short[v]:<9}" for v in LAYER_VALUES)
-        lines = [f"support of {self.model_type} (family {self.family})", header]
+        widths = [max(len(v), 6) for v in columns]
+        lines = [
+            f"support of {self.model_type} (family {self.family})",
+            f"{'layer':>5}  {'block':<{width}}  "
+            + "  ".join(f"{v:<{w}}" for v, w in zip(columns, widths, strict=True)),
+        ]
         notes: dict[str, int] = {}
         for row in self.layers:
             cells = []
-            for value in LAYER_VALUES:
+            for value, cell_width in zip(columns, widths, strict=True):
                 reason = row.reasons[value]
                 if reason is None:
-                    cells.append(f"{'yes':<9}")
+                    cells.append(f"{'yes':<{cell_width}}")
                 else:
                     mark = notes.setdefault(reason, len(notes) + 1)
-                    cells.append(f"{'no [' + str(mark) + ']':<9}")
+                    cells.append(f"{'no [' + str(mark) + ']':<{cell_width}}")
             lines.append(f"{row.index:>5}  {row.block_type:<{width}}  " + "  ".join(cells))
         for reason, mark in notes.items():
             lines.append(f"[{mark}] {reason}")
+        if absent:
+            lines.append("not served on any layer:")
+            grouped: dict[str, list[str]] = {}
+            for value in absent:
+                reasons = dict.fromkeys(_ANY_LAYER.sub("layers[i]", row.reasons[value]) for row in self.layers)
+                grouped.setdefault(" / ".join(reasons), []).append(value)
+            for reason, values in grouped.items():
+                lines.append(f"  {', '.join(values)}: {reason}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
