@@ -1,0 +1,281 @@
+"""nncanon against raw nnsight and plain transformers: speed, load time, batched heads, memory.
+
+Run:  python benchmarks/bench.py [--repeats 15] [--threads N] [--json out.json] [--models gpt2 llama]
+
+Every ratio is measured in one run, on the same model object, with interleaved repeats so that
+machine noise hits both sides alike; figures are medians. Models are built from configs with
+random weights (no download): a GPT-2-small-sized GPT-2 (124M parameters) and a Llama of similar
+size; batch 8 x 32 tokens, CPU, fp32.
+
+What is compared, per model:
+- trace: a standardized trace that reads (saves) every standard value of every layer, and one
+  that writes each contribution, against raw nnsight doing the same on native module paths
+  (target <= 1.05x), and against a plain transformers forward with PyTorch hooks (reported);
+- load: StandardizedTransformer(module) against TransformersModel(module) (target <= 1.10x);
+- heads: every head of one block ablated in one batched trace (one invoke per head) against one
+  trace per head (target >= 4x faster at 12 heads);
+- memory: peak RSS growth of the read-everything trace, standardized against raw nnsight
+  (target <= 1.05x), each measured in a fresh subprocess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+import transformers
+from nnsight.modeling.transformers import TransformersModel
+
+from nncanon import StandardizedTransformer
+from nncanon.testing import tiny_tokenizer
+
+BATCH, SEQ = 8, 32
+
+
+def build(name: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if name == "gpt2":
+        config = transformers.GPT2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
+    else:
+        config = transformers.LlamaConfig(
+            vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+            num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=1024,
+        )
+    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+
+
+def inputs(model: torch.nn.Module) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(1)
+    return torch.randint(3, model.config.vocab_size, (BATCH, SEQ), generator=generator)
+
+
+def native(model: Any) -> dict:
+    """Native paths of the standard values (what a raw nnsight user writes)."""
+    if hasattr(model, "transformer"):
+        blocks = model.transformer.h
+        return {"blocks": blocks, "attn": lambda b: b.attn, "o_proj": lambda b: b.attn.c_proj, "mlp": lambda b: b.mlp}
+    blocks = model.model.layers
+    return {"blocks": blocks, "attn": lambda b: b.self_attn, "o_proj": lambda b: b.self_attn.o_proj,
+            "mlp": lambda b: b.mlp}
+
+
+def trace_standard(model: StandardizedTransformer, ids: torch.Tensor, write: bool) -> None:
+    with torch.no_grad(), model.trace(ids):
+        for layer in model.layers:
+            layer.layer_input.save()
+            heads = layer.self_attn.attention_head_outputs
+            attention = layer.self_attn.attention_output
+            mlp = layer.mlp.mlp_output
+            if write:
+                heads[:, :, 0] = 0
+                attention[:, -1] = 0
+                mlp[:, -1] = 0
+            else:
+                heads.save()
+                attention.save()
+                mlp.save()
+            layer.layer_output.save()
+        model.logits.save()
+
+
+def trace_raw(model: TransformersModel, ids: torch.Tensor, write: bool) -> None:
+    paths = native(model)
+    with torch.no_grad(), model.trace(ids):
+        for block in paths["blocks"]:
+            block.input.save()
+            heads = paths["o_proj"](block).input
+            attention = paths["attn"](block).output[0]
+            mlp = paths["mlp"](block).output
+            if write:
+                heads.view(*heads.shape[:2], 12, -1)[:, :, 0] = 0
+                attention[:, -1] = 0
+                mlp[:, -1] = 0
+            else:
+                heads.view(*heads.shape[:2], 12, -1).save()
+                attention.save()
+                mlp.save()
+            block.output.save()
+        model.output.logits.save()
+
+
+def forward_hooks(module: torch.nn.Module, ids: torch.Tensor, write: bool) -> None:
+    """The same reads/writes with plain PyTorch hooks on the bare model."""
+    paths = native(module)
+    kept: list = []
+    handles = []
+
+    def keep_input(m, args, kwargs):
+        kept.append(args[0] if args else next(iter(kwargs.values())))
+
+    def heads_hook(m, args):
+        x = args[0]
+        if write:
+            x.view(*x.shape[:2], 12, -1)[:, :, 0] = 0
+        else:
+            kept.append(x.view(*x.shape[:2], 12, -1))
+
+    def attn_hook(m, args, out):
+        if write:
+            out[0][:, -1] = 0
+        else:
+            kept.append(out[0])
+
+    def mlp_hook(m, args, out):
+        if write:
+            out[:, -1] = 0
+        else:
+            kept.append(out)
+
+    for block in paths["blocks"]:
+        handles.append(block.register_forward_pre_hook(keep_input, with_kwargs=True))
+        handles.append(paths["o_proj"](block).register_forward_pre_hook(heads_hook))
+        handles.append(paths["attn"](block).register_forward_hook(attn_hook))
+        handles.append(paths["mlp"](block).register_forward_hook(mlp_hook))
+        handles.append(block.register_forward_hook(lambda m, a, out: kept.append(out)))
+    try:
+        with torch.no_grad():
+            module(ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def interleaved(cases: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+    """Median seconds per case, the cases run round-robin after one warm-up each."""
+    for fn in cases.values():
+        fn()
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(repeats):
+        for name, fn in cases.items():
+            samples[name].append(timed(fn))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def head_sweep(model: StandardizedTransformer, ids: torch.Tensor, layer: int, batched: bool) -> None:
+    prompt = ids[:1]
+    if batched:
+        with torch.no_grad(), model.trace() as tracer:
+            for head in range(model.num_heads):
+                with tracer.invoke(prompt):
+                    model.layers[layer].self_attn.attention_head_outputs[..., head, :] = 0
+                    model.next_token_probs.save()
+    else:
+        for head in range(model.num_heads):
+            with torch.no_grad(), model.trace(prompt):
+                model.layers[layer].self_attn.attention_head_outputs[..., head, :] = 0
+                model.next_token_probs.save()
+
+
+def peak_memory(name: str, which: str) -> float:
+    """Peak RSS growth (MB) of one read-everything trace, in a fresh process."""
+    code = (
+        "import resource, sys, torch; sys.argv=['x']; import bench as b;"
+        f"m=b.build({name!r}); ids=b.inputs(m);"
+        "from nncanon import StandardizedTransformer; from nnsight.modeling.transformers import TransformersModel;"
+        f"w=StandardizedTransformer(m, tokenizer=b.tiny_tokenizer()) if {which!r}=='standard' else TransformersModel(m, tokenizer=b.tiny_tokenizer());"
+        f"f=b.trace_standard if {which!r}=='standard' else b.trace_raw; f(w, ids, False);"
+        "base=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; f(w, ids, False); f(w, ids, False);"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.abspath(__file__)))
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def run(name: str, repeats: int) -> dict:
+    module = build(name)
+    ids = inputs(module)
+    tokenizer = tiny_tokenizer()
+    standard = StandardizedTransformer(module, tokenizer=tokenizer)
+    raw = TransformersModel(module, tokenizer=tokenizer)
+    result: dict = {"model": name, "parameters_m": round(sum(p.numel() for p in module.parameters()) / 1e6, 1)}
+
+    for write in (False, True):
+        kind = "write" if write else "read"
+        times = interleaved(
+            {
+                "standard": lambda w=write: trace_standard(standard, ids, w),
+                "raw_nnsight": lambda w=write: trace_raw(raw, ids, w),
+                "plain_hooks": lambda w=write: forward_hooks(module, ids, w),
+            },
+            repeats,
+        )
+        result[f"trace_{kind}_s"] = times
+        result[f"trace_{kind}_vs_raw"] = times["standard"] / times["raw_nnsight"]
+        result[f"trace_{kind}_vs_hooks"] = times["standard"] / times["plain_hooks"]
+
+    loads = interleaved(
+        {
+            "standard": lambda: StandardizedTransformer(module, tokenizer=tokenizer),
+            "raw_nnsight": lambda: TransformersModel(module, tokenizer=tokenizer),
+        },
+        repeats,
+    )
+    result["load_s"] = loads
+    result["load_vs_raw"] = loads["standard"] / loads["raw_nnsight"]
+
+    heads = interleaved(
+        {
+            "batched": lambda: head_sweep(standard, ids, 6, True),
+            "one_trace_per_head": lambda: head_sweep(standard, ids, 6, False),
+        },
+        max(3, repeats // 3),
+    )
+    result["heads_s"] = heads
+    result["heads_speedup"] = heads["one_trace_per_head"] / heads["batched"]
+
+    memory = {which: peak_memory(name, which) for which in ("standard", "raw")}
+    result["peak_rss_mb"] = memory
+    result["memory_vs_raw"] = memory["standard"] / memory["raw"]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--models", nargs="+", default=["gpt2", "llama"])
+    parser.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    machine = {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "nnsight": __import__("nnsight").__version__,
+    }
+    results = [run(name, args.repeats) for name in args.models]
+    print(json.dumps({"machine": machine}, indent=None))
+    header = f"{'model':6} {'read/raw':>9} {'write/raw':>10} {'read/hooks':>11} {'load/raw':>9} {'heads x':>8} {'mem/raw':>8}"
+    print(header)
+    for r in results:
+        print(
+            f"{r['model']:6} {r['trace_read_vs_raw']:9.3f} {r['trace_write_vs_raw']:10.3f} "
+            f"{r['trace_read_vs_hooks']:11.3f} {r['load_vs_raw']:9.3f} {r['heads_speedup']:8.2f} "
+            f"{r['memory_vs_raw']:8.3f}"
+        )
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"machine": machine, "results": results}, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Tables generated from the registry for the docs: where each family keeps its values, and the matrix.
+
+``python -m nncanon.docs_tables`` rewrites ``docs/families.md``; a test checks it is current.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .families import REGISTRY, Family
+from .registry import records, registry_dir
+from .served import Site
+
+
+def describe(site: Site | None) -> str:
+    """A site in words: ``self_attn`` output[0], ``post_feedforward_layernorm`` output, ..."""
+    if site is None:
+        return "-"
+    where = f"`{site.module}`" if site.module else "the block"
+    if site.op is not None:
+        where = f"op `{site.op}` in {where}"
+    text = f"{where} {site.key}" + (f"[{site.index}]" if site.index is not None else "")
+    if site.scale is not None:
+        text += f" × `{site.scale}`"
+    if site.flat:
+        text += " (flat b·s)"
+    if site.clone:
+        text += " (copied: changed in place later)"
+    return text
+
+
+def _layouts(family: Family) -> list[tuple[str, Family]]:
+    if not family.layouts:
+        return [("", family)]
+    return [(kind, layout) for kind, layout in zip(family.layouts, family.all_layouts()[1:], strict=True)]
+
+
+def contributions_table() -> str:
+    """One row per family (and block kind): where attention, mixer and MLP contributions are read."""
+    rows = [
+        "| family | model types | block kind | attention (`attention_output`) | mixer (`linear_attention_output`) "
+        "| MLP (`mlp_output`) | logits |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    seen: set[str] = set()
+    for family in sorted(set(REGISTRY.values()), key=lambda f: f.name):
+        if family.name in seen:
+            continue
+        seen.add(family.name)
+        steps = ", ".join(f"{s.op} `{s.attribute}`" for s in family.logit_steps) or "-"
+        for kind, layout in _layouts(family):
+            attention = describe(layout.attention_output) if layout.attention else "-"
+            mixer = describe(layout.mixer_output) if layout.mixer else "-"
+            mlp = describe(layout.mlp_output)
+            rows.append(
+                f"| {family.name} | {', '.join(family.model_types)} | {kind or '-'} | {attention} | {mixer} "
+                f"| {mlp} | {steps} |"
+            )
+    return "\n".join(rows)
+
+
+def matrix_table() -> str:
+    """The registry: every model type, its family, its tiny variants, checkpoints and last matrix status."""
+    status_path = registry_dir() / "status.json"
+    status = json.loads(status_path.read_text())["variants"] if status_path.exists() else {}
+    rows = ["| model type | family | variants (status) | known checkpoints |", "|---|---|---|---|"]
+    for model_type, record in sorted(records().items()):
+        family = REGISTRY.get(model_type)
+        variants = ", ".join(
+            f"{name} ({status[name]['status']})" if name in status else name for name in record["variants"]
+        )
+        checkpoints = ", ".join(f"`{c}`" for c in record.get("checkpoints", [])) or "-"
+        rows.append(f"| {model_type} | {family.name if family else '**unregistered**'} | {variants} | {checkpoints} |")
+    return "\n".join(rows)
+
+
+FAMILIES_PAGE = """# Families
+
+Generated from the registry by `python -m nncanon.docs_tables` (a test keeps it current).
+{count} model types in {families} families are registered. `nncanon matrix` runs the invariant suite on
+every one of them and records the status shown here.
+
+## Where each family keeps its contributions
+
+Every value is read where the family really adds it to the residual stream: a module's output, a
+norm's output (post-norm families), an operation inside a forward, scaled by a config factor where the
+block scales it.
+
+{contributions}
+
+## The registry
+
+{matrix}
+"""
+
+
+def families_page() -> str:
+    return FAMILIES_PAGE.format(
+        count=len(REGISTRY),
+        families=len({f.name for f in REGISTRY.values()}),
+        contributions=contributions_table(),
+        matrix=matrix_table(),
+    )
+
+
+def docs_dir() -> Path:
+    return Path(__file__).resolve().parents[2] / "docs"
+
+
+def write() -> Path:
+    path = docs_dir() / "families.md"
+    path.write_text(families_page())
+    return path
+
+
+if __name__ == "__main__":
+    print(f"wrote {write()}")
