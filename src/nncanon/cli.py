@@ -1,8 +1,11 @@
 """The ``nncanon`` command line (also ``python -m nncanon``).
 
 Commands:
-    nncanon families [-k FILTER]      build every registered family's tiny model, check it, print a table
+    nncanon ablate [--model M] ...    the ablation study (clean, mixer, MLP, each head, a skip) and a
+                                      layer x head heatmap; with no --model, the three demo models side by side
     nncanon support MODEL [--json]    the support() table of a hub id or local folder
+    nncanon families [-k FILTER]      build every registered family's tiny model, check it, print a table
+    nncanon matrix [-k FILTER]        run the invariant suite on every registered family; write the status matrix
 
 Exit codes: 0 success, 1 a check failed, 2 bad usage or a model that cannot be loaded.
 """
@@ -13,6 +16,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -92,9 +96,88 @@ def _support(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _load(model: str) -> Any:
+    from . import StandardizedTransformer
+    from .demo import DEMO_MODELS, demo_model
+
+    if model in DEMO_MODELS:
+        return demo_model(model)
+    return StandardizedTransformer(model, attn_implementation="eager")
+
+
+def _ablate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from .demo import DEMO_MODELS
+    from .errors import UnknownFamilyError
+    from .study import ablation_study, head_effects, mixer_of, plot_head_effects
+
+    names = args.model or list(DEMO_MODELS)
+    studies: dict[str, dict[str, float]] = {}
+    effects = {}
+    for name in tqdm(names, desc="ablate", unit="model", file=sys.stderr, disable=args.quiet):
+        try:
+            model = _load(name)
+        except (UnknownFamilyError, OSError, ValueError) as error:
+            print(f"cannot load {name!r}: {error}", file=sys.stderr)
+            return EXIT_USAGE
+        layer = args.layer if args.layer is not None else model.num_layers // 2
+        if not 0 <= layer < model.num_layers:
+            print(f"--layer {layer} is out of range for {name} ({model.num_layers} layers)", file=sys.stderr)
+            return EXIT_USAGE
+        label = f"{name} (layer {layer}, {'attention' if mixer_of(model, layer)[0] == 'self_attn' else 'linear'})"
+        studies[label] = ablation_study(model, args.prompt, args.target, layer)
+        effects[name] = head_effects(model, args.prompt, args.target)
+    runs = list(dict.fromkeys(run for study in studies.values() for run in study))
+    width = max(len(run) for run in runs)
+    print(f"prompt {args.prompt!r}, target {args.target!r}: P(target) at the last position\n")
+    print(f"{'run':<{width}}  " + "  ".join(f"{label:>{len(label)}}" for label in studies))
+    for run in runs:
+        cells = []
+        for label, study in studies.items():
+            cells.append(f"{study[run]:>{len(label)}.3f}" if run in study else f"{'-':>{len(label)}}")
+        print(f"{run:<{width}}  " + "  ".join(cells))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        path = plot_head_effects(effects, args.target, str(out / "head_effects.png"))
+    except ImportError:
+        print("\n(no heatmap: install matplotlib, pip install 'nncanon[plot]')", file=sys.stderr)
+        return EXIT_OK
+    print(f"\nheatmap of every layer x head effect on P(target): {path}")
+    return EXIT_OK
+
+
+def _matrix(args: argparse.Namespace) -> int:
+    from .matrix import run_matrix
+
+    return run_matrix(args.k, quiet=args.quiet, workers=args.workers)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nncanon", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
+
+    ablate = commands.add_parser(
+        "ablate", help="the ablation study as a table, and a layer x head heatmap (default: the three demo models)"
+    )
+    ablate.add_argument("--model", action="append", help="hub id, local folder or demo model name (repeatable)")
+    ablate.add_argument("--prompt", default="The Eiffel Tower is in the city of")
+    ablate.add_argument("--target", default=" Paris", help="the token whose probability is measured")
+    ablate.add_argument("--layer", type=int, default=None, help="the block to ablate (default: the middle one)")
+    ablate.add_argument("--out", default="nncanon-ablate", help="folder for the heatmap PNG")
+    ablate.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    ablate.set_defaults(run=_ablate)
+
+    matrix = commands.add_parser(
+        "matrix", help="run the invariant suite on every registered family and write model_registry/status.*"
+    )
+    matrix.add_argument("-k", default="", help="only variants whose name contains this (a pytest -k expression)")
+    matrix.add_argument("-n", "--workers", default="0", help="pytest-xdist workers (default 0: in process)")
+    matrix.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    matrix.set_defaults(run=_matrix)
 
     families = commands.add_parser(
         "families", help="build every registered family's tiny model, run support() and the contribution identity"

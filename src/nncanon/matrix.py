@@ -1,0 +1,122 @@
+"""``nncanon matrix``: the invariant suite on every registered family, written as a status matrix.
+
+Runs ``tests/families`` (from a source checkout) with pytest, collects each test's outcome per
+registry variant, and writes ``model_registry/status.json`` and ``model_registry/status.md`` with the
+versions of torch, transformers and nnsight it ran against. The families docs page shows it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+
+from .registry import registry_dir, variants
+
+_ID = re.compile(r"::(?P<test>[^\[]+)\[(?P<variant>[^\]]+)\]")
+
+
+class _Collector:
+    """A pytest plugin recording ``{variant: {test: outcome}}`` with a progress bar."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.results: dict[str, dict[str, str]] = {}
+        self.quiet = quiet
+        self.bar = None
+
+    def pytest_collection_finish(self, session) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=len(session.items), desc="matrix", unit="test", file=sys.stderr, disable=self.quiet)
+
+    def pytest_runtest_logreport(self, report) -> None:
+        match = _ID.search(report.nodeid)
+        if match is None:
+            return
+        outcomes = self.results.setdefault(match["variant"], {})
+        test = match["test"]
+        if report.when == "call" or report.outcome != "passed":
+            if outcomes.get(test) != "failed":
+                outcomes[test] = report.outcome
+        if report.when == "teardown" and self.bar is not None:
+            self.bar.update(1)
+
+
+def run_matrix(selection: str = "", quiet: bool = False, workers: str = "0") -> int:
+    """Run the suite (``-k selection``), write the matrix, print a summary; returns the exit code."""
+    import nnsight
+    import pytest
+    import torch
+    import transformers
+
+    tests = registry_dir().parent / "tests" / "families"
+    if not tests.is_dir():
+        print("nncanon matrix runs the invariant suite from a source checkout (tests/families not found)",
+              file=sys.stderr)
+        return 2
+    collector = _Collector(quiet)
+    # anyio's plugin cannot load once nnsight (imported by nncanon) is in the process.
+    arguments = [str(tests), "-q", "-p", "no:cacheprovider", "-p", "no:anyio", "--no-header", "-rN"]
+    if selection:
+        arguments += ["-k", selection]
+    if workers != "0":
+        arguments += ["-n", workers]
+    start = time.time()
+    code = pytest.main(arguments, plugins=[collector])
+    elapsed = time.time() - start
+    known = {v.name: v.model_type for v in variants()}
+    rows = {}
+    for name, outcomes in sorted(collector.results.items()):
+        failed = sorted(t for t, o in outcomes.items() if o == "failed")
+        rows[name] = {
+            "model_type": known.get(name, "?"),
+            "status": "pass" if not failed else "FAIL",
+            "tests": len(outcomes),
+            "failed": failed,
+        }
+    status = {
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "nnsight": nnsight.__version__, "python": sys.version.split()[0]},
+        "selection": selection or None,
+        "seconds": round(elapsed, 1),
+        "variants": rows,
+    }
+    out = registry_dir()
+    previous = out / "status.json"
+    if selection and previous.exists():  # a filtered run updates its rows, keeps the others
+        merged = json.loads(previous.read_text())
+        merged["variants"].update(rows)
+        merged.update({k: v for k, v in status.items() if k != "variants"})
+        status = merged
+    previous.write_text(json.dumps(status, indent=2, sort_keys=True) + "\n")
+    (out / "status.md").write_text(_markdown(status))
+    from .docs_tables import docs_dir, write
+
+    if docs_dir().is_dir():
+        write()  # the families page shows the matrix
+    passed = sum(r["status"] == "pass" for r in rows.values())
+    print(f"\n{passed} of {len(rows)} variants pass in {elapsed:.0f}s; wrote {previous} and status.md")
+    return 0 if code == 0 else 1
+
+
+def _markdown(status: dict) -> str:
+    v = status["versions"]
+    lines = [
+        "# Status matrix",
+        "",
+        f"Written by `nncanon matrix` against torch {v['torch']}, transformers {v['transformers']}, "
+        f"nnsight {v['nnsight']}, Python {v['python']}.",
+        "",
+        "| variant | model type | status | tests | failed |",
+        "|---|---|---|---|---|",
+    ]
+    for name, row in sorted(status["variants"].items()):
+        lines.append(f"| {name} | {row['model_type']} | {row['status']} | {row['tests']} | "
+                     f"{', '.join(row['failed']) or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(run_matrix(" ".join(sys.argv[1:])))
+

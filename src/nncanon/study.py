@@ -1,0 +1,123 @@
+"""The ablation study of the docs' ablation page, as functions: what ``nncanon ablate`` runs.
+
+`ablation_study` zeroes, in one batched trace, block ``layer``'s token mixer, its MLP and each of its
+heads, and skips the block in a trace of its own; `head_effects` measures every head of every layer.
+Both read P(target) at the last position, and both work on every family: on a hybrid block the
+mixer is the linear-attention / state-space mixer (``linear_attn``) and its heads are its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+#: (component, contribution value, head value) of the two kinds of token mixer.
+MIXERS = (
+    ("self_attn", "attention_output", "attention_head_outputs"),
+    ("linear_attn", "linear_attention_output", "linear_attention_head_outputs"),
+)
+
+
+def target_token(model: Any, target: str) -> int:
+    """The first token of ``target`` (e.g. ``" Paris"``)."""
+    ids = model.tokenizer(target, add_special_tokens=False).input_ids
+    if not ids:
+        raise ValueError(f"target {target!r} encodes to no token")
+    return ids[0]
+
+
+def mixer_of(model: Any, layer: int) -> tuple[str, str, str | None]:
+    """Block ``layer``'s token mixer: (component, contribution value, head value or ``None``)."""
+    report = model.support()
+    for component, contribution, heads in MIXERS:
+        if report.available(contribution, layer=layer):
+            return component, contribution, heads if report.available(heads, layer=layer) else None
+    raise ValueError(f"layers[{layer}] serves no token-mixer contribution: {report.reason('attention_output', layer)}")
+
+
+def ablation_study(model: Any, prompt: str, target: str, layer: int) -> dict[str, float]:
+    """P(target) clean, with block ``layer``'s mixer, MLP or each head zeroed, and with blocks skipped.
+
+    The clean and zeroed runs are invokes of one trace; the skip (blocks ``layer`` and ``layer + 1``,
+    or ``layer`` alone if it is the last) is a trace of its own, since a skip covers every row.
+    Returns ``{run name: probability}`` in the order of the ablation page.
+    """
+    token = target_token(model, target)
+    component, contribution, head_value = mixer_of(model, layer)
+    mixer_name = "attention" if component == "self_attn" else "linear mixer"
+    has_mlp = model.support().available("mlp_output", layer=layer)
+    block = model.layers[layer]
+    heads = getattr(block, component).__dict__["_nncanon"].bindings[head_value].heads if head_value else 0
+    probabilities: dict[str, Any] = {}
+    with torch.no_grad(), model.trace() as tracer:
+        with tracer.invoke(prompt):
+            probabilities["clean"] = model.next_token_probs[0, token].save()
+        with tracer.invoke(prompt):
+            getattr(getattr(block, component), contribution)[:] = 0
+            probabilities[mixer_name] = model.next_token_probs[0, token].save()
+        if has_mlp:
+            with tracer.invoke(prompt):
+                block.mlp.mlp_output[:] = 0
+                probabilities["mlp"] = model.next_token_probs[0, token].save()
+        for head in range(heads):
+            with tracer.invoke(prompt):
+                getattr(getattr(block, component), head_value)[..., head, :] = 0
+                probabilities[f"head {head}"] = model.next_token_probs[0, token].save()
+    end = min(layer + 1, model.num_layers - 1)
+    skipped = f"blocks {layer}-{end}" if end > layer else f"block {layer}"
+    with torch.no_grad(), model.trace(prompt):
+        model.skip_layers(layer, end)
+        probabilities[skipped] = model.next_token_probs[0, token].save()
+    return {name: float(p) for name, p in probabilities.items()}
+
+
+def head_effects(model: Any, prompt: str, target: str) -> torch.Tensor:
+    """``[num_layers, max_heads]``: P(target) clean minus P(target) with that head zeroed.
+
+    One trace per layer, one invoke per head. Layers without per-head values, and heads past a
+    layer's count, are NaN.
+    """
+    token = target_token(model, target)
+    rows = []
+    with torch.no_grad(), model.trace(prompt):
+        clean = model.next_token_probs[0, token].save()
+    for layer in range(model.num_layers):
+        component, _, head_value = mixer_of(model, layer)
+        if head_value is None:
+            rows.append(torch.full((0,), float("nan")))
+            continue
+        count = getattr(model.layers[layer], component).__dict__["_nncanon"].bindings[head_value].heads
+        ablated = []
+        with torch.no_grad(), model.trace() as tracer:
+            for head in range(count):
+                with tracer.invoke(prompt):
+                    getattr(getattr(model.layers[layer], component), head_value)[..., head, :] = 0
+                    ablated.append(model.next_token_probs[0, token].save())
+        rows.append(float(clean) - torch.tensor([float(p) for p in ablated]))
+    width = max((len(r) for r in rows), default=0)
+    out = torch.full((model.num_layers, width), float("nan"))
+    for layer, row in enumerate(rows):
+        out[layer, : len(row)] = row
+    return out
+
+
+def plot_head_effects(effects: dict[str, torch.Tensor], target: str, path: str) -> str:
+    """Save one heatmap per model (layers x heads, effect on P(target)) side by side as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(effects), figsize=(4.5 * len(effects), 3.8), squeeze=False)
+    for axis, (name, grid) in zip(axes[0], effects.items(), strict=True):
+        limit = float(torch.nan_to_num(grid.abs(), nan=0.0).max()) or 1.0
+        image = axis.imshow(grid.numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+        axis.set_title(f"{name}: drop in P({target.strip()})")
+        axis.set_xlabel("head")
+        axis.set_ylabel("layer")
+        figure.colorbar(image, ax=axis, fraction=0.046)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
