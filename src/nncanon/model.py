@@ -10,7 +10,7 @@ from nnsight.modeling.transformers import TransformersModel
 
 from .errors import InvalidSkip
 from .families import Family, family_for
-from .mounting import envoy_classes, mount
+from .mounting import mount
 
 
 def _config_of(model: Any, kwargs: dict) -> Any:
@@ -73,7 +73,6 @@ class StandardizedTransformer(TransformersModel):
     def __init__(self, model: Any, *args: Any, tokenizer: Any = None, **kwargs: Any) -> None:
         config = _config_of(model, kwargs)
         family = family_for(config)
-        kwargs["envoys"] = {**envoy_classes(family), **(kwargs.get("envoys") or {})}
         if not isinstance(model, torch.nn.Module):
             kwargs.setdefault("task", "text-generation")
             if tokenizer is None:
@@ -146,9 +145,17 @@ class StandardizedTransformer(TransformersModel):
 
     @property
     def head_dim(self) -> int:
-        """Width of one head's output (``attention_head_outputs[..., h, :]``)."""
+        """Width of one head's output (``attention_head_outputs[..., h, :]``).
+
+        Under multi-head latent attention (DeepSeek, MiniCPM3, Youtu) that is the value head width
+        ``v_head_dim``; such configs set ``head_dim`` to the rotary part of the query/key heads.
+        """
         config = self._text_config
-        return getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        for name in ("v_head_dim", "head_dim"):
+            width = getattr(config, name, None)
+            if width:
+                return width
+        return config.hidden_size // self.num_heads
 
     @property
     def hidden_size(self) -> int:
@@ -213,7 +220,8 @@ class StandardizedTransformer(TransformersModel):
             self._check_replacement(skip_with, expected, start, end)
         extras = (None,) * self._family.block_extras
         for index in range(start, end + 1):
-            self.layers[index].skip((replacement, *extras) if extras else replacement)
+            tupled = extras or self._family.block_tuple
+            self.layers[index].skip((replacement, *extras) if tupled else replacement)
 
     @staticmethod
     def _check_replacement(value: Any, expected: torch.Tensor, start: int, end: int) -> None:

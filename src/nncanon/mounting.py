@@ -1,9 +1,15 @@
 """Mount a family's sites on a model's envoy tree: the only place family data meets a model.
 
-`envoy_classes` tells nnsight which envoy class to build for blocks and their components (by
-native path); `mount` then binds, on every block, each standard value to the site its family
-names for that block's kind, routes the standard component names by block kind (not by the
-family's attribute names), and records what a block does not serve with the reason.
+`mount` gives each block's envoy, and the envoys of its attention, linear mixer and MLP, the
+class of the role they play in that block (by block kind, not by the family's attribute names),
+binds each standard value to the site its family names for the block's kind, routes the standard
+component names, and records what a block does not serve with the reason.
+
+The classes are adopted after nnsight built the tree (``envoy.__class__``), rather than chosen
+by an ``envoys=`` map while it builds: a map is matched against every module's path spellings,
+which made loading ~1.7x slower than plain nnsight; adoption costs a few microseconds a block.
+Our classes add values only (no state of their own), so an adopted envoy is exactly the envoy
+nnsight built.
 """
 
 from __future__ import annotations
@@ -20,34 +26,30 @@ from .components import (
     LayerEnvoy,
     LinearAttentionEnvoy,
     MLPEnvoy,
-    TokenMixerEnvoy,
     VirtualMLP,
 )
 from .families import Family
 from .served import Binding, Site
 
-_ROLE_CLASSES = {
-    frozenset({"attention"}): AttentionEnvoy,
-    frozenset({"mixer"}): LinearAttentionEnvoy,
-    frozenset({"attention", "mixer"}): TokenMixerEnvoy,
-    frozenset({"mlp"}): MLPEnvoy,
-}
+
+def adopt(envoy: Envoy, role: type) -> None:
+    """Give ``envoy`` the standard ``role`` class (kept together with a custom class the user chose)."""
+    current = type(envoy)
+    if issubclass(current, role):
+        return
+    if current is not Envoy:
+        role = _combined(role, current)
+    envoy.__class__ = role
 
 
-def envoy_classes(family: Family) -> dict[str, type]:
-    """The ``envoys=`` map nnsight builds the tree with: our classes on blocks and their components."""
-    roles: dict[str, set] = {}
-    for layout in family.all_layouts():
-        for role, native in (("attention", layout.attention), ("mixer", layout.mixer), ("mlp", layout.mlp)):
-            if native is not None:
-                roles.setdefault(native, set()).add(role)
-    classes: dict[str, type] = {f"{family.layers}.*": LayerEnvoy}
-    for native, played in roles.items():
-        cls = _ROLE_CLASSES.get(frozenset(played))
-        if cls is None:
-            raise ValueError(f"family {family.name!r}: module {native!r} is both an MLP and a token mixer")
-        classes[f"{family.layers}.*.{native}"] = cls
-    return classes
+_COMBINED: dict[tuple[type, type], type] = {}
+
+
+def _combined(role: type, custom: type) -> type:
+    key = (role, custom)
+    if key not in _COMBINED:
+        _COMBINED[key] = type(f"{role.__name__}With{custom.__name__}", (role, custom), {})
+    return _COMBINED[key]
 
 
 def _child(layer: Envoy, path: str) -> Envoy:
@@ -111,13 +113,9 @@ def mount(model: Any, family: Family, config: Any) -> None:
             f"StandardizedTransformer(..., attn_implementation='eager')."
         )
 
-    heads = config.num_attention_heads
+    heads = getattr(config, "num_attention_heads", None)  # SSMs (Mamba) have none
     for index, layer in enumerate(model.layers):
-        if not isinstance(layer, LayerEnvoy):
-            raise TypeError(
-                f"family {family.name!r} names {family.layers!r} as the blocks, but block {index} "
-                f"({type(layer._module).__name__}) was not built as a LayerEnvoy: check the family's paths."
-            )
+        adopt(layer, LayerEnvoy)
         spec, kind = family.for_layer(config, index)
         where = f"layers[{index}]"
         label = _label(index, kind, layer)
@@ -129,7 +127,7 @@ def mount(model: Any, family: Family, config: Any) -> None:
             where,
             {
                 "layer_input": bind("layer_input", Site(key="input")),
-                "layer_output": bind("layer_output", Site(index=0 if spec.block_extras else None)),
+                "layer_output": bind("layer_output", Site(index=0 if spec.block_extras or spec.block_tuple else None)),
             },
         )
         layer._nncanon = state
@@ -137,6 +135,7 @@ def mount(model: Any, family: Family, config: Any) -> None:
 
         if spec.attention is not None:
             attention = _child(layer, spec.attention)
+            adopt(attention, AttentionEnvoy)
             _route(layer, "self_attn", spec.attention, attention, hidden)
             attention._nncanon = ComponentState(
                 f"{where}.self_attn",
@@ -147,10 +146,6 @@ def mount(model: Any, family: Family, config: Any) -> None:
                 {"attention_probabilities": probabilities_reason},
                 probabilities=spec.probabilities(config) if callable(spec.probabilities) else spec.probabilities,
             )
-            if isinstance(attention, TokenMixerEnvoy):
-                _decline_other_kind(
-                    attention._nncanon, LinearAttentionEnvoy.standard_values, f"{label}: softmax attention"
-                )
             components.append(attention._nncanon)
         else:
             _route(layer, "self_attn", None, None, hidden)
@@ -159,6 +154,7 @@ def mount(model: Any, family: Family, config: Any) -> None:
 
         if spec.mixer is not None:
             mixer = _child(layer, spec.mixer)
+            adopt(mixer, LinearAttentionEnvoy)
             _route(layer, "linear_attn", spec.mixer, mixer, hidden)
             output = bind("linear_attention_output", spec.mixer_output, component="linear_attn")
             bindings = {"linear_attention_output": output}
@@ -176,8 +172,6 @@ def mount(model: Any, family: Family, config: Any) -> None:
                     f"before its output projection"
                 )
             mixer._nncanon = ComponentState(f"{where}.linear_attn", bindings, reasons)
-            if isinstance(mixer, TokenMixerEnvoy):
-                _decline_other_kind(mixer._nncanon, AttentionEnvoy.standard_values, f"{label}: a linear token mixer")
             components.append(mixer._nncanon)
         else:
             note = f"; its token mixer is softmax attention: layers[{index}].self_attn" if spec.attention else ""
@@ -199,6 +193,7 @@ def mount(model: Any, family: Family, config: Any) -> None:
                 object.__setattr__(layer, "mlp", VirtualMLP(mlp_state))
             else:
                 mlp = _child(layer, spec.mlp)
+                adopt(mlp, MLPEnvoy)
                 _route(layer, "mlp", spec.mlp, mlp, hidden)
                 mlp._nncanon = mlp_state
             components.append(mlp_state)
@@ -212,9 +207,3 @@ def mount(model: Any, family: Family, config: Any) -> None:
             for component in components:
                 if name in component.bindings or name in component.reasons:
                     component.reasons[name] = reason
-
-
-def _decline_other_kind(state: ComponentState, values: tuple[str, ...], what: str) -> None:
-    """On a shared-name component, decline the values of the kind this block is not."""
-    for value in values:
-        state.reasons.setdefault(value, f"{what}; this value belongs to the other kind of block")

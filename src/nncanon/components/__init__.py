@@ -3,7 +3,7 @@
 from .attention import AttentionEnvoy
 from .base import Component, ComponentState
 from .layer import COMPONENT_NAMES, LayerEnvoy
-from .linear_attention import LinearAttentionEnvoy, TokenMixerEnvoy
+from .linear_attention import LinearAttentionEnvoy
 from .mlp import MLPEnvoy, VirtualMLP
 
 __all__ = [
@@ -14,6 +14,5 @@ __all__ = [
     "LayerEnvoy",
     "LinearAttentionEnvoy",
     "MLPEnvoy",
-    "TokenMixerEnvoy",
     "VirtualMLP",
 ]

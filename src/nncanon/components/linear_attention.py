@@ -5,7 +5,6 @@ from __future__ import annotations
 from nnsight.intervention.envoy import Envoy
 
 from ..served import served
-from .attention import AttentionEnvoy
 from .base import Component
 
 
@@ -31,13 +30,3 @@ class LinearAttentionEnvoy(Component, Envoy):
         "Exactly what the linear-attention / state-space mixer adds to the residual stream, "
         "``[batch, seq, hidden]``. Writable.",
     )
-
-
-class TokenMixerEnvoy(AttentionEnvoy, LinearAttentionEnvoy):
-    """A module name a family uses for softmax attention in some blocks and a linear mixer in others.
-
-    Kimi-Linear, Bailing and MiniMax keep both under ``self_attn``; each block serves the values of
-    the kind it is (``support()`` says which), and declines the others with the reason.
-    """
-
-    standard_values = AttentionEnvoy.standard_values + LinearAttentionEnvoy.standard_values
