@@ -1,11 +1,17 @@
 """nncanon: one interpretability surface for every decoder-only transformers family, on nnsight."""
 
+import nnsight
+
+from .demo import demo_model
 from .errors import InvalidSkip, InvalidWrite, NncanonError, UnknownFamilyError, ValueNotAvailable
 from .families import registered_model_types
 from .model import StandardizedTransformer
 from .support import SupportReport
 
 __version__ = "0.1.0"
+
+# Remote (NDIF) requests ship nncanon's code by value, so a server without nncanon runs them.
+nnsight.register(__name__)
 
 __all__ = [
     "InvalidSkip",
@@ -15,5 +21,6 @@ __all__ = [
     "SupportReport",
     "UnknownFamilyError",
     "ValueNotAvailable",
+    "demo_model",
     "registered_model_types",
 ]

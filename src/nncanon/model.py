@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from nnsight.intervention.eproperty import eproperty
 from nnsight.modeling.transformers import TransformersModel
 
 from .errors import InvalidSkip
 from .families import Family, family_for
 from .mounting import mount
+from .served import model_value
 
 
 def _config_of(model: Any, kwargs: dict) -> Any:
@@ -115,6 +115,16 @@ class StandardizedTransformer(TransformersModel):
                     if binding.prepare is not None:
                         binding.prepare()
 
+    # -- remote --------------------------------------------------------------
+
+    def _remoteable_class(self) -> type:
+        """Remote requests are keyed as the plain ``TransformersModel`` the server hosts.
+
+        nncanon is shipped with the request by value (``nnsight.register``, see ``nncanon/__init__``):
+        the server needs nnsight and transformers only.
+        """
+        return TransformersModel
+
     # -- sizes ---------------------------------------------------------------
 
     @property
@@ -169,7 +179,7 @@ class StandardizedTransformer(TransformersModel):
 
     # -- model-level values --------------------------------------------------
 
-    @eproperty(key="output")
+    @model_value(key="output")
     def logits(self, value: Any) -> torch.Tensor:
         """The model's logits, ``[batch, seq, vocab]``, after its own post-processing. Writable in place."""
         return value.logits if hasattr(value, "logits") else value[0]

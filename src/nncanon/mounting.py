@@ -14,7 +14,6 @@ nnsight built.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +49,27 @@ def _combined(role: type, custom: type) -> type:
     if key not in _COMBINED:
         _COMBINED[key] = type(f"{role.__name__}With{custom.__name__}", (role, custom), {})
     return _COMBINED[key]
+
+
+class EagerOnly:
+    """The reason ``attention_probabilities`` is not served: ``None`` while the model runs eager attention.
+
+    Read from the model's config at each call (nnsight can switch the implementation of a loaded
+    model), through the envoy tree, so it travels with a remote request.
+    """
+
+    def __init__(self, attention: Envoy) -> None:
+        self.attention = attention
+
+    def __call__(self) -> str | None:
+        implementation = getattr(self.attention.root._module.config, "_attn_implementation", None)
+        if implementation == "eager":
+            return None
+        return (
+            f"attention probabilities are only computed under attn_implementation='eager'; "
+            f"this model runs {implementation!r}. Load it with "
+            f"StandardizedTransformer(..., attn_implementation='eager')."
+        )
 
 
 def _child(layer: Envoy, path: str) -> Envoy:
@@ -101,18 +121,6 @@ def mount(model: Any, family: Family, config: Any) -> None:
 
     ``config`` is the text config (heads and scale factors are read from it).
     """
-    owner = weakref.ref(model)
-
-    def probabilities_reason() -> str | None:
-        implementation = owner().attn_implementation
-        if implementation == "eager":
-            return None
-        return (
-            f"attention probabilities are only computed under attn_implementation='eager'; "
-            f"this model runs {implementation!r}. Load it with "
-            f"StandardizedTransformer(..., attn_implementation='eager')."
-        )
-
     heads = getattr(config, "num_attention_heads", None)  # SSMs (Mamba) have none
     for index, layer in enumerate(model.layers):
         adopt(layer, LayerEnvoy)
@@ -143,7 +151,7 @@ def mount(model: Any, family: Family, config: Any) -> None:
                     "attention_head_outputs": bind("attention_head_outputs", spec.head_outputs, heads, "self_attn"),
                     "attention_output": bind("attention_output", spec.attention_output, component="self_attn"),
                 },
-                {"attention_probabilities": probabilities_reason},
+                {"attention_probabilities": EagerOnly(attention)},
                 probabilities=spec.probabilities(config) if callable(spec.probabilities) else spec.probabilities,
             )
             components.append(attention._nncanon)

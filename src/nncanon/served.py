@@ -220,6 +220,42 @@ def check_write(value: Any, current: torch.Tensor, what: str) -> None:
         )
 
 
+def _rebuild_eproperty(cls: type, key: str, description: str | None, preprocess: Any, postprocess: Any,
+                      transform: Any) -> eproperty:
+    prop = cls.__new__(cls)
+    eproperty.__init__(prop, key=key, description=description)
+    eproperty.__call__(prop, preprocess)
+    prop._postprocess, prop._transform = postprocess, transform
+    return prop
+
+
+class model_value(eproperty):
+    """An nnsight ``eproperty`` that pickles (remote requests ship nncanon's classes by value)."""
+
+    def __reduce__(self) -> tuple:
+        return (
+            _rebuild_eproperty,
+            (type(self), self.key, self.description, self._preprocess, self._postprocess, self._transform),
+        )
+
+
+def _init_served(prop: eproperty, name: str, description: str, doc: str) -> None:
+    eproperty.__init__(prop, key=name, description=description)
+
+    def stub(host: Any, value: Any) -> torch.Tensor:  # pragma: no cover - never called
+        return value
+
+    stub.__name__ = name
+    stub.__doc__ = doc
+    eproperty.__call__(prop, stub)
+
+
+def _rebuild_served(cls: type, name: str, description: str, doc: str) -> eproperty:
+    prop = cls.__new__(cls)
+    _init_served(prop, name, description, doc)
+    return prop
+
+
 class served(eproperty):
     """A standard value of a component, served from the site its family names.
 
@@ -228,14 +264,12 @@ class served(eproperty):
     """
 
     def __init__(self, name: str, description: str, doc: str) -> None:
-        super().__init__(key=name, description=description)
+        _init_served(self, name, description, doc)
 
-        def stub(host: Any, value: Any) -> torch.Tensor:  # pragma: no cover - never called
-            return value
-
-        stub.__name__ = name
-        stub.__doc__ = doc
-        self(stub)
+    def __reduce__(self) -> tuple:
+        # Remote requests pickle our classes by value, descriptors included. Rebuilt by a module
+        # function, not the class: the class is itself being rebuilt when its descriptors are.
+        return (_rebuild_served, (type(self), self.name, self.description, self.__doc__))
 
     def __get__(self, obj: Any, owner: Any = None) -> Any:
         if obj is None:
