@@ -105,6 +105,14 @@ def _load(model: str) -> Any:
     return StandardizedTransformer(model, attn_implementation="eager")
 
 
+def _run_order(run: str) -> tuple[int, int]:
+    """The ablation page's row order: clean, the mixer, the MLP, the heads by number, the skip."""
+    order = {"clean": 0, "attention": 1, "linear mixer": 2, "mlp": 3}
+    if run.startswith("head "):
+        return 4, int(run.split()[1])
+    return order.get(run, 5), 0
+
+
 def _ablate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -112,7 +120,7 @@ def _ablate(args: argparse.Namespace) -> int:
 
     from .demo import DEMO_MODELS
     from .errors import UnknownFamilyError
-    from .study import ablation_study, head_effects, mixer_of, plot_head_effects
+    from .study import ablation_study, head_effects, mixer_of, plot_head_effects, strongest_layer
 
     names = args.model or list(DEMO_MODELS)
     studies: dict[str, dict[str, float]] = {}
@@ -123,14 +131,14 @@ def _ablate(args: argparse.Namespace) -> int:
         except (UnknownFamilyError, OSError, ValueError) as error:
             print(f"cannot load {name!r}: {error}", file=sys.stderr)
             return EXIT_USAGE
-        layer = args.layer if args.layer is not None else model.num_layers // 2
+        effects[name] = head_effects(model, args.prompt, args.target)
+        layer = args.layer if args.layer is not None else strongest_layer(effects[name])
         if not 0 <= layer < model.num_layers:
             print(f"--layer {layer} is out of range for {name} ({model.num_layers} layers)", file=sys.stderr)
             return EXIT_USAGE
         label = f"{name} (layer {layer}, {'attention' if mixer_of(model, layer)[0] == 'self_attn' else 'linear'})"
         studies[label] = ablation_study(model, args.prompt, args.target, layer)
-        effects[name] = head_effects(model, args.prompt, args.target)
-    runs = list(dict.fromkeys(run for study in studies.values() for run in study))
+    runs = sorted(dict.fromkeys(run for study in studies.values() for run in study), key=_run_order)
     width = max(len(run) for run in runs)
     print(f"prompt {args.prompt!r}, target {args.target!r}: P(target) at the last position\n")
     print(f"{'run':<{width}}  " + "  ".join(f"{label:>{len(label)}}" for label in studies))
@@ -166,7 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     ablate.add_argument("--model", action="append", help="hub id, local folder or demo model name (repeatable)")
     ablate.add_argument("--prompt", default="The Eiffel Tower is in the city of")
     ablate.add_argument("--target", default=" Paris", help="the token whose probability is measured")
-    ablate.add_argument("--layer", type=int, default=None, help="the block to ablate (default: the middle one)")
+    ablate.add_argument(
+        "--layer", type=int, default=None, help="the block to ablate (default: the one holding the strongest head)"
+    )
     ablate.add_argument("--out", default="nncanon-ablate", help="folder for the heatmap PNG")
     ablate.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     ablate.set_defaults(run=_ablate)

@@ -102,6 +102,12 @@ def head_effects(model: Any, prompt: str, target: str) -> torch.Tensor:
     return out
 
 
+def strongest_layer(effects: torch.Tensor) -> int:
+    """The layer holding the head whose ablation moves P(target) most (from `head_effects`)."""
+    magnitude = torch.nan_to_num(effects.abs(), nan=-1.0).amax(dim=1)
+    return int(magnitude.argmax())
+
+
 def plot_head_effects(effects: dict[str, torch.Tensor], target: str, path: str) -> str:
     """Save one heatmap per model (layers x heads, effect on P(target)) side by side as a PNG."""
     import matplotlib
@@ -116,6 +122,8 @@ def plot_head_effects(effects: dict[str, torch.Tensor], target: str, path: str) 
         axis.set_title(f"{name}: drop in P({target.strip()})")
         axis.set_xlabel("head")
         axis.set_ylabel("layer")
+        axis.set_xticks(range(grid.shape[1]))
+        axis.set_yticks(range(grid.shape[0]))
         figure.colorbar(image, ax=axis, fraction=0.046)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
