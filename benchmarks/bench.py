@@ -28,7 +28,8 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import transformers
@@ -186,7 +187,8 @@ def peak_memory(name: str, which: str) -> float:
         "import resource, sys, torch; sys.argv=['x']; import bench as b;"
         f"m=b.build({name!r}); ids=b.inputs(m);"
         "from nncanon import StandardizedTransformer; from nnsight.modeling.transformers import TransformersModel;"
-        f"w=StandardizedTransformer(m, tokenizer=b.tiny_tokenizer()) if {which!r}=='standard' else TransformersModel(m, tokenizer=b.tiny_tokenizer());"
+        "t=b.tiny_tokenizer();"
+        f"w=StandardizedTransformer(m, tokenizer=t) if {which!r}=='standard' else TransformersModel(m, tokenizer=t);"
         f"f=b.trace_standard if {which!r}=='standard' else b.trace_raw; f(w, ids, False);"
         "base=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; f(w, ids, False); f(w, ids, False);"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024)"
@@ -264,7 +266,8 @@ def main() -> None:
     }
     results = [run(name, args.repeats) for name in args.models]
     print(json.dumps({"machine": machine}, indent=None))
-    header = f"{'model':6} {'read/raw':>9} {'write/raw':>10} {'read/hooks':>11} {'load/raw':>9} {'heads x':>8} {'mem/raw':>8}"
+    header = (f"{'model':6} {'read/raw':>9} {'write/raw':>10} {'read/hooks':>11} {'load/raw':>9} "
+              f"{'heads x':>8} {'mem/raw':>8}")
     print(header)
     for r in results:
         print(
