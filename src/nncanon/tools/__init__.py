@@ -1,0 +1,67 @@
+"""Research tools on the standard surface: they work on every registered family, with no family code.
+
+One small module per tool:
+
+- `logit_lens`: every layer's residual stream through the model's head, in one forward; a heatmap.
+- `patchscope`: a hidden state from a source prompt patched into a target prompt.
+- `steering`: add ``factor · vector`` to the stream at chosen layers and positions.
+- `patching`: activation patching, one patch or batched sweeps over layers, positions and heads.
+- `ablation`: zero and mean ablation of heads, attention, MLPs and blocks.
+- `heads`: each head's contribution through its slice of the output projection.
+- `attribution`: direct logit attribution of heads and sublayers.
+- `cache`: every standard value of every layer from one forward.
+
+See ``docs/tools.md`` for a runnable example of each.
+"""
+
+from .ablation import (
+    mean_ablate,
+    mean_values,
+    skip_blocks,
+    zero_ablate,
+    zero_ablate_attention,
+    zero_ablate_block,
+    zero_ablate_heads,
+    zero_ablate_mlp,
+)
+from .attribution import FrozenNorm, LogitAttribution, direct_logit_attribution, freeze_norm
+from .cache import ActivationCache, cache_activations
+from .heads import attention_head_contributions, output_projection, projection_weights
+from .logit_lens import lens_top_tokens, logit_lens, plot_logit_lens
+from .patching import activation_patching, clean_values, last_token_logits, logit_difference, patch, run_metric
+from .patchscope import IDENTITY_TARGET, patchscope, patchscope_generate, source_states
+from .steering import steer
+
+__all__ = [
+    "IDENTITY_TARGET",
+    "ActivationCache",
+    "FrozenNorm",
+    "LogitAttribution",
+    "activation_patching",
+    "attention_head_contributions",
+    "cache_activations",
+    "clean_values",
+    "direct_logit_attribution",
+    "freeze_norm",
+    "last_token_logits",
+    "lens_top_tokens",
+    "logit_difference",
+    "logit_lens",
+    "mean_ablate",
+    "mean_values",
+    "output_projection",
+    "patch",
+    "patchscope",
+    "patchscope_generate",
+    "plot_logit_lens",
+    "projection_weights",
+    "run_metric",
+    "skip_blocks",
+    "source_states",
+    "steer",
+    "zero_ablate",
+    "zero_ablate_attention",
+    "zero_ablate_block",
+    "zero_ablate_heads",
+    "zero_ablate_mlp",
+]

@@ -1,0 +1,205 @@
+"""Activation patching: a value from a clean run written into a corrupted run, one patch or a sweep."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from itertools import product
+from typing import Any
+
+import torch
+
+from ._common import Positions, _as_index, check_value, host, layer_list, prompt_list, require, serving, token_count
+
+#: The values activation patching writes.
+PATCHABLE = (
+    "layer_input",
+    "layer_output",
+    "attention_head_outputs",
+    "attention_output",
+    "linear_attention_head_outputs",
+    "linear_attention_output",
+    "mlp_output",
+)
+
+#: A metric: the corrupted run's ``logits`` ``[batch, seq, vocab]`` to what the sweep records per item.
+Metric = Callable[[torch.Tensor], torch.Tensor]
+
+
+def last_token_logits(logits: torch.Tensor) -> torch.Tensor:
+    """The default metric: the logits at the last position, ``[batch, vocab]``."""
+    return logits[:, -1]
+
+
+def logit_difference(correct: int, incorrect: int) -> Metric:
+    """A metric: ``logits[:, -1, correct] - logits[:, -1, incorrect]``, ``[batch]``."""
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        return logits[:, -1, correct] - logits[:, -1, incorrect]
+
+    return metric
+
+
+def run_metric(model: Any, prompts: str | Sequence[str], metric: Metric = last_token_logits) -> torch.Tensor:
+    """``metric`` of an unpatched run: the baselines a patching result is read against (clean, corrupted)."""
+    with torch.no_grad(), model.trace(prompt_list(prompts)):
+        value = metric(model.logits).save()
+    return value[0] if isinstance(prompts, str) else value
+
+
+def _check_pair(model: Any, clean: str | Sequence[str], corrupted: str | Sequence[str]) -> None:
+    if isinstance(clean, str) != isinstance(corrupted, str) or len(prompt_list(clean)) != len(prompt_list(corrupted)):
+        raise ValueError("clean and corrupted must be two prompts or two lists of the same length")
+    a, b = token_count(model, clean), token_count(model, corrupted)
+    if a != b:
+        raise ValueError(
+            f"clean and corrupted prompts tokenize to {a} and {b} tokens: positions must line up, "
+            "so patching needs prompts of the same length"
+        )
+
+
+def _write(model: Any, layer: int, name: str, source: torch.Tensor, position: Any, head: Any) -> None:
+    """Write ``source`` (the clean value) into this invoke's value at ``position`` / ``head``; inside a trace."""
+    target = getattr(host(model, layer, name), name)
+    source = source.to(device=target.device, dtype=target.dtype)
+    where = selection(position, head)
+    target[where] = source[where]
+
+
+def selection(position: Any, head: Any) -> tuple:
+    """The index of ``[:, position, head]`` (``None``: all), as an outer product where both are lists."""
+    if isinstance(position, list) and isinstance(head, list):
+        return (slice(None), torch.tensor(position)[:, None], torch.tensor(head)[None, :])
+    where: tuple = (slice(None), slice(None) if position is None else position)
+    if head is not None:
+        where = (*where, head)
+    return where
+
+
+def clean_values(
+    model: Any, prompts: str | Sequence[str], value: str, layers: Sequence[int]
+) -> dict[int, torch.Tensor]:
+    """``value`` at each of ``layers`` from one clean forward: ``{layer: [batch, seq, ...]}``."""
+    saved: dict[int, torch.Tensor] = {}
+    with torch.no_grad(), model.trace(prompt_list(prompts)):
+        for index in sorted(set(layers)):
+            saved[index] = getattr(host(model, index, value), value).save()
+    return saved
+
+
+def patch(
+    model: Any,
+    clean: str | Sequence[str],
+    corrupted: str | Sequence[str],
+    value: str,
+    layer: int,
+    positions: Positions = None,
+    heads: int | Sequence[int] | None = None,
+    metric: Metric = last_token_logits,
+) -> torch.Tensor:
+    """One patch: ``value`` of block ``layer`` from the clean run written into the corrupted run.
+
+    Args:
+        model: A `StandardizedTransformer`.
+        clean, corrupted: Prompts (or lists of pairs) of the same token length.
+        value: One of `PATCHABLE`: ``"layer_output"``, ``"layer_input"``, ``"attention_output"``,
+            ``"mlp_output"``, ``"attention_head_outputs"`` (and a hybrid's ``linear_attention_*``).
+        layer: The block.
+        positions: Positions to patch (default: all).
+        heads: For ``*_head_outputs``, the head(s) to patch (default: all).
+        metric: Maps the corrupted run's logits ``[batch, seq, vocab]`` to the result
+            (default: the last position's logits).
+
+    Returns:
+        ``metric`` of the patched run (the batch axis dropped for single prompts).
+    """
+    check_value(value, PATCHABLE)
+    _check_pair(model, clean, corrupted)
+    index = layer_list(model, layer)[0]
+    require(model, value, [index])
+    source = clean_values(model, clean, value, [index])[index]
+    head = None if heads is None else (heads if isinstance(heads, int) else list(heads))
+    position = None if positions is None else _as_index(positions)
+    with torch.no_grad(), model.trace(prompt_list(corrupted)):
+        _write(model, index, value, source, position, head)
+        result = metric(model.logits).save()
+    return result[0] if isinstance(clean, str) else result
+
+
+def activation_patching(
+    model: Any,
+    clean: str | Sequence[str],
+    corrupted: str | Sequence[str],
+    value: str = "layer_output",
+    layers: int | Sequence[int] | None = None,
+    positions: str | Sequence[int] | None = "each",
+    heads: str | Sequence[int] | None = None,
+    metric: Metric = last_token_logits,
+    batch_size: int = 32,
+) -> torch.Tensor:
+    """A patching sweep: one patch per (layer, position, head), as batched invokes, ``batch_size`` per trace.
+
+    Each item writes the clean run's ``value`` of one layer (at one position, of one head) into the
+    corrupted run and records ``metric`` of the result. The clean values come from one forward;
+    then every ``batch_size`` items run as the invokes of one trace (a patch in one invoke touches
+    its own rows only), so a sweep of ``n`` items costs ``1 + ceil(n / batch_size)`` forwards.
+
+    Args:
+        model: A `StandardizedTransformer`.
+        clean, corrupted: Prompts (or lists of pairs) of the same token length.
+        value: One of `PATCHABLE`: ``"layer_output"`` (default), ``"layer_input"``, ``"attention_output"``,
+            ``"mlp_output"``, ``"attention_head_outputs"`` (and a hybrid's ``linear_attention_*``).
+        layers: The layers to sweep (default: every layer that serves ``value``, per ``model.support()``).
+        positions: ``"each"`` (default: sweep every position), a list of positions to sweep, or
+            ``None`` (no position axis: patch all positions at once).
+        heads: For ``*_head_outputs``: ``"each"`` (sweep every head), a list of heads to sweep, or
+            ``None`` (no head axis: patch all heads at once).
+        metric: Maps the corrupted run's logits ``[batch, seq, vocab]`` to what is recorded
+            (default: the last position's logits; `logit_difference` gives one number per prompt).
+        batch_size: Items per trace (memory: each item is one copy of the batch).
+
+    Returns:
+        ``[len(layers), len(positions)?, len(heads)?, *metric]``: the position and head axes are
+        there when swept; the batch axis of ``metric`` is dropped for single prompts. Ready for
+        ``imshow``.
+    """
+    check_value(value, PATCHABLE)
+    if heads is not None and not value.endswith("head_outputs"):
+        raise ValueError("heads= sweeps attention_head_outputs (or linear_attention_head_outputs) only")
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    _check_pair(model, clean, corrupted)
+    indices = serving(model, value, layers)
+    if not indices:
+        raise ValueError(f"no layer of this model serves {value}")
+    length = token_count(model, clean)
+    position_axis = list(range(length)) if positions == "each" else (None if positions is None else list(positions))
+
+    sources = clean_values(model, clean, value, indices)
+    count = sources[indices[0]].shape[2] if heads is not None else 0
+    head_axis = list(range(count)) if heads == "each" else (None if heads is None else list(heads))
+    items = list(product(indices, position_axis or [None], head_axis or [None]))
+    results: list[torch.Tensor] = []
+    for start in range(0, len(items), batch_size):
+        with torch.no_grad(), model.trace() as tracer:
+            for index, position, head in items[start : start + batch_size]:
+                with tracer.invoke(prompt_list(corrupted)):
+                    _write(model, index, value, sources[index], position, head)
+                    results.append(metric(model.logits).save())
+    stacked = torch.stack([r[0] if isinstance(clean, str) else r for r in results])
+    shape = [len(indices)]
+    if position_axis is not None:
+        shape.append(len(position_axis))
+    if head_axis is not None:
+        shape.append(len(head_axis))
+    return stacked.reshape(*shape, *stacked.shape[1:])
+
+
+__all__ = [
+    "PATCHABLE",
+    "activation_patching",
+    "clean_values",
+    "last_token_logits",
+    "logit_difference",
+    "patch",
+    "run_metric",
+]

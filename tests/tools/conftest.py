@@ -1,0 +1,31 @@
+"""The tools' tests run on tiny llama and gpt2, and on gemma2, bloom and granite where registered."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+
+import nncanon
+from nncanon.registry import variants
+from nncanon.testing import tiny_model
+
+WANTED = ("llama", "gpt2", "gemma2", "bloom", "granite")
+_NAMES = {v.name for v in variants()}
+FAMILIES = [name for name in WANTED if name in nncanon.registered_model_types() and name in _NAMES]
+
+
+@cache
+def build(name: str, **options) -> nncanon.StandardizedTransformer:
+    """One tiny model per (variant, options) for the whole session: the tools never change weights."""
+    return tiny_model(name, **options)
+
+
+@pytest.fixture(params=FAMILIES)
+def family(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def model(family):
+    return build(family)

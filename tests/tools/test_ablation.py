@@ -1,0 +1,122 @@
+"""The ablation helpers against the ablation page's recipes written with the plain surface."""
+
+from __future__ import annotations
+
+import torch
+
+from nncanon.testing import PROMPTS
+from nncanon.tools import (
+    mean_ablate,
+    mean_values,
+    skip_blocks,
+    zero_ablate,
+    zero_ablate_attention,
+    zero_ablate_block,
+    zero_ablate_heads,
+    zero_ablate_mlp,
+)
+
+PROMPT = PROMPTS[0]
+REFERENCE = ["The capital of France is", "Berlin lies in", "London is the capital of", "Tokyo is in"]
+
+
+def test_zero_ablations_equal_the_recipe(model):
+    layer, head = 1, 2
+    runs, recipe = {}, {}
+    with torch.no_grad(), model.trace() as tracer:
+        with tracer.invoke(PROMPT):
+            zero_ablate_attention(model, layer)
+            runs["attention"] = model.logits.save()
+        with tracer.invoke(PROMPT):
+            zero_ablate_mlp(model, layer)
+            runs["mlp"] = model.logits.save()
+        with tracer.invoke(PROMPT):
+            zero_ablate_heads(model, layer, head)
+            runs["head"] = model.logits.save()
+        with tracer.invoke(PROMPT):
+            zero_ablate_heads(model, layer, [0, head], positions=[-1])
+            runs["heads at -1"] = model.logits.save()
+    block = model.layers[layer]
+    with torch.no_grad(), model.trace() as tracer:
+        with tracer.invoke(PROMPT):
+            block.self_attn.attention_output[:] = 0
+            recipe["attention"] = model.logits.save()
+        with tracer.invoke(PROMPT):
+            block.mlp.mlp_output[:] = 0
+            recipe["mlp"] = model.logits.save()
+        with tracer.invoke(PROMPT):
+            block.self_attn.attention_head_outputs[..., head, :] = 0
+            recipe["head"] = model.logits.save()
+        with tracer.invoke(PROMPT):
+            block.self_attn.attention_head_outputs[:, -1, [0, head], :] = 0
+            recipe["heads at -1"] = model.logits.save()
+    for name, logits in runs.items():
+        assert torch.equal(logits, recipe[name]), name
+
+
+def test_zero_ablated_block_equals_skipping_it(model):
+    for layer in range(model.num_layers):
+        with torch.no_grad(), model.trace() as tracer:
+            with tracer.invoke(PROMPT):
+                zero_ablate_block(model, layer)
+                ablated = model.logits.save()
+        with torch.no_grad(), model.trace(PROMPT):
+            skip_blocks(model, layer)
+            skipped = model.logits.save()
+        torch.testing.assert_close(ablated, skipped, rtol=0, atol=0)
+
+
+def test_mean_ablation_equals_the_recipe(model):
+    layer = 1
+    means = mean_values(model, REFERENCE, "mlp_output", layers=[layer])
+    with torch.no_grad(), model.trace(REFERENCE):
+        recipe_mean = model.layers[layer].mlp.mlp_output[:, -1].mean(0).save()
+    assert torch.equal(means[layer], recipe_mean)
+    with torch.no_grad(), model.trace(PROMPT):
+        mean_ablate(model, layer, "mlp_output", means[layer], positions=-1)
+        ours = model.next_token_probs.save()
+    with torch.no_grad(), model.trace(PROMPT):
+        model.layers[layer].mlp.mlp_output[:, -1] = recipe_mean
+        recipe = model.next_token_probs.save()
+    assert torch.equal(ours, recipe)
+
+
+def test_mean_over_every_token_ignores_padding(model):
+    layer = 0
+    means = mean_values(model, REFERENCE, "attention_output", layers=[layer], positions=None)
+    rows = []
+    for prompt in REFERENCE:  # one at a time: no padding
+        with torch.no_grad(), model.trace(prompt):
+            rows.append(model.layers[layer].self_attn.attention_output[0].save())
+    expected = torch.cat(rows).mean(0)
+    torch.testing.assert_close(means[layer], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_mean_ablation_of_heads_and_blocks(model):
+    layer, heads = 0, [1, 3]
+    head_means = mean_values(model, REFERENCE, "attention_head_outputs", layers=layer)[layer]
+    block_means = mean_values(model, REFERENCE, "block", layers=layer)[layer]
+    assert head_means.shape == (model.num_heads, model.head_dim)
+    with torch.no_grad(), model.trace(REFERENCE):
+        x = model.layers[layer].layer_input[:, -1].save()
+        y = model.layers[layer].layer_output[:, -1].save()
+    torch.testing.assert_close(block_means, (y - x).mean(0), rtol=1e-5, atol=1e-6)
+    with torch.no_grad(), model.trace(PROMPT):
+        mean_ablate(model, layer, "attention_head_outputs", head_means, heads=heads, positions=-1)
+        written = model.layers[layer].self_attn.attention_head_outputs[:, -1].save()
+        entering = model.layers[layer + 1].layer_input[:, -1].save()
+        mean_ablate(model, layer + 1, "block", block_means, positions=-1)
+        leaving = model.layers[layer + 1].layer_output[:, -1].save()
+    assert torch.equal(written[:, heads], head_means[heads].expand_as(written[:, heads]))
+    assert torch.equal(leaving, entering + block_means)
+
+
+def test_generic_zero_ablate_touches_only_the_positions(model):
+    with torch.no_grad(), model.trace(PROMPT):
+        clean = model.layers[0].self_attn.attention_output.save()
+    with torch.no_grad(), model.trace(PROMPT):
+        zero_ablate(model, 0, "attention_output", positions=[0, 3])
+        written = model.layers[0].self_attn.attention_output.save()
+    assert torch.equal(written[:, [0, 3]], torch.zeros_like(written[:, [0, 3]]))
+    keep = [p for p in range(clean.shape[1]) if p not in (0, 3)]
+    assert torch.equal(written[:, keep], clean[:, keep])

@@ -1,0 +1,112 @@
+"""Activation patching: the batched, chunked sweep against a per-item loop of single traces."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nncanon.testing import PROMPTS
+from nncanon.tools import activation_patching, logit_difference, patch, run_metric
+
+CLEAN = "Paris lies in"
+CORRUPTED = "Rome lies in"  # the same number of tokens
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def _host(model, layer, value):
+    block = model.layers[layer]
+    if value.startswith("attention"):
+        return block.self_attn
+    if value == "mlp_output":
+        return block.mlp
+    return block
+
+
+def _single(model, value, layer, position=None, head=None):
+    """One patch written with the plain surface, in two traces of one prompt each."""
+    with torch.no_grad(), model.trace(CLEAN):
+        source = getattr(_host(model, layer, value), value).save()
+    with torch.no_grad(), model.trace(CORRUPTED):
+        target = getattr(_host(model, layer, value), value)
+        if head is None:
+            target[:, position] = source[:, position]
+        elif position is None:
+            target[:, :, head] = source[:, :, head]
+        else:
+            target[:, position, head] = source[:, position, head]
+        logits = model.logits[0, -1].save()
+    return logits
+
+
+def _same_length(model):
+    a = model.tokenizer(CLEAN).input_ids
+    b = model.tokenizer(CORRUPTED).input_ids
+    assert len(a) == len(b) and a != b
+    return len(a)
+
+
+@pytest.mark.parametrize("value", ["layer_output", "attention_output", "mlp_output", "layer_input"])
+def test_position_sweep_equals_a_loop_of_single_traces(model, value):
+    length = _same_length(model)
+    sweep = activation_patching(model, CLEAN, CORRUPTED, value=value, batch_size=7)
+    assert sweep.shape == (model.num_layers, length, model.vocab_size)
+    last = model.num_layers - 1
+    for layer, position in [(0, 0), (last, length - 1), (1, 2), (0, length - 1)]:  # a sample: each is two traces
+        torch.testing.assert_close(sweep[layer, position], _single(model, value, layer, position), **TOL)
+
+
+def test_head_sweeps_equal_a_loop_of_single_traces(model):
+    _same_length(model)
+    every_head = activation_patching(
+        model, CLEAN, CORRUPTED, value="attention_head_outputs", positions=None, heads="each", batch_size=3
+    )
+    assert every_head.shape == (model.num_layers, model.num_heads, model.vocab_size)
+    picked = activation_patching(
+        model, CLEAN, CORRUPTED, value="attention_head_outputs", layers=[1], positions=[-1, 2], heads=[0, 3]
+    )
+    assert picked.shape == (1, 2, 2, model.vocab_size)
+    for layer, head in [(0, 0), (model.num_layers - 1, model.num_heads - 1), (1, 2)]:
+        expected = _single(model, "attention_head_outputs", layer, None, head)
+        torch.testing.assert_close(every_head[layer, head], expected, **TOL)
+    for i, j in [(0, 0), (1, 1), (0, 1)]:
+        expected = _single(model, "attention_head_outputs", 1, [-1, 2][i], [0, 3][j])
+        torch.testing.assert_close(picked[0, i, j], expected, **TOL)
+
+
+def test_chunking_and_metric(model):
+    _same_length(model)
+    metric = logit_difference(5, 7)
+    one_chunk = activation_patching(model, CLEAN, CORRUPTED, value="mlp_output", metric=metric, batch_size=1000)
+    small_chunks = activation_patching(model, CLEAN, CORRUPTED, value="mlp_output", metric=metric, batch_size=2)
+    full = activation_patching(model, CLEAN, CORRUPTED, value="mlp_output")
+    torch.testing.assert_close(one_chunk, small_chunks, **TOL)
+    torch.testing.assert_close(one_chunk, full[..., 5] - full[..., 7], **TOL)
+
+
+def test_patching_everything_at_the_last_layer_restores_the_clean_run(model):
+    _same_length(model)
+    restored = activation_patching(model, CLEAN, CORRUPTED, layers=-1, positions=None)
+    clean = run_metric(model, CLEAN)
+    corrupted = run_metric(model, CORRUPTED)
+    torch.testing.assert_close(restored[0], clean, **TOL)
+    assert not torch.allclose(clean, corrupted)
+    one = patch(model, CLEAN, CORRUPTED, "layer_output", -1)
+    torch.testing.assert_close(one, clean, **TOL)
+
+
+def test_batched_prompt_pairs(model):
+    pairs = [CLEAN, CLEAN], [CORRUPTED, CLEAN]
+    _same_length(model)
+    sweep = activation_patching(model, *pairs, value="attention_output", positions=[-1], metric=logit_difference(5, 7))
+    assert sweep.shape == (model.num_layers, 1, 2)
+    clean = run_metric(model, CLEAN, logit_difference(5, 7))
+    torch.testing.assert_close(sweep[:, 0, 1], clean.expand(model.num_layers), **TOL)  # clean into clean
+
+
+def test_bad_arguments(model):
+    with pytest.raises(ValueError, match="same length"):
+        activation_patching(model, PROMPTS[0], PROMPTS[1])
+    with pytest.raises(KeyError, match="not one of"):
+        activation_patching(model, CLEAN, CLEAN, value="logits")
+    with pytest.raises(ValueError, match="heads="):
+        activation_patching(model, CLEAN, CLEAN, value="mlp_output", heads="each")
