@@ -37,38 +37,63 @@ def host(model, index: int, value: str):
 
 
 def served(model, index: int, values=CONTRIBUTIONS) -> list[str]:
-    """The values of ``values`` that block ``index`` serves, per ``support()``."""
+    """The values of ``values`` that block ``index`` serves, per ``support()``, in the order the block
+    runs their components (the family's ``component_order``; a trace reads values in execution order)."""
+    from nncanon.support import COMPONENT_OF
+
     report = model.support()
-    return [value for value in values if report.available(value, layer=index)]
+    order = model.family.for_layer(model._text_config, index)[0].component_order
+    names = [value for value in values if report.available(value, layer=index)]
+    return sorted(names, key=lambda value: order.index(COMPONENT_OF[value]))
 
 
-def declined_as_recorded(model, variant) -> bool:
-    """Whether this variant declines contributions, checked against its registry record, never silently.
+def identity_layers(model, variant) -> list[int]:
+    """The layers whose contribution identity can be asked, after checking declines against the record.
 
-    A record lists what a configuration cannot serve exactly under ``"declined_variants"``
-    (``{"bloom_residual_post_ln": ["attention_output", "mlp_output"]}``). A contribution is declined
-    when its component is there but the value is not served; a component a block does not have
-    (a Mamba block's ``self_attn``) is not a decline. Returns ``True`` (the caller then stops: the
-    identity cannot be asked of this layout) only after asserting that ``support()`` declines exactly
-    the recorded values on every layer and that reading them raises with the reason.
+    A record lists what a configuration cannot serve exactly under ``"declined_variants"``: a list
+    (``{"bloom_residual_post_ln": ["attention_output", "mlp_output"]}``: declined on every layer that
+    has the component) or, where only some layers decline, a map from layer to list
+    (``{"rwkv": {"0": ["linear_attention_output", "mlp_output"]}}``). A contribution is declined when
+    its component is there but the value is not served; a component a block does not have (a Mamba
+    block's ``self_attn``) is not a decline. Asserts that on every layer ``support()`` declines
+    exactly the recorded values whose component the layer has, that each recorded value is declined
+    somewhere, and that reading a declined value raises with the reason.
+
+    A layer that declines a contribution is left out: its identity cannot be asked. Except for a
+    variant listed under ``"identity_without_declined"``, whose declined values are not terms of the
+    block's update (Zamba's shared transformer reaches the stream only through its Mamba mixer's
+    input): the identity holds over the served contributions there too.
     """
     from nncanon.registry import records
     from nncanon.support import COMPONENT_OF
 
-    expected = set(records()[variant.model_type].get("declined_variants", {}).get(variant.name, []))
+    record = records()[variant.model_type]
+    recorded = record.get("declined_variants", {}).get(variant.name, [])
+    additive = variant.name in record.get("identity_without_declined", [])
     report = model.support()
+    layers, seen, everywhere = [], set(), set()
     for index in range(model.num_layers):
-        declined = {
-            value
-            for value in CONTRIBUTIONS
-            if report.available(COMPONENT_OF[value], layer=index) and not report.available(value, layer=index)
-        }
-        assert declined == expected, f"layer {index}: support() declines {declined}, the record says {expected}"
+        expected = set(recorded.get(str(index), []) if isinstance(recorded, dict) else recorded)
+        everywhere |= expected
+        present = {value for value in CONTRIBUTIONS if report.available(COMPONENT_OF[value], layer=index)}
+        declined = {value for value in present if not report.available(value, layer=index)}
+        assert declined == expected & present, (
+            f"layer {index}: support() declines {declined}, the record says {expected & present}"
+        )
+        seen |= declined
         for value in declined:
             with pytest.raises(AttributeError, match="not available"):
                 with model.trace(PROMPTS[0]):
                     getattr(host(model, index, value), value)
-    return bool(expected)
+        if additive or not declined:
+            layers.append(index)
+    assert seen == everywhere, f"the record declines {everywhere - seen} that no layer declines"
+    return layers
+
+
+def declined_as_recorded(model, variant) -> bool:
+    """Whether some layer's identity cannot be asked (`identity_layers`, with its checks)."""
+    return len(identity_layers(model, variant)) < model.num_layers
 
 
 def encode(model, prompt: str = PROMPTS[0]) -> dict:

@@ -21,7 +21,7 @@ from nncanon.testing import PROMPTS, tiny_hf_model, tiny_tokenizer
 
 
 class _NoNncanon(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):  # noqa: ANN001 - importlib protocol
+    def find_spec(self, name, path, target=None):
         if name == "nncanon" or name.startswith("nncanon."):
             raise ModuleNotFoundError(f"No module named {name!r} (a server without nncanon)")
         return None

@@ -37,9 +37,11 @@ def apply_logit_steps(logits: torch.Tensor, family: Family, config: Any) -> torc
     """The family's logit post-processing, in the model's own order of operations."""
     for step in family.logit_steps:
         factor = getattr(config, step.attribute, None)
-        if factor is None:
+        if factor is None or step.op.endswith("_input"):
             continue
-        if step.op == "softcap":
+        if step.op == "truncate":
+            logits = logits[..., :factor] if factor < logits.shape[-1] else logits
+        elif step.op == "softcap":
             logits = logits / factor
             logits = torch.tanh(logits)
             logits = logits * factor
@@ -201,6 +203,10 @@ class StandardizedTransformer(TransformersModel):
             x = self.norm(x)
         for module in self._before_head:
             x = module(x)
+        for step in self._family.logit_steps:
+            factor = getattr(self._text_config, step.attribute, None)
+            if step.op == "divide_input" and factor is not None:
+                x = x / factor
         return apply_logit_steps(self.lm_head(x), self._family, self._text_config)
 
     # -- skipping ------------------------------------------------------------
@@ -230,6 +236,8 @@ class StandardizedTransformer(TransformersModel):
             self._check_replacement(skip_with, expected, start, end)
         extras = (None,) * self._family.block_extras
         for index in range(start, end + 1):
+            if self._family.passes_state:
+                extras = tuple(self.layers[index].inputs[0][1 : 1 + self._family.block_extras])
             tupled = extras or self._family.block_tuple
             self.layers[index].skip((replacement, *extras) if tupled else replacement)
 

@@ -47,6 +47,8 @@ class Site:
             (``"router_logits_0"``: the value bound to ``router_logits``); ``key`` then applies
             to the operation. For values that exist only inside a forward, such as router
             logits whose edit must change the routing.
+        merge: The tensor's last two axes are one axis of the residual stream (hyper-connections:
+            a sublayer writes ``[b, s, k, d]`` into a ``[b, s, k·d]`` stream); served merged, a view.
     """
 
     module: str = ""
@@ -57,6 +59,7 @@ class Site:
     clone: bool = False
     op: str | None = None
     bias: int | None = None
+    merge: bool = False
 
     @property
     def needs_writeback(self) -> bool:
@@ -136,6 +139,8 @@ class Binding:
             tensor = tensor + bias
         if self.site.flat:
             tensor = self._unflatten(tensor, mediator)
+        if self.site.merge:
+            tensor = tensor.flatten(-2)
         if self.heads is not None:
             tensor = tensor.unflatten(-1, (self.heads, -1))
         if self.site.scale is not None:
@@ -154,7 +159,25 @@ class Binding:
             return tensor.view(size, -1, *tensor.shape[1:])
         return tensor.view(total, -1, *tensor.shape[1:]).narrow(0, start, size)
 
-    def write_back(self, view: torch.Tensor, raw: Any) -> Any:
+    def _in_layout(self, value: torch.Tensor, tensor: torch.Tensor, mediator: Mediator | None) -> torch.Tensor:
+        """``value`` (served shape) laid out as the model's ``tensor``: heads merged back, merged axes
+        split again, a flattened token axis restored. On a flattened site, whose raw tensor holds every
+        invoke's rows, this invoke's rows are placed into a copy of ``tensor``."""
+        if self.heads is not None:
+            value = value.flatten(-2)
+        if self.site.merge:
+            value = value.unflatten(-1, tensor.shape[-2:])
+        if not self.site.flat:
+            return value
+        total, rows = _rows(mediator) if mediator is not None else (0, None)
+        if rows is not None and tensor.shape[0] >= total:
+            full = tensor.clone()
+            start, size = rows
+            full.view(total, -1, *tensor.shape[1:])[start : start + size] = value
+            return full
+        return value.reshape(tensor.shape)
+
+    def write_back(self, view: torch.Tensor, raw: Any, mediator: Mediator | None = None) -> Any:
         """Map the user's (possibly edited) view back into the model's raw value.
 
         Only elements the user changed are replaced, so a write at one position leaves
@@ -165,32 +188,24 @@ class Binding:
         if self.site.scale is not None or bias is not None:
             current = tensor if bias is None else tensor + bias
             factor = self._factor() if self.site.scale is not None else None
-            changed = view != (current if factor is None else current * factor)
+            served = current if factor is None else current * factor
+            view = self._in_layout(view, served, mediator)
+            changed = view != served
             if not bool(changed.any()):
                 return raw
             written = view if factor is None else view / factor
             written = written if bias is None else written - bias
             return _put(raw, self.site, torch.where(changed, written, tensor))
-        return _put(raw, self.site, view.clone())
+        return _put(raw, self.site, self._in_layout(view, tensor, mediator).clone())
 
     def assign(self, value: Any, raw: Any, mediator: Mediator) -> Any:
         """The raw value to swap in when the user assigns ``value`` to the whole value."""
         current = self.read(raw, mediator)
         check_write(value, current, f"{self.where}.{self.name}")
         value = value.expand_as(current)
-        if self.heads is not None:
-            value = value.flatten(-2)
-        if self.site.flat:
-            tensor = _pick(raw, self.site)
-            total, rows = _rows(mediator)
-            if rows is not None and tensor.shape[0] >= total:
-                full = tensor.clone()
-                start, size = rows
-                full.view(total, -1, *tensor.shape[1:])[start : start + size] = value
-                return _put(raw, self.site, full)
-            return _put(raw, self.site, value.reshape(tensor.shape))
         if self.site.scale is not None or self._bias(raw) is not None:
-            return self.write_back(value, raw)
+            return self.write_back(value, raw, mediator)
+        value = self._in_layout(value, _pick(raw, self.site), mediator)
         return _put(raw, self.site, value.clone() if self.site.clone else value)
 
 
@@ -290,7 +305,7 @@ class served(eproperty):
         view = binding.read(raw, mediator)
         if writeback:
             mediator.transform = WriteBack(
-                partial(binding.write_back, view, raw), view, self, location, occurrence
+                partial(binding.write_back, view, raw, mediator), view, self, location, occurrence
             )
         return view
 

@@ -21,20 +21,28 @@ def _moe_layers(model) -> list[int]:
 
 
 def test_family_with_experts_has_an_moe_layer(model):
-    declares = any(layout.router_logits is not None for layout in model.family.all_layouts())
+    """A configuration whose blocks have experts serves their routing (a family's other variants may
+    have none: GraniteMoeHybrid without experts)."""
+    config = model._text_config
+    declares = any(model.family.for_layer(config, i)[0].router_logits is not None for i in range(model.num_layers))
     assert bool(_moe_layers(model)) == declares
 
 
 def test_routing_values_agree(model):
     for index in _moe_layers(model):
         mlp = model.layers[index].mlp
+        # A router with no [tokens, k] weights tensor (Llama-4) declines them, with the reason.
+        has_weights = model.support().available("expert_weights", layer=index)
+        weights = None
         with torch.no_grad(), model.trace(PROMPTS[0]):
             x = model.layers[index].layer_input.save()
             logits = mlp.router_logits.save()
-            weights = mlp.expert_weights.save()
-            indices = mlp.expert_indices.save()
+            indices = mlp.expert_indices.save()  # before the weights: JetMoE softmaxes after its top-k
+            if has_weights:
+                weights = mlp.expert_weights.save()
         batch, seq = x.shape[:2]
-        assert logits.shape[:2] == (batch, seq) and weights.shape == indices.shape
+        assert logits.shape[:2] == (batch, seq)
+        assert weights is None or weights.shape == indices.shape
         assert indices.shape[:2] == (batch, seq) and indices.dtype == torch.long
         assert int(indices.max()) < logits.shape[-1]
         # Each token's chosen experts are distinct.
@@ -56,19 +64,181 @@ def test_masking_an_expert_reroutes_exactly_its_tokens(model):
         assert routed.any()
 
 
+def _default_routed(moe, hidden, indices, weights, logits, config):
+    """The routed experts, run on the MLP's (flattened) input with the served indices and weights."""
+    return moe.experts(hidden, indices, weights)
+
+
+def _llama4_routed(moe, hidden, indices, weights, logits, config):
+    """Llama-4 runs every expert on its input scaled by sigmoid(logit) (zero where not chosen) and sums them."""
+    scores = torch.full_like(logits, float("-inf")).scatter(1, indices, logits.gather(1, indices)).sigmoid()
+    experts = scores.shape[1]
+    outputs = moe.experts(hidden.repeat(experts, 1) * scores.T.reshape(-1, 1))
+    return outputs.view(experts, -1, outputs.shape[-1]).sum(0)
+
+
+def _jetmoe_routed(moe, hidden, indices, weights, logits, config):
+    """JetMoE's experts are slices of two parallel linears (GLU), plus the MoE's output bias."""
+    out = torch.zeros_like(hidden) + moe.bias
+    for slot in range(indices.shape[-1]):
+        for expert in indices[:, slot].unique().tolist():
+            rows = indices[:, slot] == expert
+            gate, up = (hidden[rows] @ moe.input_linear.weight[expert].T).chunk(2, dim=-1)
+            part = (moe.activation(gate) * up) @ moe.output_linear.weight[expert].T
+            out[rows] += weights[rows, slot, None] * part
+    return out
+
+
+def _scaled(attribute):
+    """The routed sum times a config factor the MoE applies outside its experts (Laguna)."""
+
+    def routed(moe, hidden, indices, weights, logits, config):
+        return getattr(config, attribute) * moe.experts(hidden, indices, weights)
+
+    return routed
+
+
+#: How a family's MoE turns the served routing into its routed part, where it is not `_default_routed`.
+ROUTED = {
+    "llama4": _llama4_routed,
+    "jetmoe": _jetmoe_routed,
+    "laguna": _scaled("moe_routed_scaling_factor"),
+    "minimax_m3": _scaled("routed_scaling_factor"),
+    "beam": _scaled("routed_scaling_factor"),
+}
+
+
+def _mean(routed, shared, moe, hidden, block, config):
+    """Cohere2-MoE's default ``shared_expert_combination_strategy``: the mean of the routed and shared
+    experts (the shared expert's part is then not its output: it is declined)."""
+    if config.num_shared_experts == 0:
+        return routed
+    shared_raw = moe.shared_experts(hidden).view_as(routed)
+    if config.shared_expert_combination_strategy == "average":
+        return (routed + shared_raw) / 2
+    return routed + shared
+
+
+def _normed(path):
+    """The routed plus shared experts through a norm, at ``path`` in the MoE or else in the block (the
+    shared expert's part of a norm's output is not a term: it is declined)."""
+
+    def combine(routed, shared, moe, hidden, block, config):
+        if getattr(moe, "shared_experts", None) is not None:
+            routed = routed + moe.shared_experts(hidden).view_as(routed)
+        norm = getattr(moe, path) if hasattr(moe, path) else block.get_submodule(path)
+        return norm(routed)
+
+    return combine
+
+
+def _after(path):
+    """The routed plus shared experts through the block's module at ``path`` that follows the MoE
+    (Inkling's short convolution ``mlp_sconv``, whose output is the contribution)."""
+
+    def combine(routed, shared, moe, hidden, block, config):
+        return block.get_submodule(path)(routed + (shared if shared is not None else 0))
+
+    return combine
+
+
+#: How a family combines the routed part and the shared expert into ``mlp_output``, where it is not
+#: ``routed + shared_expert_output``.
+COMBINED = {
+    "cohere2_moe": _mean,
+    "axk1": _normed("post_mlp_layernorm"),
+    "flex_olmo": _normed("post_feedforward_layernorm"),
+    "afmoe": _normed("post_mlp_layernorm"),
+    "kolibri1": _normed("post_mlp_layernorm"),
+    "inkling": _after("mlp_sconv"),
+}
+
+
 def test_mlp_output_is_routed_plus_shared(model):
+    """``mlp_output`` is recomputed from the served routing with the family's own experts.
+
+    The reference runs the experts module (or, where a family's experts differ, the family's
+    reference in `ROUTED`) on the MLP's input with the served indices and weights, and adds the
+    served shared expert's output (or combines them as the family does: `COMBINED`).
+    """
+    config = model._text_config
     for index in _moe_layers(model):
         mlp = model.layers[index].mlp
         report = model.support()
+        has_weights = report.available("expert_weights", layer=index)
+        # Where the MLP's contribution is declined (MiniMax: not additive) or is not the MoE's output
+        # (Qwen4-Exp: the output injected into a hyper-connected stream), the routing is checked
+        # against the MoE module's own output.
+        site = mlp._nncanon.bindings["mlp_output"].site
+        contribution = report.available("mlp_output", layer=index) and not site.merge
+        weights = None  # assigned inside the trace only where served (a None set there does not come back)
         with torch.no_grad(), model.trace(PROMPTS[0]):
             hidden = mlp.input.save()
-            weights = mlp.expert_weights.save()
-            indices = mlp.expert_indices.save()
-            shared = mlp.shared_expert_output.save() if report.available("shared_expert_output", layer=index) else None
-            output = mlp.mlp_output.save()
-        experts = hf_block(model, index).get_submodule(mlp._nncanon.bindings["mlp_output"].site.module).experts
+            logits = mlp.router_logits.save()
+            indices = mlp.expert_indices.save()  # before the weights: JetMoE softmaxes after its top-k
+            if has_weights:
+                weights = mlp.expert_weights.save()
+            output = mlp.mlp_output.save() if contribution else mlp.output.save()
+        shared = None
+        if report.available("shared_expert_output", layer=index):
+            # Its own trace: some MoEs run the shared expert before the router, others after the experts.
+            with torch.no_grad(), model.trace(PROMPTS[0]):
+                shared = mlp.shared_expert_output.save()
+        block = hf_block(model, index)
+        # The MoE module: the MLP component's own, else the module the contribution is read at (a
+        # block that adds the routed and shared parts itself reads it at an operation of its forward).
+        moe = getattr(mlp, "_module", None)
+        if not hasattr(moe, "experts") and not hasattr(moe, "input_linear"):
+            moe = block.get_submodule(site.module)
+        # A family that scales the MLP's contribution (GraniteMoeHybrid's residual_multiplier) scales
+        # the routed part too; the shared part is served as it reaches the stream.
+        factor = getattr(config, site.scale) if site.scale is not None and contribution else 1.0
         flat = hidden.reshape(-1, hidden.shape[-1])
+        top_k = indices.shape[-1]
+        routed_of = ROUTED.get(model.family.name, _default_routed)
         with torch.no_grad():
-            routed = experts(flat, indices.reshape(-1, indices.shape[-1]), weights.reshape(-1, weights.shape[-1]))
-        expected = routed.view_as(output) + (shared if shared is not None else 0)
+            routed = routed_of(
+                moe,
+                flat,
+                indices.reshape(-1, top_k),
+                weights.reshape(-1, top_k) if weights is not None else None,
+                logits.reshape(-1, logits.shape[-1]),
+                config,
+            ).reshape(output.shape)
+            combine = COMBINED.get(model.family.name)
+            if combine is None:
+                expected = factor * routed + (shared if shared is not None else 0)
+            else:
+                expected = combine(routed, shared, moe, flat, block, config)
         torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_moe_write_in_one_invoke_touches_its_rows_only(model):
+    """A write to a routing value or the shared expert in one invoke leaves the other invokes bit-identical.
+
+    These values are read on the flattened tokens of the whole batch (or copied, Llama-4's shared
+    expert), so a write must go back into this invoke's rows only. Compared with the same batch
+    without the write; each value in its own trace (the families run them in different orders).
+    """
+    report = model.support()
+    for index in _moe_layers(model)[:1]:
+        for name in ("router_logits", "expert_weights", "shared_expert_output"):
+            if not report.available(name, layer=index):
+                continue
+            runs = {}
+            for write in (False, True):
+                with torch.no_grad(), model.trace() as tracer:
+                    with tracer.invoke(PROMPTS[0]):
+                        first = model.logits.save()
+                    with tracer.invoke(PROMPTS[0]):
+                        value = getattr(model.layers[index].mlp, name)
+                        if write:
+                            value[:, -1] = value[:, -1] * 0.5
+                        middle = model.logits.save()
+                    with tracer.invoke(PROMPTS[1]):
+                        last = model.logits.save()
+                runs[write] = (first, middle, last)
+            assert torch.equal(runs[True][0], runs[False][0]), f"{name}: a write in invoke 2 moved invoke 1"
+            assert torch.equal(runs[True][2], runs[False][2]), f"{name}: a write in invoke 2 moved invoke 3"
+            if name != "router_logits":  # halving a logit may leave the top-k as it was
+                assert not torch.equal(runs[True][1], runs[False][1]), f"{name}: the write must reach its invoke"

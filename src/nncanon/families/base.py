@@ -17,8 +17,10 @@ Declines = Callable[[Any, int], dict]
 class LogitStep:
     """One post-processing step the model applies to ``lm_head``'s output.
 
-    ``op`` is ``"softcap"`` (``tanh(x / c) · c``), ``"divide"`` or ``"multiply"``; ``attribute`` is the
-    config attribute holding ``c``. A step whose attribute is unset (``None``) does nothing.
+    ``op`` is ``"softcap"`` (``tanh(x / c) · c``), ``"divide"``, ``"multiply"``, ``"truncate"`` (keep
+    the first ``c`` logits: a padded vocabulary) or ``"divide_input"`` (divide ``lm_head``'s input, as
+    Inkling's μP width multiplier does); ``attribute`` is the config attribute holding ``c``. A step
+    whose attribute is unset (``None``) does nothing.
     """
 
     op: str
@@ -63,6 +65,12 @@ class Family:
             A function of the config returns the path where the configuration picks the code path
             (Falcon: ALiBi or RoPE).
         block_extras: How many elements the block returns after the hidden state (0: a tensor).
+        block_tuple: The block returns a tuple even with no extras (Falcon-H1's ``(hidden,)``).
+        passes_state: The block takes a recurrent state after the hidden state and returns it updated
+            as its extras (xLSTM): a skipped block hands back the state it was given.
+        component_order: The order the block runs its components in. Values of one trace are read in
+            execution order, so a reader of several components follows it (Falcon-H1 runs its Mamba
+            mixer before its attention).
         logit_steps: The model's logit post-processing, in order.
         residual: The block's residual equation, for the docs and ``support()``.
         declines: Values a configuration cannot serve exactly, with the reason.
@@ -95,6 +103,9 @@ class Family:
     head_outputs: Site = Site("self_attn.o_proj", key="input")
     probabilities: tuple[str, ...] | Callable[[Any], tuple[str, ...] | None] | None = None
     block_extras: int = 0
+    block_tuple: bool = False
+    passes_state: bool = False
+    component_order: tuple[str, ...] = ("self_attn", "linear_attn", "mlp")
     logit_steps: tuple[LogitStep, ...] = ()
     residual: str = "h = x + attn(norm1(x)); y = h + mlp(norm2(h))"
     declines: Declines | None = field(default=None, compare=False)

@@ -1,7 +1,13 @@
 """The canonical pre-norm block: ``h = x + self_attn(norm(x)); y = h + mlp(norm(h))``.
 
 Llama and the many families that kept its block: the defaults of `Family` describe them, so a
-family here is its name and the model types it serves.
+family here is its name and the model types it serves. What differs inside the modules does not
+move a value: the norm's kind or name (OLMo's parameter-free LayerNorm, Nemotron's LayerNorm1P,
+Apertus' ``attention_layernorm``), the MLP (Apertus' xIELU without gate, Phi-3's and GLM's fused
+``gate_up_proj``), fused or biased projections (Phi-3's ``qkv_proj``, Seed-OSS, StarCoder2),
+q/k norms, partial or NoPE rotary (SmolLM3), sliding windows, OLMo's ``clip_qkv`` (in place on
+q/k/v, upstream of ``o_proj``), and Youtu's multi-head latent attention (``o_proj`` still takes
+the heads, ``v_head_dim`` wide). EXAONE-3, InternLM3 and IQuest-Coder are ``LlamaForCausalLM``.
 """
 
 from .base import Family
@@ -14,6 +20,27 @@ LLAMA = Family(
         "qwen2",
         "qwen3",
         "gemma",
+        "ministral",
+        "ministral3",
+        "smollm3",
+        "seed_oss",
+        "apertus",
+        "apertus1p5_text",
+        "glm",
+        "helium",
+        "arcee",
+        "ernie4_5",
+        "hunyuan_v1_dense",
+        "starcoder2",
+        "nemotron",
+        "phi3",
+        "olmo",
+        "exaone",
+        "internlm3",
+        "iquestcoder",
+        "jais2",
+        "cwm",
+        "youtu",
     ),
 )
 

@@ -1,0 +1,43 @@
+"""Falcon: ``transformer.h`` blocks returning ``(hidden, attn_weights)``, attention inline.
+
+Parallel blocks (``parallel_attn`` or ``new_decoder_architecture``) add attention into the MLP's
+output *in place* (``mlp_output += attention_output``), so the MLP's contribution is a copy taken
+as the MLP returns (``clone=True``), and a write to it is written back.
+
+The probabilities are read at the assignment that follows the softmax on the RoPE path
+(``attention_scores``) and after dropout on the ALiBi path (``attention_probs``): the two paths
+are chosen by ``config.alibi``.
+"""
+
+from typing import Any
+
+from ..served import Site
+from .base import Family
+
+
+def _kv_heads(config: Any) -> int:
+    if config.new_decoder_architecture or not config.multi_query:
+        return config.num_kv_heads
+    return 1
+
+
+FALCON = Family(
+    name="falcon",
+    model_types=("falcon",),
+    layers="transformer.h",
+    embed_tokens="transformer.word_embeddings",
+    norm="transformer.ln_f",
+    attention="self_attention",
+    attention_output=Site("self_attention", index=0),
+    mlp_output=Site("mlp", clone=True),
+    head_outputs=Site("self_attention.dense", key="input"),
+    probabilities=lambda config: ("attention_probs_2",) if config.alibi else ("attention_scores_2",),
+    block_extras=1,
+    residual=(
+        "parallel: y = x + self_attention(ln_attn(x)) + mlp(ln_mlp(x)) (one input_layernorm where configured); "
+        "sequential: h = x + self_attention(input_layernorm(x)); y = h + mlp(post_attention_layernorm(h))"
+    ),
+    kv_heads=_kv_heads,
+)
+
+FAMILIES = [FALCON]

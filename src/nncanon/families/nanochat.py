@@ -1,0 +1,16 @@
+"""NanoChat: a Llama block (parameter-free RMSNorm, ReLU² MLP ``fc1``/``fc2``) with soft-capped logits.
+
+The one final norm runs twice: on the embeddings before block 0 and on the last block's output.
+``layers[0].layer_input`` is therefore the normed embedding, and the logits are
+``tanh(lm_head(norm(h)) / c) · c`` with ``c = final_logit_softcapping`` (no cap where unset).
+"""
+
+from .base import Family, LogitStep
+
+NANOCHAT = Family(
+    name="nanochat",
+    model_types=("nanochat",),
+    logit_steps=(LogitStep("softcap", "final_logit_softcapping"),),
+)
+
+FAMILIES = [NANOCHAT]
