@@ -258,7 +258,7 @@ def test_write_in_one_invoke_touches_its_rows_only(model, variant):
     # A mixture of experts runs each expert on the batch's tokens routed to it: a write that reroutes
     # invoke 2's tokens changes how many rows each expert's matmul has, which moves the other rows'
     # results at the last bit (7.5e-9 measured). A write that leaked would move them by far more.
-    tolerance = dict(rtol=0, atol=1e-6) if model.support().layers_with("router_logits") else dict(rtol=0, atol=0)
+    tolerance = dict(rtol=0, atol=1e-6) if model.support().layers_with("expert_indices") else dict(rtol=0, atol=0)
     torch.testing.assert_close(runs[True][0], runs[False][0], **tolerance)
     torch.testing.assert_close(runs[True][2], runs[False][2], **tolerance)
     assert not torch.equal(runs[True][1], runs[False][1]), "the write must reach its own invoke"

@@ -28,23 +28,32 @@ def test_family_with_experts_has_an_moe_layer(model):
     assert bool(_moe_layers(model)) == declares
 
 
+def _routed_layers(model) -> list[int]:
+    """Layers that serve the chosen experts (a router whose logits no write can reroute declines them:
+    Kolibri-1)."""
+    return model.support().layers_with("expert_indices")
+
+
 def test_routing_values_agree(model):
-    for index in _moe_layers(model):
+    report = model.support()
+    for index in _routed_layers(model):
         mlp = model.layers[index].mlp
         # A router with no [tokens, k] weights tensor (Llama-4) declines them, with the reason.
-        has_weights = model.support().available("expert_weights", layer=index)
-        weights = None
+        has_weights = report.available("expert_weights", layer=index)
+        has_logits = report.available("router_logits", layer=index)
+        weights = logits = None
         with torch.no_grad(), model.trace(PROMPTS[0]):
             x = model.layers[index].layer_input.save()
-            logits = mlp.router_logits.save()
+            if has_logits:
+                logits = mlp.router_logits.save()
             indices = mlp.expert_indices.save()  # before the weights: JetMoE softmaxes after its top-k
             if has_weights:
                 weights = mlp.expert_weights.save()
         batch, seq = x.shape[:2]
-        assert logits.shape[:2] == (batch, seq)
+        assert logits is None or logits.shape[:2] == (batch, seq)
         assert weights is None or weights.shape == indices.shape
         assert indices.shape[:2] == (batch, seq) and indices.dtype == torch.long
-        assert int(indices.max()) < logits.shape[-1]
+        assert logits is None or int(indices.max()) < logits.shape[-1]
         # Each token's chosen experts are distinct.
         assert all(len(set(row.tolist())) == len(row) for row in indices.reshape(-1, indices.shape[-1]))
 
@@ -162,19 +171,21 @@ def test_mlp_output_is_routed_plus_shared(model):
     served shared expert's output (or combines them as the family does: `COMBINED`).
     """
     config = model._text_config
-    for index in _moe_layers(model):
+    for index in _routed_layers(model):
         mlp = model.layers[index].mlp
         report = model.support()
         has_weights = report.available("expert_weights", layer=index)
+        has_logits = report.available("router_logits", layer=index)
         # Where the MLP's contribution is declined (MiniMax: not additive) or is not the MoE's output
         # (Qwen4-Exp: the output injected into a hyper-connected stream), the routing is checked
         # against the MoE module's own output.
         site = mlp._nncanon.bindings["mlp_output"].site
         contribution = report.available("mlp_output", layer=index) and not site.merge
-        weights = None  # assigned inside the trace only where served (a None set there does not come back)
+        weights = logits = None  # assigned inside the trace only where served (a None set there does not come back)
         with torch.no_grad(), model.trace(PROMPTS[0]):
             hidden = mlp.input.save()
-            logits = mlp.router_logits.save()
+            if has_logits:
+                logits = mlp.router_logits.save()
             indices = mlp.expert_indices.save()  # before the weights: JetMoE softmaxes after its top-k
             if has_weights:
                 weights = mlp.expert_weights.save()
@@ -202,7 +213,7 @@ def test_mlp_output_is_routed_plus_shared(model):
                 flat,
                 indices.reshape(-1, top_k),
                 weights.reshape(-1, top_k) if weights is not None else None,
-                logits.reshape(-1, logits.shape[-1]),
+                logits.reshape(-1, logits.shape[-1]) if logits is not None else None,
                 config,
             ).reshape(output.shape)
             combine = COMBINED.get(model.family.name)
@@ -221,7 +232,7 @@ def test_moe_write_in_one_invoke_touches_its_rows_only(model):
     without the write; each value in its own trace (the families run them in different orders).
     """
     report = model.support()
-    for index in _moe_layers(model)[:1]:
+    for index in _routed_layers(model)[:1]:
         for name in ("router_logits", "expert_weights", "shared_expert_output"):
             if not report.available(name, layer=index):
                 continue
@@ -238,7 +249,9 @@ def test_moe_write_in_one_invoke_touches_its_rows_only(model):
                     with tracer.invoke(PROMPTS[1]):
                         last = model.logits.save()
                 runs[write] = (first, middle, last)
-            assert torch.equal(runs[True][0], runs[False][0]), f"{name}: a write in invoke 2 moved invoke 1"
-            assert torch.equal(runs[True][2], runs[False][2]), f"{name}: a write in invoke 2 moved invoke 3"
+            # Rerouting invoke 2's tokens changes each expert's batch of rows, which moves the other rows at
+            # the last bit (as in test_invariants); a leaked write would move them by far more.
+            torch.testing.assert_close(runs[True][0], runs[False][0], rtol=0, atol=1e-6, msg=f"{name}: invoke 1 moved")
+            torch.testing.assert_close(runs[True][2], runs[False][2], rtol=0, atol=1e-6, msg=f"{name}: invoke 3 moved")
             if name != "router_logits":  # halving a logit may leave the top-k as it was
                 assert not torch.equal(runs[True][1], runs[False][1]), f"{name}: the write must reach its invoke"

@@ -40,8 +40,7 @@ LONGCAT_FLASH = Family(
     expert_indices=Site("mlp.router", index=2, flat=True),
     declines=_declines,
     residual=(
-        "h1 = x + attn0(n0(x)); h2 = h1 + mlp0(p0(h1)); h3 = h2 + attn1(n1(h2)); "
-        "y = h3 + mlp1(p1(h3)) + moe(p0(h1))"
+        "h1 = x + attn0(n0(x)); h2 = h1 + mlp0(p0(h1)); h3 = h2 + attn1(n1(h2)); y = h3 + mlp1(p1(h3)) + moe(p0(h1))"
     ),
 )
 
