@@ -161,7 +161,7 @@ def _ablate(args: argparse.Namespace) -> int:
 def _matrix(args: argparse.Namespace) -> int:
     from .matrix import run_matrix
 
-    return run_matrix(args.k, quiet=args.quiet, workers=args.workers)
+    return run_matrix(args.k, quiet=args.quiet, workers=args.workers, out=args.out)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -187,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     matrix.add_argument("-k", default="", help="only variants whose name contains this (a pytest -k expression)")
     matrix.add_argument("-n", "--workers", default="0", help="pytest-xdist workers (default 0: in process)")
     matrix.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    matrix.add_argument("--out", default=None, help="write status.json/status.md here (default: model_registry/)")
     matrix.set_defaults(run=_matrix)
 
     families = commands.add_parser(

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from .families import REGISTRY, Family
-from .registry import records, registry_dir
+from .registry import STATUS_FILE, records, registry_dir
 from .served import Site
 
 
@@ -62,7 +62,7 @@ def contributions_table() -> str:
 
 def matrix_table() -> str:
     """The registry: every model type, its family, its tiny variants, checkpoints and last matrix status."""
-    status_path = registry_dir() / "status.json"
+    status_path = registry_dir() / STATUS_FILE
     status = json.loads(status_path.read_text())["variants"] if status_path.exists() else {}
     rows = ["| model type | family | variants (status) | known checkpoints |", "|---|---|---|---|"]
     for model_type, record in sorted(records().items()):

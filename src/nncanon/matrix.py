@@ -11,8 +11,9 @@ import json
 import re
 import sys
 import time
+from pathlib import Path
 
-from .registry import registry_dir, variants
+from .registry import STATUS_FILE, registry_dir, variants
 
 _ID = re.compile(r"::(?P<test>[^\[]+)\[(?P<variant>[^\]]+)\]")
 
@@ -43,8 +44,11 @@ class _Collector:
             self.bar.update(1)
 
 
-def run_matrix(selection: str = "", quiet: bool = False, workers: str = "0") -> int:
-    """Run the suite (``-k selection``), write the matrix, print a summary; returns the exit code."""
+def run_matrix(selection: str = "", quiet: bool = False, workers: str = "0", out: str | None = None) -> int:
+    """Run the suite (``-k selection``), write the matrix, print a summary; returns the exit code.
+
+    The matrix goes to ``model_registry/`` (and the families docs page is regenerated), or to ``out``.
+    """
     import nnsight
     import pytest
     import torch
@@ -82,18 +86,19 @@ def run_matrix(selection: str = "", quiet: bool = False, workers: str = "0") -> 
         "seconds": round(elapsed, 1),
         "variants": rows,
     }
-    out = registry_dir()
-    previous = out / "status.json"
+    into = registry_dir() if out is None else Path(out)
+    into.mkdir(parents=True, exist_ok=True)
+    previous = into / STATUS_FILE
     if selection and previous.exists():  # a filtered run updates its rows, keeps the others
         merged = json.loads(previous.read_text())
         merged["variants"].update(rows)
         merged.update({k: v for k, v in status.items() if k != "variants"})
         status = merged
     previous.write_text(json.dumps(status, indent=2, sort_keys=True) + "\n")
-    (out / "status.md").write_text(_markdown(status))
+    (into / "status.md").write_text(_markdown(status))
     from .docs_tables import docs_dir, write
 
-    if docs_dir().is_dir():
+    if out is None and docs_dir().is_dir():
         write()  # the families page shows the matrix
     passed = sum(r["status"] == "pass" for r in rows.values())
     print(f"\n{passed} of {len(rows)} variants pass in {elapsed:.0f}s; wrote {previous} and status.md")

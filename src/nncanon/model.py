@@ -236,7 +236,10 @@ class StandardizedTransformer(TransformersModel):
             self._check_replacement(skip_with, expected, start, end)
         extras = (None,) * self._family.block_extras
         for index in range(start, end + 1):
-            if self._family.passes_state:
+            state = self._family.passes_state
+            if isinstance(state, str):
+                extras = (self.layers[index].inputs[1].get(state), *(None,) * (self._family.block_extras - 1))
+            elif state:
                 extras = tuple(self.layers[index].inputs[0][1 : 1 + self._family.block_extras])
             tupled = extras or self._family.block_tuple
             self.layers[index].skip((replacement, *extras) if tupled else replacement)

@@ -46,11 +46,17 @@ def registry_dir() -> Path:
     raise FileNotFoundError("model_registry/ not found next to the package or at the repository root")
 
 
+#: The status matrix `nncanon matrix` writes beside the records (not a record).
+STATUS_FILE = "status.json"
+
+
 @cache
 def records() -> dict[str, dict]:
     """Every record, by model type."""
     found = {}
     for path in sorted(registry_dir().glob("*.json")):
+        if path.name == STATUS_FILE:
+            continue
         record = json.loads(path.read_text())
         found[record["model_type"]] = record
     return found

@@ -12,6 +12,10 @@ from typing import Any
 
 import torch
 
+from .tools._common import head_count
+from .tools.ablation import head_ablation_sweep
+from .tools.resume import next_token_only
+
 #: (component, contribution value, head value) of the two kinds of token mixer.
 MIXERS = (
     ("self_attn", "attention_output", "attention_head_outputs"),
@@ -48,7 +52,7 @@ def ablation_study(model: Any, prompt: str, target: str, layer: int) -> dict[str
     mixer_name = "attention" if component == "self_attn" else "linear mixer"
     has_mlp = model.support().available("mlp_output", layer=layer)
     block = model.layers[layer]
-    heads = getattr(block, component).__dict__["_nncanon"].bindings[head_value].heads if head_value else 0
+    heads = head_count(model, layer, head_value) if head_value else 0
     probabilities: dict[str, Any] = {}
     with torch.no_grad(), model.trace() as tracer:
         with tracer.invoke(prompt):
@@ -75,29 +79,25 @@ def ablation_study(model: Any, prompt: str, target: str, layer: int) -> dict[str
 def head_effects(model: Any, prompt: str, target: str) -> torch.Tensor:
     """``[num_layers, max_heads]``: P(target) clean minus P(target) with that head zeroed.
 
-    One trace per layer, one invoke per head. Layers without per-head values, and heads past a
+    `head_ablation_sweep` per kind of head (attention, a hybrid's linear mixer): one invoke per
+    head, the blocks before each layer run once. Layers without per-head values, and heads past a
     layer's count, are NaN.
     """
     token = target_token(model, target)
-    rows = []
-    with torch.no_grad(), model.trace(prompt):
+    with torch.no_grad(), model.trace(prompt, **next_token_only(model)):
         clean = model.next_token_probs[0, token].save()
-    for layer in range(model.num_layers):
-        component, _, head_value = mixer_of(model, layer)
-        if head_value is None:
-            rows.append(torch.full((0,), float("nan")))
-            continue
-        count = getattr(model.layers[layer], component).__dict__["_nncanon"].bindings[head_value].heads
-        ablated = []
-        with torch.no_grad(), model.trace() as tracer:
-            for head in range(count):
-                with tracer.invoke(prompt):
-                    getattr(getattr(model.layers[layer], component), head_value)[..., head, :] = 0
-                    ablated.append(model.next_token_probs[0, token].save())
-        rows.append(float(clean) - torch.tensor([float(p) for p in ablated]))
-    width = max((len(r) for r in rows), default=0)
+    report = model.support()
+    grids: dict[int, torch.Tensor] = {}
+    for _, _, head_value in MIXERS:  # a block with both mixers (Falcon-H1) shows its attention heads
+        layers = [layer for layer in report.layers_with(head_value) if layer not in grids]
+        if layers:
+            probabilities = head_ablation_sweep(
+                model, prompt, layers, head_value, metric=lambda logits: torch.softmax(logits, -1)[:, token]
+            )
+            grids.update(zip(layers, float(clean) - probabilities, strict=True))
+    width = max((len(row) for row in grids.values()), default=0)
     out = torch.full((model.num_layers, width), float("nan"))
-    for layer, row in enumerate(rows):
+    for layer, row in grids.items():
         out[layer, : len(row)] = row
     return out
 

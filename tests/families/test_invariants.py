@@ -276,6 +276,26 @@ def test_skip_layers_passes_the_stream(model):
     assert torch.equal(logits, lens)
 
 
+def test_resumed_forward_is_the_forward(model):
+    """Skipping blocks 0..L-1 with the stream a forward of the same prompt had entering block L gives
+    that forward's logits, bit for bit (what sweeps that share a prompt's forward rely on), and the
+    last-position logits alone are the full logits' last row."""
+    from nncanon.tools.resume import next_token_only, resume_at, streams_entering
+
+    middle = model.num_layers // 2 or 1 if model.num_layers > 1 else 0
+    streams = streams_entering(model, PROMPTS[0], [0, middle])
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        whole = model.logits.save()
+    for layer, stream in streams.items():
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            resume_at(model, layer, stream)
+            resumed = model.logits.save()
+        assert torch.equal(resumed, whole), f"resumed at layers[{layer}]"
+    with torch.no_grad(), model.trace(PROMPTS[0], **next_token_only(model)):
+        last = model.logits.save()
+    torch.testing.assert_close(last[:, -1], whole[:, -1], rtol=1e-5, atol=1e-6)
+
+
 def test_skip_layers_rejects_bad_replacements(model):
     with torch.no_grad(), model.trace(PROMPTS[0]):
         x = model.layers[0].layer_input

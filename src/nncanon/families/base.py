@@ -66,8 +66,10 @@ class Family:
             (Falcon: ALiBi or RoPE).
         block_extras: How many elements the block returns after the hidden state (0: a tensor).
         block_tuple: The block returns a tuple even with no extras (Falcon-H1's ``(hidden,)``).
-        passes_state: The block takes a recurrent state after the hidden state and returns it updated
-            as its extras (xLSTM): a skipped block hands back the state it was given.
+        passes_state: The block takes a recurrent state and returns it updated as its extras: a
+            skipped block hands back the state it was given. ``True``: the state is the positional
+            arguments after the hidden state (xLSTM); a name: the keyword argument of that name,
+            returned as the first extra (RWKV's ``state``).
         component_order: The order the block runs its components in. Values of one trace are read in
             execution order, so a reader of several components follows it (Falcon-H1 runs its Mamba
             mixer before its attention).
@@ -104,7 +106,7 @@ class Family:
     probabilities: tuple[str, ...] | Callable[[Any], tuple[str, ...] | None] | None = None
     block_extras: int = 0
     block_tuple: bool = False
-    passes_state: bool = False
+    passes_state: bool | str = False
     component_order: tuple[str, ...] = ("self_attn", "linear_attn", "mlp")
     logit_steps: tuple[LogitStep, ...] = ()
     residual: str = "h = x + attn(norm1(x)); y = h + mlp(norm2(h))"

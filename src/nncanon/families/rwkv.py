@@ -4,7 +4,8 @@
 which first normalises its own input, ``x ← pre_ln(x)``: there the stream that enters the block
 is not the one its sublayers add to, so block 0's contributions are declined with that equation.
 Both sublayers return ``(out, state)`` and mix each token with the previous one (token shift);
-the WKV recurrence is channel-wise, with no heads. A block returns ``(hidden, state, attention)``.
+the WKV recurrence is channel-wise, with no heads. A block takes ``state=`` and returns
+``(hidden, state, attention)``; the model hands each block the state the previous one returned.
 In inference, with ``rescale_every > 0``, the model divides the output projections' weights by
 ``2^(i // rescale_every)`` at its first forward (the model's own doing) and halves the stream after
 every ``rescale_every``-th block, between blocks. The final norm is ``rwkv.ln_out``, the head ``head``.
@@ -37,6 +38,7 @@ RWKV = Family(
     mlp="feed_forward",
     mlp_output=Site("feed_forward", index=0),
     block_extras=2,
+    passes_state="state",
     declines=_declines,
     residual="h = x + attention(ln1(x)); y = h + feed_forward(ln2(h)) (block 0: x = pre_ln(x) first)",
 )

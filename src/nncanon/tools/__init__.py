@@ -6,7 +6,8 @@ One small module per tool:
 - `patchscope`: a hidden state from a source prompt patched into a target prompt.
 - `steering`: add ``factor · vector`` to the stream at chosen layers and positions.
 - `patching`: activation patching, one patch or batched sweeps over layers, positions and heads.
-- `ablation`: zero and mean ablation of heads, attention, MLPs and blocks.
+- `ablation`: zero and mean ablation of heads, attention, MLPs and blocks; a sweep over every head.
+- `resume`: sweeps that run the blocks before a layer once and resume there.
 - `heads`: each head's contribution through its slice of the output projection.
 - `attribution`: direct logit attribution of heads and sublayers.
 - `cache`: every standard value of every layer from one forward.
@@ -15,6 +16,7 @@ See ``docs/tools.md`` for a runnable example of each.
 """
 
 from .ablation import (
+    head_ablation_sweep,
     mean_ablate,
     mean_values,
     skip_blocks,
@@ -30,6 +32,7 @@ from .heads import attention_head_contributions, output_projection, projection_w
 from .logit_lens import lens_top_tokens, logit_lens, plot_logit_lens
 from .patching import activation_patching, clean_values, last_token_logits, logit_difference, patch, run_metric
 from .patchscope import IDENTITY_TARGET, patchscope, patchscope_generate, source_states
+from .resume import next_token_only, resume_at, streams_entering
 from .steering import steer
 
 __all__ = [
@@ -43,22 +46,26 @@ __all__ = [
     "clean_values",
     "direct_logit_attribution",
     "freeze_norm",
+    "head_ablation_sweep",
     "last_token_logits",
     "lens_top_tokens",
     "logit_difference",
     "logit_lens",
     "mean_ablate",
     "mean_values",
+    "next_token_only",
     "output_projection",
     "patch",
     "patchscope",
     "patchscope_generate",
     "plot_logit_lens",
     "projection_weights",
+    "resume_at",
     "run_metric",
     "skip_blocks",
     "source_states",
     "steer",
+    "streams_entering",
     "zero_ablate",
     "zero_ablate_attention",
     "zero_ablate_block",

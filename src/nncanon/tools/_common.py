@@ -91,6 +91,16 @@ def read(model: Any, layer: int, name: str) -> torch.Tensor:
     return getattr(host(model, layer, name), name)
 
 
+def head_count(model: Any, layer: int, name: str = "attention_head_outputs") -> int:
+    """How many heads block ``layer`` serves in ``name`` (``attention_head_outputs`` or a linear mixer's).
+
+    Blocks of one model may differ (a model that alternates head counts); raises `ValueNotAvailable`
+    where the block does not serve ``name``.
+    """
+    require(model, name, [layer])
+    return host(model, layer, name).__dict__["_nncanon"].bindings[name].heads
+
+
 def require(model: Any, name: str, layers: Sequence[int]) -> None:
     """Raise `ValueNotAvailable` (with ``support()``'s reason) if a layer of ``layers`` does not serve ``name``."""
     report = model.support()

@@ -14,12 +14,13 @@ rows only); `mean_values` runs its own forward over a reference set. What each v
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from ._common import Positions, _as_index, check_value, host, prompt_list, serving
+from ._common import Positions, _as_index, check_value, head_count, host, prompt_list, serving
+from .resume import next_token_only, resume_at, streams_entering
 
 #: The values these helpers ablate.
 ABLATABLE = (
@@ -172,8 +173,81 @@ def skip_blocks(model: Any, start: int, end: int | None = None) -> None:
     model.skip_layers(start, end)
 
 
+def _probabilities(logits: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(logits, dim=-1)
+
+
+def head_ablation_sweep(
+    model: Any,
+    prompts: str | Sequence[str],
+    layers: int | Sequence[int] | None = None,
+    value: str = "attention_head_outputs",
+    metric: Callable[[torch.Tensor], torch.Tensor] = _probabilities,
+    mean: dict[int, torch.Tensor] | None = None,
+    batch_size: int = 64,
+) -> torch.Tensor:
+    """Every head of ``layers`` ablated in turn: ``metric`` of the next-token logits with each one zeroed.
+
+    One invoke per head, ``batch_size`` invokes per trace, one trace (or more) per layer. The blocks
+    before a layer run once for the whole sweep (`streams_entering`), and each trace resumes at its
+    layer (`resume_at`) and computes the last position's logits only (`next_token_only`). Each
+    item equals a trace of its own with that head zeroed (up to the last bit where a model's
+    kernels depend on the batch size).
+
+    Args:
+        model: A `StandardizedTransformer`.
+        prompts: One prompt or several (left-padded in one batch; every invoke runs all of them).
+        layers: The layers (default: every layer that serves ``value``, per ``model.support()``).
+        value: ``"attention_head_outputs"`` or ``"linear_attention_head_outputs"``.
+        metric: Maps the next-token logits ``[batch, vocab]`` to what is recorded (default: the
+            probabilities, ``softmax``). It sees the last position only.
+        mean: ``{layer: [heads, head_dim]}`` from `mean_values`: mean-ablate instead of zeroing.
+        batch_size: Invokes per trace (memory: each is one copy of the batch).
+
+    Returns:
+        ``[len(layers), heads, *metric]``, NaN where a layer has fewer heads than the widest; the batch
+        axis of ``metric`` is dropped for a single prompt (a string).
+
+    Example:
+        >>> probs = head_ablation_sweep(model, "The Eiffel Tower is in the city of", layers=[0, 1])
+        >>> effect = probs[..., paris] - clean_probability   # [2, heads]
+    """
+    check_value(value, ("attention_head_outputs", "linear_attention_head_outputs"))
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    indices = serving(model, value, layers)
+    if not indices:
+        raise ValueError(f"no layer of this model serves {value}")
+    batch = prompt_list(prompts)
+    streams = streams_entering(model, batch, indices)
+    keep = next_token_only(model)
+    rows: list[list[torch.Tensor]] = []
+    for layer in indices:
+        count = head_count(model, layer, value)
+        row: list[torch.Tensor] = []
+        for start in range(0, count, batch_size):
+            with torch.no_grad(), model.trace(**keep) as tracer:
+                for head in range(start, min(start + batch_size, count)):
+                    with tracer.invoke(batch):
+                        resume_at(model, layer, streams[layer])
+                        replacement = 0.0 if mean is None else mean[layer]
+                        _ablate(model, layer, value, replacement, head, None)
+                        row.append(metric(model.logits[:, -1]).save())
+        rows.append(row)
+    results = [torch.stack([item[0] if isinstance(prompts, str) else item for item in row]) for row in rows]
+    width = max(len(row) for row in results)
+    if all(len(row) == width for row in results):
+        return torch.stack(results)
+    out = torch.full((len(results), width, *results[0].shape[1:]), float("nan"), dtype=torch.result_type(
+        results[0], 0.5))
+    for index, row in enumerate(results):
+        out[index, : len(row)] = row
+    return out
+
+
 __all__ = [
     "ABLATABLE",
+    "head_ablation_sweep",
     "mean_ablate",
     "mean_values",
     "skip_blocks",
