@@ -1,0 +1,125 @@
+"""The command line: its output against the surface, its files, and its exit codes."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+import transformers
+
+import nncanon
+from nncanon.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from nncanon.demo import DEMO_MODELS
+from nncanon.testing import tiny_hf_model, tiny_tokenizer
+
+PROMPT = "The Eiffel Tower is in the city of"
+
+
+def _table(text: str) -> tuple[list[str], dict[str, list[str]]]:
+    """The ablate table: the column labels and ``{run: cells}``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("run "))
+    labels = re.findall(r"(\S+ \(layer \d+, \w+\))", lines[start])
+    rows = {}
+    for line in lines[start + 1 :]:
+        if not line.strip():
+            break
+        cells = line.split()
+        rows[" ".join(cells[: len(cells) - len(labels)])] = cells[len(cells) - len(labels) :]
+    return labels, rows
+
+
+def _probability(model, layer: int, zero: str | None) -> float:
+    """P(" Paris") with ``zero`` (a component of block ``layer``) zeroed: the ablation page's recipe."""
+    token = model.tokenizer(" Paris", add_special_tokens=False).input_ids[0]
+    with torch.no_grad(), model.trace(PROMPT):
+        if zero == "attention":
+            model.layers[layer].self_attn.attention_output[:] = 0
+        elif zero == "linear":
+            model.layers[layer].linear_attn.linear_attention_output[:] = 0
+        elif zero == "mlp":
+            model.layers[layer].mlp.mlp_output[:] = 0
+        probability = model.next_token_probs[0, token].save()
+    return float(probability)
+
+
+def test_ablate_on_the_demo_models_prints_the_recipe_and_a_heatmap(tmp_path, capsys):
+    assert main(["ablate", "--out", str(tmp_path), "--quiet"]) == EXIT_OK
+    out = capsys.readouterr().out
+    labels, rows = _table(out)
+    assert [label.split()[0] for label in labels] == list(DEMO_MODELS)
+    assert {"clean", "mlp", "head 0", "head 3"} <= set(rows)
+    for column, label in enumerate(labels):
+        name, layer, kind = re.match(r"(\S+) \(layer (\d+), (\w+)\)", label).groups()
+        model = nncanon.demo_model(name)
+        mixer = "attention" if kind == "attention" else "linear mixer"
+        assert float(rows["clean"][column]) == pytest.approx(_probability(model, int(layer), None), abs=5e-4)
+        assert float(rows[mixer][column]) == pytest.approx(_probability(model, int(layer), kind), abs=5e-4)
+        assert float(rows["mlp"][column]) == pytest.approx(_probability(model, int(layer), "mlp"), abs=5e-4)
+        assert float(rows["clean"][column]) > 0.5, "the demo models know the Eiffel Tower"
+    png = tmp_path / "head_effects.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert str(png) in out
+
+
+def test_ablate_refuses_bad_models_and_layers(tmp_path, capsys):
+    assert main(["ablate", "--model", str(tmp_path / "missing"), "--quiet"]) == EXIT_USAGE
+    assert "cannot load" in capsys.readouterr().err
+    assert main(["ablate", "--model", "gpt2", "--layer", "99", "--out", str(tmp_path), "--quiet"]) == EXIT_USAGE
+    assert "--layer 99 is out of range for gpt2 (4 layers)" in capsys.readouterr().err
+
+
+def test_support_prints_the_report_of_a_folder(tmp_path, capsys):
+    tiny_hf_model("qwen3_next").save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    assert main(["support", str(tmp_path), "--json"]) == EXIT_OK
+    report = json.loads(capsys.readouterr().out)
+    model = nncanon.StandardizedTransformer(str(tmp_path))
+    assert report == json.loads(json.dumps(model.support().to_dict()))
+    assert main(["support", str(tmp_path)]) == EXIT_OK
+    assert "linear_attn" in capsys.readouterr().out
+
+
+def test_support_names_an_unknown_family(tmp_path, capsys):
+    config = transformers.BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64)
+    config.save_pretrained(tmp_path)
+    assert main(["support", str(tmp_path)]) == EXIT_USAGE
+    assert "bert" in capsys.readouterr().err
+
+
+def test_families_checks_the_selected_variants(capsys):
+    assert main(["families", "-k", "mpt", "--quiet"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert re.search(r"^mpt\s+mpt\s+mpt\s+2\s+\S+\s+-\s+ok$", out, re.MULTILINE), out
+    assert "1 of 1 variants pass" in out
+    assert main(["families", "-k", "no-such-family", "--quiet"]) == EXIT_USAGE
+
+
+def test_matrix_writes_the_status_of_the_selected_variants(tmp_path):
+    # In a process of its own: the matrix runs pytest.
+    done = subprocess.run(
+        [sys.executable, "-m", "nncanon", "matrix", "-k", "mpt", "--out", str(tmp_path), "--quiet"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == EXIT_OK, done.stdout[-3000:] + done.stderr[-3000:]
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["versions"]["torch"] == torch.__version__
+    assert status["versions"]["transformers"] == transformers.__version__
+    assert status["variants"]["mpt"]["status"] == "pass" and status["variants"]["mpt"]["tests"] > 10
+    assert "| mpt | mpt | pass |" in (tmp_path / "status.md").read_text()
+
+
+def test_help_everywhere():
+    for command in ([], ["ablate"], ["support"], ["families"], ["matrix"]):
+        with pytest.raises(SystemExit) as exit_:
+            main([*command, "--help"])
+        assert exit_.value.code == EXIT_OK
+    with pytest.raises(SystemExit) as exit_:
+        main(["no-such-command"])
+    assert exit_.value.code == EXIT_USAGE
+    assert EXIT_FAILED == 1
