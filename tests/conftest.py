@@ -80,6 +80,7 @@ def identity_layers(model, variant) -> list[int]:
         assert declined == expected & present, (
             f"layer {index}: support() declines {declined}, the record says {expected & present}"
         )
+        assert set(report.declined(index)) & set(CONTRIBUTIONS) == declined, f"layer {index}: declined()"
         seen |= declined
         for value in declined:
             with pytest.raises(AttributeError, match="not available"):

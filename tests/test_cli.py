@@ -97,6 +97,9 @@ def test_families_checks_the_selected_variants(capsys):
     out = capsys.readouterr().out
     assert re.search(r"^mpt\s+mpt\s+mpt\s+2\s+\S+\s+-\s+ok$", out, re.MULTILINE), out
     assert "1 of 1 variants pass" in out
+    # Falcon-H1 runs attention and a Mamba mixer side by side: the identity sums both.
+    assert main(["families", "-k", "falcon_h1", "--quiet"]) == EXIT_OK
+    assert re.search(r"^falcon_h1\s.*\s-\s+ok$", capsys.readouterr().out, re.MULTILINE)
     assert main(["families", "-k", "no-such-family", "--quiet"]) == EXIT_USAGE
 
 

@@ -84,6 +84,10 @@ def test_support_report_api():
         report.available("attn_out", layer=0)
     with pytest.raises(IndexError, match="2 layers"):
         report.reason("mlp_output", layer=5)
+    # Declined: what a block's components have but do not serve; a dense MLP's routing is not declined.
+    assert report.declined() == ["attention_probabilities"] == report.declined(1)
+    assert tiny_model("mixtral").support().declined() == []
+    assert tiny_model("kolibri1").support().declined() == ["router_logits", "shared_expert_output"]
 
 
 def test_head_output_write_by_assignment_and_wrong_shape():

@@ -22,27 +22,31 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def identity_error(model, prompt: str) -> float | None:
-    """Max ``|layer_input + attention_output + mlp_output - layer_output|`` over layers, or ``None`` if declined."""
+    """Max ``|layer_input + contributions - layer_output|`` over the layers whose every contribution is
+    served (attention's, a linear mixer's, the MLP's: those the block has), or ``None`` if no layer's is."""
     import torch
 
+    from .support import COMPONENT_OF
+    from .tools._common import CONTRIBUTIONS, in_execution_order, read
+
     report = model.support()
-    layers = [
-        i
-        for i in range(model.num_layers)
-        if report.available("attention_output", layer=i) and report.available("mlp_output", layer=i)
-    ]
-    if not layers:
+    plans = {}
+    for index in range(model.num_layers):
+        present = [v for v in CONTRIBUTIONS if report.available(COMPONENT_OF[v], layer=index)]
+        if all(report.available(v, layer=index) for v in present):
+            plans[index] = in_execution_order(model, index, ["layer_input", *present, "layer_output"])
+    if not plans:
         return None
-    rows = []
+    saved: dict[int, list] = {index: [] for index in plans}
     with torch.no_grad(), model.trace(prompt):
-        for i in layers:
-            layer = model.layers[i]
-            x = layer.layer_input.save()
-            a = layer.self_attn.attention_output.save()
-            m = layer.mlp.mlp_output.save()
-            y = layer.layer_output.save()
-            rows.append((x, a, m, y))
-    return max(float((x + a + m - y).abs().max()) for x, a, m, y in rows)
+        for index, names in plans.items():
+            for name in names:
+                saved[index].append(read(model, index, name).save())
+    errors = []
+    for values in saved.values():
+        entering, *contributions, leaving = values
+        errors.append(float((entering + sum(contributions) - leaving).abs().max()))
+    return max(errors)
 
 
 def _families(args: argparse.Namespace) -> int:
@@ -61,7 +65,7 @@ def _families(args: argparse.Namespace) -> int:
             model = tiny_model(spec)
             report = model.support()
             error = identity_error(model, PROMPTS[0])
-            declined = sorted({v for row in report.layers for v, r in row.reasons.items() if r is not None})
+            declined = report.declined()
             ok = error is None or error <= 1e-5
             status = "ok" if ok else "IDENTITY FAILS"
             rows.append((spec.name, spec.model_type, model.family.name, model.num_layers,

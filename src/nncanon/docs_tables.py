@@ -48,7 +48,7 @@ def contributions_table() -> str:
         if family.name in seen:
             continue
         seen.add(family.name)
-        steps = ", ".join(f"{s.op} `{s.attribute}`" for s in family.logit_steps) or "-"
+        steps = ", ".join(step.describe() for step in family.logit_steps) or "-"
         for kind, layout in _layouts(family):
             attention = describe(layout.attention_output) if layout.attention else "-"
             mixer = describe(layout.mixer_output) if layout.mixer else "-"

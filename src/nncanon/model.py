@@ -36,8 +36,8 @@ def _tokenizer_of(model: str, kwargs: dict) -> Any:
 def apply_logit_steps(logits: torch.Tensor, family: Family, config: Any) -> torch.Tensor:
     """The family's logit post-processing, in the model's own order of operations."""
     for step in family.logit_steps:
-        factor = getattr(config, step.attribute, None)
-        if factor is None or step.op.endswith("_input"):
+        factor = step.factor(config)
+        if factor is None or step.op in ("divide_input", "divide_stream"):
             continue
         if step.op == "truncate":
             logits = logits[..., :factor] if factor < logits.shape[-1] else logits
@@ -199,14 +199,15 @@ class StandardizedTransformer(TransformersModel):
         output it equals ``logits``. Works inside a trace and on plain tensors.
         """
         x = hidden
+        factors = {step.op: step.factor(self._text_config) for step in self._family.logit_steps}
+        if factors.get("divide_stream") is not None:
+            x = x / factors["divide_stream"]
         if self.norm is not None:
             x = self.norm(x)
         for module in self._before_head:
             x = module(x)
-        for step in self._family.logit_steps:
-            factor = getattr(self._text_config, step.attribute, None)
-            if step.op == "divide_input" and factor is not None:
-                x = x / factor
+        if factors.get("divide_input") is not None:
+            x = x / factors["divide_input"]
         return apply_logit_steps(self.lm_head(x), self._family, self._text_config)
 
     # -- skipping ------------------------------------------------------------

@@ -179,7 +179,7 @@ def mount(model: Any, family: Family, config: Any) -> None:
                     f"{label}: its mixer ({type(mixer._module).__name__}) has no per-head structure "
                     f"before its output projection"
                 )
-            mixer._nncanon = ComponentState(f"{where}.linear_attn", bindings, reasons)
+            mixer._nncanon = ComponentState(f"{where}.linear_attn", bindings, reasons, set(reasons))
             components.append(mixer._nncanon)
         else:
             note = f"; its token mixer is softmax attention: layers[{index}].self_attn" if spec.attention else ""
@@ -195,8 +195,10 @@ def mount(model: Any, family: Family, config: Any) -> None:
                     mlp_state.bindings[name] = bind(name, site, component="mlp")
                 elif name in routing:
                     mlp_state.reasons[name] = f"{label}: its MLP is dense, not a mixture of experts: it has no router"
+                    mlp_state.absent.add(name)
                 else:
                     mlp_state.reasons[name] = f"{label}: its MLP has no shared expert"
+                    mlp_state.absent.add(name)
             if spec.mlp is None:
                 object.__setattr__(layer, "mlp", VirtualMLP(mlp_state))
             else:
@@ -215,3 +217,4 @@ def mount(model: Any, family: Family, config: Any) -> None:
             for component in components:
                 if name in component.bindings or name in component.reasons:
                     component.reasons[name] = reason
+                    component.absent.discard(name)

@@ -40,6 +40,7 @@ COMPONENT_OF = {
 }
 COMPONENTS = ("self_attn", "linear_attn", "mlp")
 
+
 _ANY_LAYER = re.compile(r"layers\[\d+\]")
 
 
@@ -50,6 +51,7 @@ class LayerSupport:
     index: int
     block_type: str
     reasons: dict
+    absent: frozenset = frozenset()
 
 
 class SupportReport:
@@ -80,6 +82,7 @@ class SupportReport:
                 host = layer.__dict__.get(component)
                 states[component] = None if host is None else host.__dict__.get("_nncanon")
             reasons: dict[str, str | None] = {}
+            absent = frozenset(name for state in states.values() if state is not None for name in state.absent)
             for value in LAYER_VALUES:
                 if value in ("layer_input", "layer_output"):
                     reasons[value] = states["layer"].reason(value)
@@ -94,7 +97,7 @@ class SupportReport:
                     component = COMPONENT_OF[value]
                     state = states[component]
                     reasons[value] = reasons[component] if state is None else state.reason(value)
-            rows.append(LayerSupport(index, type(layer._module).__name__, reasons))
+            rows.append(LayerSupport(index, type(layer._module).__name__, reasons, absent))
         return cls(rows, model._text_config.model_type, model.family.name)
 
     def _row(self, layer: int) -> LayerSupport:
@@ -119,6 +122,22 @@ class SupportReport:
         """The layers that serve ``value``, e.g. ``report.layers_with("self_attn")``."""
         self._check(value)
         return [row.index for row in self.layers if row.reasons[value] is None]
+
+    def declined(self, layer: int | None = None) -> list[str]:
+        """The values a block's components have but that it does not serve (each with a reason).
+
+        A component the block does not have (a Mamba block's ``self_attn``) declines nothing, nor does
+        a value its component does not have (a dense MLP's routing, a mixer without heads). ``layer``
+        ``None``: the values declined on any layer.
+        """
+        rows = self.layers if layer is None else [self._row(layer)]
+        found = {
+            value
+            for row in rows
+            for value, component in COMPONENT_OF.items()
+            if row.reasons[component] is None and row.reasons[value] is not None and value not in row.absent
+        }
+        return [value for value in LAYER_VALUES if value in found]
 
     def to_dict(self) -> dict:
         """The report as plain data (for ``--json``)."""

@@ -20,7 +20,9 @@ class ComponentState:
     Attributes:
         where: Its name in messages (``"layers[3].self_attn"``).
         bindings: The values it serves, by standard name.
-        reasons: Values it declines, by standard name, with the reason.
+        reasons: Values it does not serve, by standard name, with the reason.
+        absent: Those of ``reasons`` the component does not have at all (a dense MLP's routing, an
+            MLP without a shared expert, a mixer without heads): not served, but not declined either.
         probabilities: For attention, the source-operation path to the probabilities
             (``None``: found through transformers' attention interface).
     """
@@ -28,6 +30,7 @@ class ComponentState:
     where: str
     bindings: dict[str, Binding] = field(default_factory=dict)
     reasons: dict[str, Reason] = field(default_factory=dict)
+    absent: set[str] = field(default_factory=set)
     probabilities: tuple[str, ...] | None = None
 
     def reason(self, name: str) -> str | None:

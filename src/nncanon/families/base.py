@@ -15,16 +15,30 @@ Declines = Callable[[Any, int], dict]
 
 @dataclass(frozen=True)
 class LogitStep:
-    """One post-processing step the model applies to ``lm_head``'s output.
+    """One step the model applies between the last block's output and its logits, besides norm and head.
 
     ``op`` is ``"softcap"`` (``tanh(x / c) · c``), ``"divide"``, ``"multiply"``, ``"truncate"`` (keep
-    the first ``c`` logits: a padded vocabulary) or ``"divide_input"`` (divide ``lm_head``'s input, as
-    Inkling's μP width multiplier does); ``attribute`` is the config attribute holding ``c``. A step
-    whose attribute is unset (``None``) does nothing.
+    the first ``c`` logits: a padded vocabulary), ``"divide_input"`` (divide ``lm_head``'s input, as
+    Inkling's μP width multiplier does) or ``"divide_stream"`` (divide the stream entering the final
+    norm, as RWKV does after its last block). ``attribute`` is the config attribute holding ``c``, or
+    a function of the config that returns it (RWKV's depends on two attributes). A step whose ``c``
+    is ``None`` does nothing.
     """
 
     op: str
-    attribute: str
+    attribute: str | Callable[[Any], Any]
+
+    def factor(self, config: Any) -> Any:
+        """``c`` for this config (``None``: the step does nothing)."""
+        if callable(self.attribute):
+            return self.attribute(config)
+        return getattr(config, self.attribute, None)
+
+    def describe(self) -> str:
+        """The step for the docs: ``divide `logits_scaling```."""
+        if callable(self.attribute):
+            return f"{self.op} ({(self.attribute.__doc__ or self.attribute.__name__).strip().splitlines()[0]})"
+        return f"{self.op} `{self.attribute}`"
 
 
 @dataclass(frozen=True)

@@ -8,17 +8,27 @@ the WKV recurrence is channel-wise, with no heads. A block takes ``state=`` and 
 ``(hidden, state, attention)``; the model hands each block the state the previous one returned.
 In inference, with ``rescale_every > 0``, the model divides the output projections' weights by
 ``2^(i // rescale_every)`` at its first forward (the model's own doing) and halves the stream after
-every ``rescale_every``-th block, between blocks. The final norm is ``rwkv.ln_out``, the head ``head``.
+every ``rescale_every``-th block, between blocks: ``layers[i + 1].layer_input`` is then
+``layers[i].layer_output / 2``, and where the last block is such a block (RWKV-4 169M: 12 layers,
+``rescale_every=6``) the stream is halved once more before the final norm, ``rwkv.ln_out``, and the
+head, ``head``: ``project_on_vocab`` does the same (a ``divide_stream`` step), so the lens on the last
+layer's output is the logits. (In training mode the model does not rescale; nncanon serves inference.)
 """
 
 from ..served import Site
-from .base import Family
+from .base import Family, LogitStep
 
 _PRE_LN = (
     "layers[0] normalises its own input before anything else: y = h + feed_forward(ln2(h)), "
     "h = pre_ln(x) + attention(ln1(pre_ln(x))), so x (the stream entering the block) is not what its "
     "contributions add to: layer_input + linear_attention_output + mlp_output != layer_output"
 )
+
+
+def _halved_after_last_block(config) -> int | None:
+    """2 where the model halves the stream after its last block too (layers a multiple of rescale_every)"""
+    every = config.rescale_every
+    return 2 if every > 0 and config.num_hidden_layers % every == 0 else None
 
 
 def _declines(config, layer: int) -> dict:
@@ -40,6 +50,7 @@ RWKV = Family(
     block_extras=2,
     passes_state="state",
     declines=_declines,
+    logit_steps=(LogitStep("divide_stream", _halved_after_last_block),),
     residual="h = x + attention(ln1(x)); y = h + feed_forward(ln2(h)) (block 0: x = pre_ln(x) first)",
 )
 

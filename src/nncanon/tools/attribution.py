@@ -128,10 +128,21 @@ class LogitAttribution:
 
 
 def _head(model: Any, z: torch.Tensor) -> torch.Tensor:
-    """The modules after the final norm (any pre-head module, then ``lm_head``), without logit post-processing."""
-    for envoy in [*getattr(model, "_before_head", []), model.lm_head]:
+    """The modules after the final norm (any pre-head module, a division of the head's input, then
+    ``lm_head``), without logit post-processing."""
+    for envoy in getattr(model, "_before_head", []):
         z = envoy._module(z)
-    return z
+    divisor = _step_factor(model, "divide_input")
+    if divisor is not None:
+        z = z / divisor
+    return model.lm_head._module(z)
+
+
+def _step_factor(model: Any, op: str) -> Any:
+    """The factor of the family's logit step ``op`` for this model (``None`` where it has none)."""
+    config = model._module.config.get_text_config()
+    factors = [step.factor(config) for step in model.family.logit_steps if step.op == op]
+    return factors[0] if factors else None
 
 
 def _unembedding(model: Any, targets: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,15 +164,20 @@ def _logit_factor(model: Any) -> float:
     config = model._module.config.get_text_config()
     factor = 1.0
     for step in model.family.logit_steps:
-        value = getattr(config, step.attribute, None)
-        if value is None:
+        value = step.factor(config)
+        if value is None or step.op in ("truncate", "divide_input"):  # the input's: in `_head`
             continue
         if step.op == "multiply":
             factor *= value
         elif step.op == "divide":
             factor /= value
-        else:  # a soft-cap: not linear, attribute the logit before it
+        elif step.op == "softcap":  # not linear: attribute the logit before it
             break
+        else:
+            raise ValueNotAvailable(
+                f"direct logit attribution does not split a logit through a {step.op!r} step yet "
+                f"({model.family.name}): its stream is rescaled before the final norm"
+            )
     return factor
 
 
