@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from nncanon import InvalidWrite, StandardizedTransformer, UnknownFamilyError
+from nncanon import InvalidWrite, SizeNotAvailable, StandardizedTransformer, UnknownFamilyError
 from nncanon.testing import PROMPTS, tiny_hf_model, tiny_model, tiny_tokenizer
 
 
@@ -135,3 +135,10 @@ def test_readme_recipe_runs_unchanged_but_for_the_hub_id(tmp_path, capsys):
     for name in ("clean", "attention", "mlp", "head 8", "blocks 9-10"):
         assert re.search(rf"^{name}\s+P\(Paris\) \d\.\d{{3}}$", printed, re.M), name
     assert "GPT2Block" in printed
+
+
+def test_num_heads_of_a_model_without_attention_names_what_it_has():
+    model = tiny_model("mamba")
+    with pytest.raises(SizeNotAvailable, match=r"mamba has no softmax attention.*head_count"):
+        model.num_heads
+    assert tiny_model("qwen3_next").num_heads == tiny_model("qwen3_next")._text_config.num_attention_heads

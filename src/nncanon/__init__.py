@@ -3,7 +3,14 @@
 import nnsight
 
 from .demo import demo_model
-from .errors import InvalidSkip, InvalidWrite, NncanonError, UnknownFamilyError, ValueNotAvailable
+from .errors import (
+    InvalidSkip,
+    InvalidWrite,
+    NncanonError,
+    SizeNotAvailable,
+    UnknownFamilyError,
+    ValueNotAvailable,
+)
 from .families import registered_model_types
 from .model import StandardizedTransformer
 from .support import SupportReport
@@ -17,6 +24,7 @@ __all__ = [
     "InvalidSkip",
     "InvalidWrite",
     "NncanonError",
+    "SizeNotAvailable",
     "StandardizedTransformer",
     "SupportReport",
     "UnknownFamilyError",

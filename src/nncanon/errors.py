@@ -19,6 +19,10 @@ class ValueNotAvailable(NncanonError, AttributeError):
     """
 
 
+class SizeNotAvailable(NncanonError, ValueError):
+    """A model-level size this model does not have (``num_heads`` of a model without softmax attention)."""
+
+
 class InvalidWrite(NncanonError, ValueError):
     """A value written to the surface does not fit where it goes (shape, dtype, device, type)."""
 

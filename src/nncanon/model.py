@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from nnsight.modeling.transformers import TransformersModel
 
-from .errors import InvalidSkip
+from .errors import InvalidSkip, SizeNotAvailable
 from .families import Family, family_for
 from .mounting import mount
 from .served import model_value
@@ -141,8 +141,20 @@ class StandardizedTransformer(TransformersModel):
 
     @property
     def num_heads(self) -> int:
-        """Number of attention (query) heads per block."""
-        return self._text_config.num_attention_heads
+        """Number of attention (query) heads per block (``nncanon.tools.head_count`` gives one block's).
+
+        Raises:
+            SizeNotAvailable: for a model without softmax attention (Mamba, RWKV, xLSTM).
+        """
+        count = getattr(self._text_config, "num_attention_heads", None)
+        if count is None:
+            raise SizeNotAvailable(
+                f"{self._text_config.model_type} has no softmax attention, so no num_heads; "
+                f"support().layers_with('self_attn') is {self.support().layers_with('self_attn')}. "
+                "A linear mixer's heads, where it has them: nncanon.tools.head_count(model, layer, "
+                "'linear_attention_head_outputs')."
+            )
+        return count
 
     @property
     def num_kv_heads(self) -> int:

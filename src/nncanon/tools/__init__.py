@@ -15,6 +15,7 @@ One small module per tool:
 See ``docs/tools.md`` for a runnable example of each.
 """
 
+from ._common import head_count
 from .ablation import (
     head_ablation_sweep,
     mean_ablate,
@@ -47,6 +48,7 @@ __all__ = [
     "direct_logit_attribution",
     "freeze_norm",
     "head_ablation_sweep",
+    "head_count",
     "last_token_logits",
     "lens_top_tokens",
     "logit_difference",
