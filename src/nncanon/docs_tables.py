@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .families import REGISTRY, Family
 from .registry import STATUS_FILE, records, registry_dir
-from .served import Site
+from .served import Site, describe_factor
 
 
 def describe(site: Site | None) -> str:
@@ -22,7 +22,7 @@ def describe(site: Site | None) -> str:
         where = f"op `{site.op}` in {where}"
     text = f"{where} {site.key}" + (f"[{site.index}]" if site.index is not None else "")
     if site.scale is not None:
-        text += f" × `{site.scale}`"
+        text += f" × {describe_factor(site.scale)}"
     if site.flat:
         text += " (flat b·s)"
     if site.clone:

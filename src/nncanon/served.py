@@ -13,6 +13,7 @@ the elements the user changed, so every other element stays bit-identical to a c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -36,7 +37,8 @@ class Site:
         index: The tuple element of the output that holds the tensor (``0`` for the
             ``(out, weights)`` every attention module returns); ``None`` for a tensor.
         scale: A config attribute the model multiplies the module's value by before it
-            reaches the residual stream (Granite's ``residual_multiplier``).
+            reaches the residual stream (Granite's ``residual_multiplier``), or a function of the
+            config that returns the factor (MiniCPM3's ``scale_depth / sqrt(num_hidden_layers)``).
         flat: The module runs on a flattened ``(b·s, ...)`` tensor (OPT's ``fc2``).
         clone: The model changes the tensor in place after the module returns (Falcon adds
             attention into the MLP output), so the read is a copy taken at the module.
@@ -54,17 +56,33 @@ class Site:
     module: str = ""
     key: str = "output"
     index: int | None = None
-    scale: str | None = None
+    scale: str | Callable[[Any], float] | None = None
     flat: bool = False
     clone: bool = False
     op: str | None = None
     bias: int | None = None
     merge: bool = False
 
+    def factor(self, config: Any) -> float:
+        """The scale factor for ``config`` (``1.0`` where the site has none)."""
+        return 1.0 if self.scale is None else config_factor(self.scale, config)
+
     @property
     def needs_writeback(self) -> bool:
         """Whether the served tensor is not a view of the model's own, so edits must be written back."""
         return self.scale is not None or self.clone or self.bias is not None
+
+
+def config_factor(attribute: str | Callable[[Any], Any], config: Any) -> Any:
+    """A family's factor: the config attribute named ``attribute``, or ``attribute(config)``."""
+    return attribute(config) if callable(attribute) else getattr(config, attribute, None)
+
+
+def describe_factor(attribute: str | Callable[[Any], Any]) -> str:
+    """A factor for the docs: ```residual_multiplier``` or the function's one-line docstring."""
+    if callable(attribute):
+        return (attribute.__doc__ or attribute.__name__).strip().splitlines()[0]
+    return f"`{attribute}`"
 
 
 def _pick(raw: Any, site: Site) -> torch.Tensor:
@@ -123,7 +141,7 @@ class Binding:
     prepare: Any | None = None
 
     def _factor(self) -> float:
-        return getattr(self.config, self.site.scale)
+        return self.site.factor(self.config)
 
     def _bias(self, raw: Any) -> torch.Tensor | None:
         """The bias the caller adds to the site's tensor, where the site names one and it is set."""

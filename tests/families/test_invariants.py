@@ -91,7 +91,7 @@ def _finish(tensor: torch.Tensor, binding, inputs: dict) -> torch.Tensor:
     if binding.heads is not None:
         tensor = tensor.view(batch, seq, binding.heads, -1)
     if site.scale is not None:
-        tensor = tensor * getattr(binding.config, site.scale)
+        tensor = tensor * site.factor(binding.config)
     return tensor
 
 

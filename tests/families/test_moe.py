@@ -203,7 +203,7 @@ def test_mlp_output_is_routed_plus_shared(model):
             moe = block.get_submodule(site.module)
         # A family that scales the MLP's contribution (GraniteMoeHybrid's residual_multiplier) scales
         # the routed part too; the shared part is served as it reaches the stream.
-        factor = getattr(config, site.scale) if site.scale is not None and contribution else 1.0
+        factor = site.factor(config) if contribution else 1.0
         flat = hidden.reshape(-1, hidden.shape[-1])
         top_k = indices.shape[-1]
         routed_of = ROUTED.get(model.family.name, _default_routed)

@@ -34,7 +34,7 @@ def test_heads_sum_to_attention_output_where_nothing_follows_the_projection(mode
     projection = attention._nncanon.bindings["attention_head_outputs"].site.module
     if site.module not in (relative, projection):
         return  # a post-norm follows (Gemma-2): covered by the projection test and the attribution tests
-    scale = 1.0 if site.scale is None else getattr(model._module.config.get_text_config(), site.scale)
+    scale = site.factor(model._module.config.get_text_config())
     for layer in range(model.num_layers):
         with torch.no_grad(), model.trace(PROMPTS):
             per_head = attention_head_contributions(model, layer).save()

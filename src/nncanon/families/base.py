@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..served import Site
+from ..served import Site, config_factor, describe_factor
 
 #: A function of the model's config and a layer index that returns, for values the layer
 #: cannot serve exactly, the reason why (``{"mlp_output": "..."}``).
@@ -30,15 +30,11 @@ class LogitStep:
 
     def factor(self, config: Any) -> Any:
         """``c`` for this config (``None``: the step does nothing)."""
-        if callable(self.attribute):
-            return self.attribute(config)
-        return getattr(config, self.attribute, None)
+        return config_factor(self.attribute, config)
 
     def describe(self) -> str:
         """The step for the docs: ``divide `logits_scaling```."""
-        if callable(self.attribute):
-            return f"{self.op} ({(self.attribute.__doc__ or self.attribute.__name__).strip().splitlines()[0]})"
-        return f"{self.op} `{self.attribute}`"
+        return f"{self.op} {describe_factor(self.attribute)}"
 
 
 @dataclass(frozen=True)

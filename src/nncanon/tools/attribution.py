@@ -190,7 +190,7 @@ def _head_map(model: Any, layer: int) -> tuple[torch.nn.Module | None, float]:
     attention = model.layers[layer].self_attn
     site = attention._nncanon.bindings["attention_output"].site
     projection = attention._nncanon.bindings["attention_head_outputs"].site.module
-    scale = 1.0 if site.scale is None else float(getattr(model._module.config.get_text_config(), site.scale))
+    scale = float(site.factor(model._module.config.get_text_config()))
     if site.module in (_relative(model, layer, attention), projection):
         return None, scale
     return model.layers[layer].get(site.module)._module, scale
