@@ -103,18 +103,27 @@ def test_families_checks_the_selected_variants(capsys):
     assert main(["families", "-k", "no-such-family", "--quiet"]) == EXIT_USAGE
 
 
-def test_matrix_writes_the_status_of_the_selected_variants(tmp_path):
+def _matrix(selection: str, out) -> None:
     # In a process of its own: the matrix runs pytest.
     done = subprocess.run(
-        [sys.executable, "-m", "nncanon", "matrix", "-k", "mpt", "--out", str(tmp_path), "--quiet"],
+        [sys.executable, "-m", "nncanon", "matrix", "-k", selection, "--out", str(out), "--quiet"],
         capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == EXIT_OK, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_matrix_writes_the_status_of_the_selected_variants(tmp_path):
+    _matrix("mpt", tmp_path)
     status = json.loads((tmp_path / "status.json").read_text())
     assert status["versions"]["torch"] == torch.__version__
     assert status["versions"]["transformers"] == transformers.__version__
     assert status["variants"]["mpt"]["status"] == "pass" and status["variants"]["mpt"]["tests"] > 10
     assert "| mpt | mpt | pass |" in (tmp_path / "status.md").read_text()
+    # A second filtered run adds its rows and keeps the others, and says what it ran.
+    _matrix("ctrl", tmp_path)
+    merged = json.loads((tmp_path / "status.json").read_text())
+    assert {"mpt", "ctrl"} <= set(merged["variants"]) and merged["selection"] == "mpt"
+    assert merged["last_filtered_run"]["selection"] == "ctrl"
 
 
 def test_help_everywhere():

@@ -92,7 +92,8 @@ def run_matrix(selection: str = "", quiet: bool = False, workers: str = "0", out
     if selection and previous.exists():  # a filtered run updates its rows, keeps the others
         merged = json.loads(previous.read_text())
         merged["variants"].update(rows)
-        merged.update({k: v for k, v in status.items() if k != "variants"})
+        merged["versions"] = status["versions"]
+        merged["last_filtered_run"] = {"selection": selection, "seconds": status["seconds"]}
         status = merged
     previous.write_text(json.dumps(status, indent=2, sort_keys=True) + "\n")
     (into / "status.md").write_text(_markdown(status))
