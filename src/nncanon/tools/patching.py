@@ -100,7 +100,8 @@ def patch(
 
     Args:
         model: A `StandardizedTransformer`.
-        clean, corrupted: Prompts (or lists of pairs) of the same token length.
+        clean: The prompt (or prompts) whose values are patched in.
+        corrupted: The prompt (or prompts) patched, of the same token length as ``clean``.
         value: One of `PATCHABLE`: ``"layer_output"``, ``"layer_input"``, ``"attention_output"``,
             ``"mlp_output"``, ``"attention_head_outputs"`` (and a hybrid's ``linear_attention_*``).
         layer: The block.
@@ -145,7 +146,8 @@ def activation_patching(
 
     Args:
         model: A `StandardizedTransformer`.
-        clean, corrupted: Prompts (or lists of pairs) of the same token length.
+        clean: The prompt (or prompts) whose values are patched in.
+        corrupted: The prompt (or prompts) patched, of the same token length as ``clean``.
         value: One of `PATCHABLE`: ``"layer_output"`` (default), ``"layer_input"``, ``"attention_output"``,
             ``"mlp_output"``, ``"attention_head_outputs"`` (and a hybrid's ``linear_attention_*``).
         layers: The layers to sweep (default: every layer that serves ``value``, per ``model.support()``).
