@@ -1,4 +1,5 @@
-"""The tools' tests run on tiny llama and gpt2, and on gemma2, bloom and granite where registered."""
+"""The tools' tests run on tiny llama and gpt2, gemma2, bloom, granite and the Qwen3-Next hybrid (linear-attention
+and attention blocks, a mixture of experts) where registered."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import nncanon
 from nncanon.registry import variants
 from nncanon.testing import tiny_model
 
-WANTED = ("llama", "gpt2", "gemma2", "bloom", "granite")
+WANTED = ("llama", "gpt2", "gemma2", "bloom", "granite", "qwen3_next")
 _NAMES = {v.name for v in variants()}
 FAMILIES = [name for name in WANTED if name in nncanon.registered_model_types() and name in _NAMES]
 
@@ -29,3 +30,8 @@ def family(request) -> str:
 @pytest.fixture
 def model(family):
     return build(family)
+
+
+def attention_layers(model) -> list[int]:
+    """The blocks with softmax attention (a hybrid's others have a linear mixer)."""
+    return model.support().layers_with("attention_output")

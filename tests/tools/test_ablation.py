@@ -20,14 +20,14 @@ from nncanon.tools import (
 )
 from nncanon.tools._common import head_count
 
-from .conftest import build
+from .conftest import attention_layers, build
 
 PROMPT = PROMPTS[0]
 REFERENCE = ["The capital of France is", "Berlin lies in", "London is the capital of", "Tokyo is in"]
 
 
 def test_zero_ablations_equal_the_recipe(model):
-    layer, head = 1, 2
+    layer, head = attention_layers(model)[-1], 2
     runs, recipe = {}, {}
     with torch.no_grad(), model.trace() as tracer:
         with tracer.invoke(PROMPT):
@@ -88,7 +88,7 @@ def test_mean_ablation_equals_the_recipe(model):
 
 
 def test_mean_over_every_token_ignores_padding(model):
-    layer = 0
+    layer = attention_layers(model)[0]
     means = mean_values(model, REFERENCE, "attention_output", layers=[layer], positions=None)
     rows = []
     for prompt in REFERENCE:  # one at a time: no padding
@@ -99,30 +99,32 @@ def test_mean_over_every_token_ignores_padding(model):
 
 
 def test_mean_ablation_of_heads_and_blocks(model):
-    layer, heads = 0, [1, 3]
+    layer, heads, last = attention_layers(model)[0], [1, 3], model.num_layers - 1
     head_means = mean_values(model, REFERENCE, "attention_head_outputs", layers=layer)[layer]
-    block_means = mean_values(model, REFERENCE, "block", layers=layer)[layer]
-    assert head_means.shape == (model.num_heads, model.head_dim)
+    block_means = mean_values(model, REFERENCE, "block", layers=last)[last]
+    assert head_means.shape == (head_count(model, layer), model.head_dim)
     with torch.no_grad(), model.trace(REFERENCE):
-        x = model.layers[layer].layer_input[:, -1].save()
-        y = model.layers[layer].layer_output[:, -1].save()
+        x = model.layers[last].layer_input[:, -1].save()
+        y = model.layers[last].layer_output[:, -1].save()
     torch.testing.assert_close(block_means, (y - x).mean(0), rtol=1e-5, atol=1e-6)
     with torch.no_grad(), model.trace(PROMPT):
         mean_ablate(model, layer, "attention_head_outputs", head_means, heads=heads, positions=-1)
         written = model.layers[layer].self_attn.attention_head_outputs[:, -1].save()
-        entering = model.layers[layer + 1].layer_input[:, -1].save()
-        mean_ablate(model, layer + 1, "block", block_means, positions=-1)
-        leaving = model.layers[layer + 1].layer_output[:, -1].save()
+    with torch.no_grad(), model.trace(PROMPT):
+        entering = model.layers[last].layer_input[:, -1].save()
+        mean_ablate(model, last, "block", block_means, positions=-1)
+        leaving = model.layers[last].layer_output[:, -1].save()
     assert torch.equal(written[:, heads], head_means[heads].expand_as(written[:, heads]))
     assert torch.equal(leaving, entering + block_means)
 
 
 def test_generic_zero_ablate_touches_only_the_positions(model):
+    layer = attention_layers(model)[0]
     with torch.no_grad(), model.trace(PROMPT):
-        clean = model.layers[0].self_attn.attention_output.save()
+        clean = model.layers[layer].self_attn.attention_output.save()
     with torch.no_grad(), model.trace(PROMPT):
-        zero_ablate(model, 0, "attention_output", positions=[0, 3])
-        written = model.layers[0].self_attn.attention_output.save()
+        zero_ablate(model, layer, "attention_output", positions=[0, 3])
+        written = model.layers[layer].self_attn.attention_output.save()
     assert torch.equal(written[:, [0, 3]], torch.zeros_like(written[:, [0, 3]]))
     keep = [p for p in range(clean.shape[1]) if p not in (0, 3)]
     assert torch.equal(written[:, keep], clean[:, keep])

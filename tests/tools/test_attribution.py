@@ -45,14 +45,16 @@ def _explicit_frozen_norm(norm: torch.nn.Module, final: torch.Tensor):
         return (lambda x: (x - x.mean(-1, keepdim=True)) * norm.weight / sigma), norm.bias
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
     sigma = torch.sqrt(final.pow(2).mean(-1, keepdim=True) + eps)
-    gain = norm.weight + 1 if "Gemma" in type(norm).__name__ else norm.weight
+    zero_centred = any(name in type(norm).__name__ for name in ("Gemma", "Qwen3Next"))  # they scale by 1 + w
+    gain = norm.weight + 1 if zero_centred else norm.weight
     return (lambda x: x * gain / sigma), torch.zeros_like(norm.weight)
 
 
 def test_exact_linear_case_against_the_explicit_formula(model):
     """With the final norm's scale frozen at the full stream, each share is W_U[t] · frozen(x) · factor."""
     dla = direct_logit_attribution(model, PROMPTS, TARGETS)
-    cache = cache_activations(model, PROMPTS, values=["layer_input", "attention_output", "mlp_output", "layer_output"])
+    contributions = ["attention_output", "linear_attention_output", "mlp_output"]
+    cache = cache_activations(model, PROMPTS, values=["layer_input", *contributions, "layer_output"])
     final = cache["layer_output"][model.num_layers - 1][:, -1]
     frozen, norm_bias = _explicit_frozen_norm(model.norm._module, final)
     config = model._module.config.get_text_config()
@@ -66,17 +68,23 @@ def test_exact_linear_case_against_the_explicit_formula(model):
     scale = dla.logit.abs().max() + 1e-3
     with torch.no_grad():
         _close(dla.embedding, share(cache["layer_input"][0][:, -1]), scale)
-        for layer in range(model.num_layers):
-            _close(dla.attention[:, layer], share(cache["attention_output"][layer][:, -1]), scale)
-            _close(dla.mlp[:, layer], share(cache["mlp_output"][layer][:, -1]), scale)
+        served = [(name, layer) for name in contributions for layer in cache.get(name, {})]
+        shares = {"attention_output": dla.attention, "linear_attention_output": dla.linear_attention,
+                  "mlp_output": dla.mlp}
+        for name, layer in served:
+            _close(shares[name][:, layer], share(cache[name][layer][:, -1]), scale)
+        for name, table in shares.items():  # where a block has no such sublayer, its share is 0
+            for layer in range(model.num_layers):
+                if (name, layer) not in served:
+                    assert not table[:, layer].any(), (name, layer)
         bias = (norm_bias * unembed).sum(-1) * factor
         if lm_bias is not None:
             bias = bias + lm_bias[TARGETS] * factor
         _close(dla.bias, bias, scale)
         # the frozen map is linear and exact at the full stream: the shares add up to the model's logit
         total = share(cache["layer_input"][0][:, -1])
-        for layer in range(model.num_layers):
-            total = total + share(cache["attention_output"][layer][:, -1]) + share(cache["mlp_output"][layer][:, -1])
+        for name, layer in served:
+            total = total + share(cache[name][layer][:, -1])
         _close(total + bias, dla.model_logit if model.family.name != "gemma2" else dla.logit, scale)
 
 

@@ -6,39 +6,35 @@ import torch
 
 from nncanon.testing import PROMPTS
 from nncanon.tools import cache_activations
+from nncanon.tools._common import CONTRIBUTIONS, LAYER_VALUES, read
 
 from .conftest import build
 
 
 def test_cache_equals_values_read_one_by_one(model):
     cache = cache_activations(model, PROMPTS)
-    assert set(cache) == {
-        "layer_input", "attention_probabilities", "attention_head_outputs", "attention_output", "mlp_output",
-        "layer_output",
-    }
-    for layer in range(model.num_layers):
-        expected = {}  # bound outside the trace
-        with torch.no_grad(), model.trace(PROMPTS):
-            block = model.layers[layer]
-            expected["layer_input"] = block.layer_input.save()
-            expected["attention_probabilities"] = block.self_attn.attention_probabilities.save()
-            expected["attention_head_outputs"] = block.self_attn.attention_head_outputs.save()
-            expected["attention_output"] = block.self_attn.attention_output.save()
-            expected["mlp_output"] = block.mlp.mlp_output.save()
-            expected["layer_output"] = block.layer_output.save()
-        for name, value in expected.items():
-            assert torch.equal(cache[name][layer], value), (name, layer)
+    report = model.support()
+    served = [name for name in LAYER_VALUES if report.layers_with(name)]
+    assert set(cache) == set(served)
+    for name in served:
+        for layer in report.layers_with(name):
+            with torch.no_grad(), model.trace(PROMPTS):  # one value per trace: no order to follow
+                expected = read(model, layer, name).save()
+            assert torch.equal(cache[name][layer], expected), (name, layer)
     with torch.no_grad(), model.trace(PROMPTS):
         logits = model.logits.save()
     assert torch.equal(cache.logits, logits)
 
 
 def test_cache_contribution_identity(model):
-    asked = ["layer_output", "mlp_output", "layer_input", "attention_output"]
+    asked = ["layer_output", "mlp_output", "layer_input", "linear_attention_output", "attention_output"]
     cache = cache_activations(model, PROMPTS[0], values=asked)
-    assert list(cache) == ["layer_input", "attention_output", "mlp_output", "layer_output"]  # execution order
+    names = list(cache)
+    assert names[0] == "layer_input" and names[-1] == "layer_output"  # execution order
     for layer in range(model.num_layers):
-        total = cache["layer_input"][layer] + cache["attention_output"][layer] + cache["mlp_output"][layer]
+        total = cache["layer_input"][layer] + sum(
+            cache[name][layer] for name in CONTRIBUTIONS if name in cache and layer in cache[name]
+        )
         torch.testing.assert_close(total, cache["layer_output"][layer], rtol=1e-5, atol=1e-5)
     assert cache.stack("layer_output").shape[0] == model.num_layers
 

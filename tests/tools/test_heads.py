@@ -5,13 +5,15 @@ from __future__ import annotations
 import torch
 
 from nncanon.testing import PROMPTS
-from nncanon.tools import attention_head_contributions, output_projection, projection_weights
+from nncanon.tools import attention_head_contributions, head_count, output_projection, projection_weights
+
+from .conftest import attention_layers
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 
 
 def test_heads_sum_to_the_projection_output(model):
-    for layer in range(model.num_layers):
+    for layer in attention_layers(model):
         projection = output_projection(model, layer)
         seen = {}
         handle = projection.register_forward_hook(lambda m, a, out, seen=seen: seen.update(out=out.detach().clone()))
@@ -21,21 +23,22 @@ def test_heads_sum_to_the_projection_output(model):
         finally:
             handle.remove()
         _, bias = projection_weights(model, layer)
-        assert per_head.shape[-2:] == (model.num_heads, model.hidden_size)
+        assert per_head.shape[-2:] == (head_count(model, layer), model.hidden_size)
         total = per_head.sum(-2) + (0 if bias is None else bias)
         torch.testing.assert_close(total, seen["out"].view_as(total), **TOL)
 
 
 def test_heads_sum_to_attention_output_where_nothing_follows_the_projection(model):
     """Where attention_output is the projection's output (times the family's scale), the heads give it too."""
-    attention = model.layers[0].self_attn
+    first = attention_layers(model)[0]
+    attention = model.layers[first].self_attn
     site = attention._nncanon.bindings["attention_output"].site
-    relative = attention.path[len(model.layers[0].path) + 1 :]
+    relative = attention.path[len(model.layers[first].path) + 1 :]
     projection = attention._nncanon.bindings["attention_head_outputs"].site.module
     if site.module not in (relative, projection):
         return  # a post-norm follows (Gemma-2): covered by the projection test and the attribution tests
     scale = site.factor(model._module.config.get_text_config())
-    for layer in range(model.num_layers):
+    for layer in attention_layers(model):
         with torch.no_grad(), model.trace(PROMPTS):
             per_head = attention_head_contributions(model, layer).save()
             attention_output = model.layers[layer].self_attn.attention_output.save()
@@ -46,9 +49,11 @@ def test_heads_sum_to_attention_output_where_nothing_follows_the_projection(mode
 
 def test_conv1d_and_linear_weights_are_read_per_input(model):
     """W[h] maps head h's slice of the projection input: one-hot inputs recover the weight."""
-    projection = output_projection(model, 0)
-    weight, bias = projection_weights(model, 0)
-    probe = torch.eye(model.num_heads * model.head_dim)
+    first = attention_layers(model)[0]
+    projection = output_projection(model, first)
+    weight, bias = projection_weights(model, first)
+    heads = head_count(model, first)
+    probe = torch.eye(heads * model.head_dim)
     with torch.no_grad():
         out = projection(probe) - (0 if bias is None else bias)
-    torch.testing.assert_close(out.view(model.num_heads, model.head_dim, -1), weight, **TOL)
+    torch.testing.assert_close(out.view(heads, model.head_dim, -1), weight, **TOL)

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from nncanon.testing import PROMPTS
-from nncanon.tools import activation_patching, logit_difference, patch, run_metric
+from nncanon.tools import activation_patching, head_count, logit_difference, patch, run_metric
+
+from .conftest import attention_layers
 
 CLEAN = "Paris lies in"
 CORRUPTED = "Rome lies in"  # the same number of tokens
@@ -17,6 +19,8 @@ def _host(model, layer, value):
     block = model.layers[layer]
     if value.startswith("attention"):
         return block.self_attn
+    if value.startswith("linear_attention"):
+        return block.linear_attn
     if value == "mlp_output":
         return block.mlp
     return block
@@ -48,28 +52,31 @@ def _same_length(model):
 @pytest.mark.parametrize("value", ["layer_output", "attention_output", "mlp_output", "layer_input"])
 def test_position_sweep_equals_a_loop_of_single_traces(model, value):
     length = _same_length(model)
+    layers = model.support().layers_with(value)
     sweep = activation_patching(model, CLEAN, CORRUPTED, value=value, batch_size=7)
-    assert sweep.shape == (model.num_layers, length, model.vocab_size)
-    last = model.num_layers - 1
-    for layer, position in [(0, 0), (last, length - 1), (1, 2), (0, length - 1)]:  # a sample: each is two traces
-        torch.testing.assert_close(sweep[layer, position], _single(model, value, layer, position), **TOL)
+    assert sweep.shape == (len(layers), length, model.vocab_size)
+    last = len(layers) - 1
+    for row, position in [(0, 0), (last, length - 1), (min(1, last), 2), (0, length - 1)]:  # each is two traces
+        torch.testing.assert_close(sweep[row, position], _single(model, value, layers[row], position), **TOL)
 
 
 def test_head_sweeps_equal_a_loop_of_single_traces(model):
     _same_length(model)
+    layers = attention_layers(model)
     every_head = activation_patching(
         model, CLEAN, CORRUPTED, value="attention_head_outputs", positions=None, heads="each", batch_size=3
     )
-    assert every_head.shape == (model.num_layers, model.num_heads, model.vocab_size)
+    heads = head_count(model, layers[0])
+    assert every_head.shape == (len(layers), heads, model.vocab_size)
     picked = activation_patching(
-        model, CLEAN, CORRUPTED, value="attention_head_outputs", layers=[1], positions=[-1, 2], heads=[0, 3]
+        model, CLEAN, CORRUPTED, value="attention_head_outputs", layers=[layers[-1]], positions=[-1, 2], heads=[0, 3]
     )
     assert picked.shape == (1, 2, 2, model.vocab_size)
-    for layer, head in [(0, 0), (model.num_layers - 1, model.num_heads - 1), (1, 2)]:
-        expected = _single(model, "attention_head_outputs", layer, None, head)
-        torch.testing.assert_close(every_head[layer, head], expected, **TOL)
+    for row, head in [(0, 0), (len(layers) - 1, heads - 1), (min(1, len(layers) - 1), 2)]:
+        expected = _single(model, "attention_head_outputs", layers[row], None, head)
+        torch.testing.assert_close(every_head[row, head], expected, **TOL)
     for i, j in [(0, 0), (1, 1), (0, 1)]:
-        expected = _single(model, "attention_head_outputs", 1, [-1, 2][i], [0, 3][j])
+        expected = _single(model, "attention_head_outputs", layers[-1], [-1, 2][i], [0, 3][j])
         torch.testing.assert_close(picked[0, i, j], expected, **TOL)
 
 
@@ -98,9 +105,10 @@ def test_batched_prompt_pairs(model):
     pairs = [CLEAN, CLEAN], [CORRUPTED, CLEAN]
     _same_length(model)
     sweep = activation_patching(model, *pairs, value="attention_output", positions=[-1], metric=logit_difference(5, 7))
-    assert sweep.shape == (model.num_layers, 1, 2)
+    count = len(attention_layers(model))
+    assert sweep.shape == (count, 1, 2)
     clean = run_metric(model, CLEAN, logit_difference(5, 7))
-    torch.testing.assert_close(sweep[:, 0, 1], clean.expand(model.num_layers), **TOL)  # clean into clean
+    torch.testing.assert_close(sweep[:, 0, 1], clean.expand(count), **TOL)  # clean into clean
 
 
 def test_bad_arguments(model):
