@@ -101,7 +101,11 @@ def test_heads_sum_to_projection(model):
                 torch.testing.assert_close(total, output, rtol=1e-5, atol=1e-5)
                 checked += 1
                 continue
-            projection = hf_block(model, index).get_submodule(binding.site.module)
+            spec = model.family.for_layer(model._text_config, index)[0]
+            through_norm = value == "attention_head_outputs" and spec.head_norm is not None
+            # Where a norm over all heads sits before the projection (BitNet), the heads are its input.
+            module = spec.head_projection if through_norm else binding.site.module
+            projection = hf_block(model, index).get_submodule(module)
             seen: dict = {}
 
             def keep(module, args, out, seen=seen):
@@ -113,6 +117,9 @@ def test_heads_sum_to_projection(model):
                     heads = getattr(host(model, index, value), value).save()
             finally:
                 handle.remove()
+            if through_norm:
+                with torch.no_grad():
+                    heads = hf_block(model, index).get_submodule(spec.head_norm)(heads.flatten(-2)).view_as(heads)
             weight, bias = _projection(projection)
             per_head = weight.view(weight.shape[0], heads.shape[-2], -1)  # [out, H, head_dim]
             total = torch.einsum("bshd,ohd->bso", heads, per_head)

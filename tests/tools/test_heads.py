@@ -57,3 +57,20 @@ def test_conv1d_and_linear_weights_are_read_per_input(model):
     with torch.no_grad():
         out = projection(probe) - (0 if bias is None else bias)
     torch.testing.assert_close(out.view(heads, model.head_dim, -1), weight, **TOL)
+
+
+def test_heads_through_a_norm_over_all_heads():
+    """BitNet norms all heads together before o_proj: each head goes through the norm as it ran, then its
+    slice; the served heads are the norm's input (each head's own output)."""
+    from nncanon.tools import direct_logit_attribution, head_norm
+
+    from .conftest import build
+
+    model = build("bitnet")
+    assert type(head_norm(model, 0)).__name__ == "BitNetRMSNorm"
+    assert type(output_projection(model, 0)).__name__ == "Linear"
+    test_heads_sum_to_the_projection_output(model)
+    test_conv1d_and_linear_weights_are_read_per_input(model)
+    dla = direct_logit_attribution(model, PROMPTS, [5, 17])
+    torch.testing.assert_close(dla.heads.sum(-1) + dla.head_bias, dla.attention, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(dla.total(), dla.logit, rtol=1e-4, atol=1e-5)

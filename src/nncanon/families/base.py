@@ -69,7 +69,13 @@ class Family:
         expert_weights: The routing weights of the chosen experts.
         expert_indices: The chosen experts.
         shared_expert_output: What the shared expert adds (after its gate).
-        head_outputs: The input of the output projection (viewed per head).
+        head_outputs: Each head's output (viewed per head): the input of the output projection,
+            or of ``head_norm`` where one sits before it.
+        head_norm: A norm over all heads' outputs between them and the output projection (BitNet's
+            ``self_attn.attn_sub_norm``), relative to the block; ``None``: the heads are the projection's
+            input. A head reaches the stream through this norm, as it ran, and its slice of the projection.
+        head_projection: The output projection, relative to the block, where ``head_outputs`` is not its
+            input (with ``head_norm``); ``None``: the module ``head_outputs`` is read at.
         probabilities: Source-operation path from the attention module to the operation whose
             first input is the probabilities; ``None``: found through transformers' attention interface.
             A function of the config returns the path where the configuration picks the code path
@@ -113,6 +119,8 @@ class Family:
     expert_indices: Site | None = None
     shared_expert_output: Site | None = None
     head_outputs: Site = Site("self_attn.o_proj", key="input")
+    head_norm: str | None = None
+    head_projection: str | None = None
     probabilities: tuple[str, ...] | Callable[[Any], tuple[str, ...] | None] | None = None
     block_extras: int = 0
     block_tuple: bool = False

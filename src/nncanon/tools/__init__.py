@@ -29,7 +29,7 @@ from .ablation import (
 )
 from .attribution import FrozenNorm, LogitAttribution, direct_logit_attribution, freeze_norm
 from .cache import ActivationCache, cache_activations
-from .heads import attention_head_contributions, output_projection, projection_weights
+from .heads import attention_head_contributions, head_norm, output_projection, projection_input, projection_weights
 from .logit_lens import lens_top_tokens, logit_lens, plot_logit_lens
 from .patching import activation_patching, clean_values, last_token_logits, logit_difference, patch, run_metric
 from .patchscope import IDENTITY_TARGET, patchscope, patchscope_generate, source_states
@@ -49,6 +49,7 @@ __all__ = [
     "freeze_norm",
     "head_ablation_sweep",
     "head_count",
+    "head_norm",
     "last_token_logits",
     "lens_top_tokens",
     "logit_difference",
@@ -61,6 +62,7 @@ __all__ = [
     "patchscope",
     "patchscope_generate",
     "plot_logit_lens",
+    "projection_input",
     "projection_weights",
     "resume_at",
     "run_metric",

@@ -42,7 +42,7 @@ import torch
 
 from ..errors import ValueNotAvailable
 from ._common import CONTRIBUTIONS, in_execution_order, prompt_list, read
-from .heads import projection_weights
+from .heads import projection_input, projection_weights
 
 
 @dataclass
@@ -327,6 +327,7 @@ def _plan(model: Any, heads: bool) -> list[list[str]]:
 def _head_streams(model: Any, layer: int, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each head's contribution to the stream ``[batch, heads, hidden]`` and the rest ``[batch, hidden]``."""
     weight, proj_bias = projection_weights(model, layer)
+    raw = projection_input(model, layer, raw)
     per_head = torch.einsum("bhk,hkd->bhd", raw.float(), weight.float().to(raw.device))
     proj_bias = torch.zeros(per_head.shape[-1], device=raw.device) if proj_bias is None else proj_bias.float()
     proj_bias = proj_bias.to(raw.device).expand(per_head.shape[0], -1)
