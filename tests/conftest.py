@@ -47,17 +47,28 @@ def served(model, index: int, values=CONTRIBUTIONS) -> list[str]:
     return sorted(names, key=lambda value: order.index(COMPONENT_OF[value]))
 
 
-def identity_layers(model, variant) -> list[int]:
-    """The layers whose contribution identity can be asked, after checking declines against the record.
+def recorded_declines(variant, layer: int) -> set[str]:
+    """What the registry record says block ``layer`` of ``variant`` declines (on every layer that has it).
 
     A record lists what a configuration cannot serve exactly under ``"declined_variants"``: a list
     (``{"bloom_residual_post_ln": ["attention_output", "mlp_output"]}``: declined on every layer that
-    has the component) or, where only some layers decline, a map from layer to list
-    (``{"rwkv": {"0": ["linear_attention_output", "mlp_output"]}}``). A contribution is declined when
-    its component is there but the value is not served; a component a block does not have (a Mamba
-    block's ``self_attn``) is not a decline. Asserts that on every layer ``support()`` declines
-    exactly the recorded values whose component the layer has, that each recorded value is declined
-    somewhere, and that reading a declined value raises with the reason.
+    has the value) or, where only some layers decline, a map from layer to list
+    (``{"rwkv": {"0": ["linear_attention_output", "mlp_output"]}}``).
+    """
+    from nncanon.registry import records
+
+    recorded = records()[variant.model_type].get("declined_variants", {}).get(variant.name, [])
+    return set(recorded.get(str(layer), []) if isinstance(recorded, dict) else recorded)
+
+
+def identity_layers(model, variant) -> list[int]:
+    """The layers whose contribution identity can be asked, after checking declines against the record.
+
+    A value is declined when the block has it (its component is there, and it is not a value the
+    component lacks, like a dense MLP's routing) but does not serve it; a component a block does not
+    have (a Mamba block's ``self_attn``) is not a decline. Asserts that on every layer ``support()``
+    declines exactly the recorded values the layer has (`recorded_declines`), that each recorded value
+    is declined somewhere, and that reading a declined value raises with the reason.
 
     A layer that declines a contribution is left out: its identity cannot be asked. Except for a
     variant listed under ``"identity_without_declined"``, whose declined values are not terms of the
@@ -67,26 +78,25 @@ def identity_layers(model, variant) -> list[int]:
     from nncanon.registry import records
     from nncanon.support import COMPONENT_OF
 
-    record = records()[variant.model_type]
-    recorded = record.get("declined_variants", {}).get(variant.name, [])
-    additive = variant.name in record.get("identity_without_declined", [])
+    additive = variant.name in records()[variant.model_type].get("identity_without_declined", [])
     report = model.support()
     layers, seen, everywhere = [], set(), set()
     for index in range(model.num_layers):
-        expected = set(recorded.get(str(index), []) if isinstance(recorded, dict) else recorded)
+        expected = recorded_declines(variant, index)
         everywhere |= expected
-        present = {value for value in CONTRIBUTIONS if report.available(COMPONENT_OF[value], layer=index)}
-        declined = {value for value in present if not report.available(value, layer=index)}
-        assert declined == expected & present, (
-            f"layer {index}: support() declines {declined}, the record says {expected & present}"
+        row = report.layers[index]
+        has = {value for value, component in COMPONENT_OF.items()
+               if report.available(component, layer=index) and value not in row.absent}
+        declined = set(report.declined(index))
+        assert declined == expected & has, (
+            f"layer {index}: support() declines {declined}, the record says {expected & has}"
         )
-        assert set(report.declined(index)) & set(CONTRIBUTIONS) == declined, f"layer {index}: declined()"
         seen |= declined
         for value in declined:
             with pytest.raises(AttributeError, match="not available"):
                 with model.trace(PROMPTS[0]):
                     getattr(host(model, index, value), value)
-        if additive or not declined:
+        if additive or not declined & set(CONTRIBUTIONS):
             layers.append(index)
     assert seen == everywhere, f"the record declines {everywhere - seen} that no layer declines"
     return layers

@@ -141,11 +141,14 @@ class StandardizedTransformer(TransformersModel):
 
     @property
     def num_heads(self) -> int:
-        """Number of attention (query) heads per block (``nncanon.tools.head_count`` gives one block's).
+        """Number of heads ``attention_head_outputs`` splits into per block: the query heads (DiffLlama's
+        differential heads). ``nncanon.tools.head_count`` gives one block's.
 
         Raises:
             SizeNotAvailable: for a model without softmax attention (Mamba, RWKV, xLSTM).
         """
+        if self._family.head_shape is not None:
+            return self._family.head_shape(self._text_config)[0]
         count = getattr(self._text_config, "num_attention_heads", None)
         if count is None:
             raise SizeNotAvailable(
@@ -175,6 +178,8 @@ class StandardizedTransformer(TransformersModel):
         ``v_head_dim``; such configs set ``head_dim`` to the rotary part of the query/key heads.
         """
         config = self._text_config
+        if self._family.head_shape is not None:
+            return self._family.head_shape(config)[1]
         for name in ("v_head_dim", "head_dim"):
             width = getattr(config, name, None)
             if width:

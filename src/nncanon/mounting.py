@@ -148,7 +148,12 @@ def mount(model: Any, family: Family, config: Any) -> None:
             attention._nncanon = ComponentState(
                 f"{where}.self_attn",
                 {
-                    "attention_head_outputs": bind("attention_head_outputs", spec.head_outputs, heads, "self_attn"),
+                    "attention_head_outputs": bind(
+                        "attention_head_outputs",
+                        spec.head_outputs,
+                        spec.head_shape(config)[0] if spec.head_shape else heads,
+                        "self_attn",
+                    ),
                     "attention_output": bind("attention_output", spec.attention_output, component="self_attn"),
                 },
                 {"attention_probabilities": EagerOnly(attention)},
