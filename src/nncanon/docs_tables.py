@@ -64,22 +64,40 @@ def matrix_table() -> str:
     """The registry: every model type, its family, its tiny variants, checkpoints and last matrix status."""
     status_path = registry_dir() / STATUS_FILE
     status = json.loads(status_path.read_text())["variants"] if status_path.exists() else {}
-    rows = ["| model type | family | variants (status) | known checkpoints |", "|---|---|---|---|"]
+    rows = [
+        "| model type | family | variants (status) | declined (with the reason in `support()`) | known checkpoints |",
+        "|---|---|---|---|---|",
+    ]
     for model_type, record in sorted(records().items()):
         family = REGISTRY.get(model_type)
         variants = ", ".join(
             f"{name} ({status[name]['status']})" if name in status else name for name in record["variants"]
         )
+        declined = "; ".join(
+            f"{name}: {_declined(values)}" for name, values in record.get("declined_variants", {}).items()
+        ) or "-"
         checkpoints = ", ".join(f"`{c}`" for c in record.get("checkpoints", [])) or "-"
-        rows.append(f"| {model_type} | {family.name if family else '**unregistered**'} | {variants} | {checkpoints} |")
+        rows.append(
+            f"| {model_type} | {family.name if family else '**unregistered**'} | {variants} | {declined} "
+            f"| {checkpoints} |"
+        )
     return "\n".join(rows)
+
+
+def _declined(values: list | dict) -> str:
+    """A record's declines: ``a, b`` (every layer that has them) or ``layers[0]: a, b``."""
+    if isinstance(values, dict):
+        return ", ".join(f"layers[{layer}]: {', '.join(names)}" for layer, names in values.items())
+    return ", ".join(values)
 
 
 FAMILIES_PAGE = """# Families
 
 Generated from the registry by `python -m nncanon.docs_tables` (a test keeps it current).
 {count} model types in {families} families are registered. `nncanon matrix` runs the invariant suite on
-every one of them and records the status shown here.
+every one of them and records the status shown here. A value a variant declines is one its blocks have
+but that nncanon cannot serve exactly (a post-norm model's contributions, say); `model.support()` gives
+the reason, and reading it raises `ValueNotAvailable` with that reason.
 
 ## Where each family keeps its contributions
 
