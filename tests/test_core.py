@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import runpy
 from pathlib import Path
@@ -28,6 +29,45 @@ def test_load_from_folder_matches_in_memory(tmp_path):
         b = in_memory.layers[1].mlp.mlp_output.save()
         expected = in_memory.logits.save()
     assert torch.equal(a, b) and torch.equal(logits, expected)
+
+
+#: Multimodal checkpoints whose causal-LM class is their text model: (config, full model, text record, vision).
+_VISION_QWEN = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=14,
+                    spatial_merge_size=2, temporal_patch_size=2)
+MULTIMODAL = {
+    "qwen3_5": ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration", "qwen3_5_text", _VISION_QWEN),
+    "qwen3_5_moe": ("Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe_text", _VISION_QWEN),
+    "llama4": ("Llama4Config", "Llama4ForConditionalGeneration", "llama4_text",
+               dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=28,
+                    patch_size=14, vision_output_dim=32, projector_input_dim=32, projector_output_dim=32)),
+}
+
+
+@pytest.mark.parametrize("model_type", list(MULTIMODAL))
+def test_a_multimodal_checkpoint_loads_its_text_model(model_type, tmp_path):
+    """Qwen3.5's, Qwen3.5-MoE's and Llama-4's checkpoints are multimodal (``model_type`` ``qwen3_5``...), and
+    transformers builds their causal LM from the text config: nncanon serves that model, with the text family."""
+    from nncanon.registry import variant as registry_variant
+
+    config_class, model_class, text, vision = MULTIMODAL[model_type]
+    text_variant = registry_variant(text)
+    config = getattr(transformers, config_class)(text_config=text_variant.config, vision_config=vision)
+    torch.manual_seed(0)
+    getattr(transformers, model_class)(config).save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == model_type
+    model = StandardizedTransformer(str(tmp_path), attn_implementation="eager")
+    assert model._text_config.model_type == text
+    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    ids = model.tokenizer(PROMPTS[0], return_tensors="pt").input_ids
+    last = model.num_layers - 1
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        leaving = model.layers[last].layer_output.save()
+        logits = model.logits.save()
+    with torch.no_grad():
+        assert torch.equal(logits, plain(input_ids=ids).logits)
+    assert torch.equal(model.project_on_vocab(leaving), logits)
+    assert model.support().layers_with("mlp_output") == list(range(model.num_layers))
 
 
 def test_loading_runs_no_forward():

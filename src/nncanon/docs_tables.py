@@ -99,6 +99,11 @@ every one of them and records the status shown here. A value a variant declines 
 but that nncanon cannot serve exactly (a post-norm model's contributions, say); `model.support()` gives
 the reason, and reading it raises `ValueNotAvailable` with that reason.
 
+Multimodal checkpoints whose causal-LM class is their text model load through their text config, as
+transformers builds them: Qwen3.5 (`qwen3_5` → `qwen3_5_text`), Qwen3.5-MoE (`qwen3_5_moe` →
+`qwen3_5_moe_text`) and Llama-4 (`llama4` → `llama4_text`). Gemma-3's checkpoints build the whole
+multimodal model, which is registered itself (`gemma3`).
+
 ## Where each family keeps its contributions
 
 Every value is read where the family really adds it to the residual stream: a module's output, a

@@ -25,6 +25,22 @@ def _config_of(model: Any, kwargs: dict) -> Any:
     return AutoConfig.from_pretrained(model, **options)
 
 
+def _causal_lm_config(config: Any) -> Any:
+    """The config the causal-LM class is built from.
+
+    A multimodal checkpoint whose causal-LM class is its text model (Qwen3.5, Qwen3.5-MoE, Llama-4)
+    is built from its text config (``model_type`` ``qwen3_5_text``...); transformers maps the
+    checkpoint's language-model weights onto it. Others are built from the config itself.
+    """
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    text = config.get_text_config()
+    if text is config or type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return config
+    built = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    return text if getattr(built, "config_class", None) is type(text) else config
+
+
 def _tokenizer_of(model: str, kwargs: dict) -> Any:
     """The checkpoint's tokenizer (transformers 5.24's pipeline no longer infers it for nnsight's meta load)."""
     from transformers import AutoTokenizer
@@ -73,7 +89,7 @@ class StandardizedTransformer(TransformersModel):
     """
 
     def __init__(self, model: Any, *args: Any, tokenizer: Any = None, **kwargs: Any) -> None:
-        config = _config_of(model, kwargs)
+        config = _causal_lm_config(_config_of(model, kwargs))
         family = family_for(config)
         if not isinstance(model, torch.nn.Module):
             kwargs.setdefault("task", "text-generation")
