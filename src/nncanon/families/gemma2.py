@@ -1,4 +1,4 @@
-"""Gemma-2, Gemma-3 and Gemma-4 text: "sandwich" blocks that norm each sublayer's output before adding it.
+"""Gemma-2, Gemma-3 and Gemma-4 (text and multimodal): "sandwich" blocks, each sublayer normed before it is added.
 
 ``h = x + post_attention_layernorm(self_attn(input_layernorm(x)))``;
 ``y = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))``.
@@ -13,10 +13,14 @@ never does, whatever its text config says. VaultGemma keeps Gemma-2's soft-caps 
 pre-norm block. The embedding scale ``sqrt(hidden)`` lives inside ``embed_tokens``.
 
 Gemma-4 multiplies the whole stream by a learned ``layer_scalar`` at the end of each block (and its
-E-models add a per-layer-input term), so its contributions are declined. Its full-attention
+E-models add a per-layer-input term), so its contributions are declined. Its checkpoints are
+multimodal (``Gemma4ForConditionalGeneration``, blocks under ``model.language_model``; it soft-caps
+with the text config's value). Its full-attention
 layers may use another head width (``global_head_dim``) than its sliding ones: the per-head values
 follow each layer's own width, while ``model.head_dim`` reports ``config.head_dim``.
 """
+
+from dataclasses import replace
 
 from ..served import Site
 from .base import Family, LogitStep
@@ -77,4 +81,13 @@ GEMMA4_TEXT = Family(
     **_SANDWICH_SITES,
 )
 
-FAMILIES = [GEMMA2, GEMMA3_MULTIMODAL, VAULTGEMMA, GEMMA4_TEXT]
+GEMMA4_MULTIMODAL = replace(
+    GEMMA4_TEXT,
+    name="gemma4",
+    model_types=("gemma4",),
+    layers="model.language_model.layers",
+    embed_tokens="model.language_model.embed_tokens",
+    norm="model.language_model.norm",
+)
+
+FAMILIES = [GEMMA2, GEMMA3_MULTIMODAL, VAULTGEMMA, GEMMA4_TEXT, GEMMA4_MULTIMODAL]
