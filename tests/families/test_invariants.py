@@ -18,6 +18,7 @@ from nnsight.intervention.util import first_input
 from nncanon import InvalidSkip, InvalidWrite
 from nncanon.served import _pick
 from nncanon.testing import PROMPTS
+from nncanon.tools import head_count
 
 from ..conftest import (
     CONTRIBUTIONS,
@@ -155,8 +156,10 @@ def test_values_equal_plain_hooks(model, variant):
             torch.testing.assert_close(row[name], _site_reference(model, index, name, inputs), rtol=0, atol=0)
             if name in CONTRIBUTIONS:
                 assert row[name].shape == row["layer_input"].shape
-        if "attention_head_outputs" in row:
-            assert row["attention_head_outputs"].shape[-2:] == (model.num_heads, model.head_dim)
+        if "attention_head_outputs" in row:  # the model's sizes, or the block's own (Inkling's sliding layers)
+            spec = model.family.for_layer(model._text_config, index)[0]
+            shape = spec.head_shape(model._text_config) if spec.head_shape else (model.num_heads, model.head_dim)
+            assert row["attention_head_outputs"].shape[-2:] == tuple(shape)
 
 
 def test_contribution_identity(model, variant):
@@ -186,7 +189,7 @@ def test_zeroed_contribution_leaves_the_others(model, variant):
 
 def test_head_ablation_equals_probability_ablation(model):
     for index in model.support().layers_with("attention_probabilities"):
-        head = model.num_heads - 1
+        head = head_count(model, index) - 1
         with torch.no_grad(), model.trace(PROMPTS[0]):
             model.layers[index].self_attn.attention_head_outputs[..., head, :] = 0
             by_head = model.logits.save()

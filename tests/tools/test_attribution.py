@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nncanon.errors import ValueNotAvailable
 from nncanon.registry import variants
 from nncanon.testing import PROMPTS
 from nncanon.tools import cache_activations, direct_logit_attribution, freeze_norm
@@ -131,3 +132,14 @@ def test_hybrid_blocks_add_up_too(name):
         parts = [cache.get(n, {}).get(layer) for n in ("attention_output", "linear_attention_output", "mlp_output")]
         total = cache["layer_input"][layer] + sum(part for part in parts if part is not None)
         torch.testing.assert_close(total, cache["layer_output"][layer], rtol=1e-5, atol=1e-5)
+
+
+def test_heads_through_a_module_that_mixes_positions_are_refused():
+    """Inkling's attention output passes through a short convolution over positions: a head's share of one
+    position's logit is undefined, so heads=True is refused with what to do; the sublayer shares still add up."""
+    model = build("inkling_text_swa_heads")
+    with pytest.raises(ValueNotAvailable, match=r"InklingShortConvolution.*heads=False"):
+        direct_logit_attribution(model, PROMPTS, TARGETS)
+    dla = direct_logit_attribution(model, PROMPTS, TARGETS, heads=False)
+    scale = dla.logit.abs().max() + dla.attention.abs().max() + 1e-3
+    _close(dla.total(), dla.logit, scale)

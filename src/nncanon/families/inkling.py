@@ -6,8 +6,9 @@ Each sublayer's output passes through a causal depthwise short convolution with 
 ``attn_sconv``'s and ``mlp_sconv``'s outputs. ``mlp_sconv`` mixes each MLP output with the previous
 tokens': a write to ``attention_output`` at one position moves the later positions of the block's
 output. Attention adds a learned relative-position bias and short convolutions on its keys and
-values; sliding layers (``hybrid_sliding``) may have their own head count
-(``swa_num_attention_heads``), where their per-head values are declined if it differs.
+values. Sliding layers (``hybrid_sliding``) have their own heads, ``swa_num_attention_heads ×
+swa_head_dim``: their per-head values are split that way (``model.num_heads`` and ``head_dim`` are
+the full-attention layers'; ``nncanon.tools.head_count`` gives each layer's).
 ``config.mlp_layer_types[i]`` picks a dense MLP or a sigmoid-routed MoE whose router scores the
 routed and the shared experts together (``router_logits`` has ``n_routed_experts + n_shared_experts``
 columns; the shared experts' weights are their gammas). The embeddings are normed
@@ -19,15 +20,14 @@ from ..served import Site
 from .base import Family, LogitStep
 
 
-def _declines(config, layer: int) -> dict:
-    if config.layer_types[layer] != "hybrid_sliding" or config.swa_num_attention_heads == config.num_attention_heads:
-        return {}
-    return {
-        "attention_head_outputs": (
-            f"layers[{layer}] is a sliding layer with {config.swa_num_attention_heads} heads "
-            f"(swa_num_attention_heads), not the {config.num_attention_heads} heads nncanon splits by"
-        )
-    }
+def _sliding_heads(config) -> tuple[int, int]:
+    """``(swa_num_attention_heads, swa_head_dim)``"""
+    return config.swa_num_attention_heads, config.swa_head_dim
+
+
+def _kinds(config, layer: int) -> tuple[str, str]:
+    attention = "sliding" if config.layer_types[layer] == "hybrid_sliding" else "full"
+    return attention, "moe" if config.mlp_layer_types[layer] == "sparse" else "dense"
 
 
 INKLING = Family(
@@ -35,13 +35,14 @@ INKLING = Family(
     model_types=("inkling_text",),
     attention_output=Site("attn_sconv"),
     mlp_output=Site("mlp_sconv"),
-    declines=_declines,
     logit_steps=(
         LogitStep("divide_input", "logits_mup_width_multiplier"),
         LogitStep("truncate", "unpadded_vocab_size"),
     ),
     residual="h = x + attn_sconv(self_attn(input_layernorm(x))); y = h + mlp_sconv(mlp(post_attention_layernorm(h)))",
     layouts={
+        "sliding": dict(head_shape=_sliding_heads),
+        "full": {},
         "dense": {},
         "moe": dict(
             router_logits=Site("mlp.gate", op="router_logits_0", flat=True),
@@ -50,7 +51,7 @@ INKLING = Family(
             shared_expert_output=Site("mlp.shared_experts"),
         ),
     },
-    layout_of=lambda config, layer: "moe" if config.mlp_layer_types[layer] == "sparse" else "dense",
+    layout_of=_kinds,
 )
 
 FAMILIES = [INKLING]

@@ -193,7 +193,27 @@ def _head_map(model: Any, layer: int) -> tuple[torch.nn.Module | None, float]:
     scale = float(site.factor(model._module.config.get_text_config()))
     if site.module in (_relative(model, layer, attention), projection):
         return None, scale
-    return model.layers[layer].get(site.module)._module, scale
+    post = model.layers[layer].get(site.module)._module
+    if not _per_position(post, model.hidden_size):
+        raise ValueNotAvailable(
+            f"layers[{layer}]'s attention output passes through {type(post).__name__} ({site.module}), which "
+            "is not a per-position norm (it mixes positions or takes more than the stream): one position's "
+            "logit does not split into that position's heads. Ask direct_logit_attribution(..., heads=False)."
+        )
+    return post, scale
+
+
+def _per_position(module: torch.nn.Module, width: int) -> bool:
+    """Whether ``module`` maps each position of a ``[batch, seq, width]`` tensor on its own (a norm does)."""
+    parameter = next(module.parameters(), None)
+    like = dict(dtype=parameter.dtype, device=parameter.device) if parameter is not None else {}
+    probe = torch.randn(1, 3, width, generator=torch.Generator().manual_seed(0)).to(**like)
+    try:
+        with torch.no_grad():
+            whole, alone = module.forward(probe), module.forward(probe[:, 2:])
+    except Exception:  # a module that needs more than the stream (a cache, positions)
+        return False
+    return isinstance(whole, torch.Tensor) and torch.allclose(whole[:, 2:], alone, rtol=1e-5, atol=1e-6)
 
 
 def direct_logit_attribution(
