@@ -182,3 +182,15 @@ def test_num_heads_of_a_model_without_attention_names_what_it_has():
     with pytest.raises(SizeNotAvailable, match=r"mamba has no softmax attention.*head_count"):
         model.num_heads
     assert tiny_model("qwen3_next").num_heads == tiny_model("qwen3_next")._text_config.num_attention_heads
+
+
+def test_head_dim_that_differs_by_layer_says_so():
+    """Gemma-4's full-attention layers are wider (global_head_dim): transformers' config refuses one head_dim,
+    and so does the model, naming each layer's; the per-head values follow each layer's own width."""
+    model = tiny_model("gemma4_text")
+    with pytest.raises(SizeNotAvailable, match=r"head_dim differs by layer \(\{0: 16, 1: 32\}\)"):
+        model.head_dim
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        sliding = model.layers[0].self_attn.attention_head_outputs.save()
+        full = model.layers[1].self_attn.attention_head_outputs.save()
+    assert sliding.shape[-2:] == (model.num_heads, 16) and full.shape[-2:] == (model.num_heads, 32)

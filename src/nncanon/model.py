@@ -192,12 +192,24 @@ class StandardizedTransformer(TransformersModel):
 
         Under multi-head latent attention (DeepSeek, MiniCPM3, Youtu) that is the value head width
         ``v_head_dim``; such configs set ``head_dim`` to the rotary part of the query/key heads.
+
+        Raises:
+            SizeNotAvailable: where the width differs by layer (Gemma-4's full-attention layers).
         """
         config = self._text_config
         if self._family.head_shape is not None:
             return self._family.head_shape(config)[1]
         for name in ("v_head_dim", "head_dim"):
-            width = getattr(config, name, None)
+            try:
+                width = getattr(config, name, None)
+            except RuntimeError as error:  # a heterogeneous config (Gemma-4): the width differs by layer
+                per_layer = config.per_layer_config
+                widths = {index: getattr(per_layer[index], name) for index in range(len(per_layer))}
+                raise SizeNotAvailable(
+                    f"{config.model_type}'s {name} differs by layer ({widths}): there is no one head_dim. "
+                    "A block's is attention_head_outputs.shape[-1]; nncanon.tools.head_count(model, layer) "
+                    "gives its heads."
+                ) from error
             if width:
                 return width
         return config.hidden_size // self.num_heads

@@ -157,9 +157,19 @@ def test_values_equal_plain_hooks(model, variant):
             if name in CONTRIBUTIONS:
                 assert row[name].shape == row["layer_input"].shape
         if "attention_head_outputs" in row:  # the model's sizes, or the block's own (Inkling's sliding layers)
-            spec = model.family.for_layer(model._text_config, index)[0]
-            shape = spec.head_shape(model._text_config) if spec.head_shape else (model.num_heads, model.head_dim)
-            assert row["attention_head_outputs"].shape[-2:] == tuple(shape)
+            assert row["attention_head_outputs"].shape[-2:] == _head_shape(model, index)
+
+
+def _head_shape(model, index: int) -> tuple[int, int]:
+    """``(heads, head_dim)`` of block ``index`` from the family and the config, apart from the served tensor."""
+    config = model._text_config
+    spec = model.family.for_layer(config, index)[0]
+    if spec.head_shape is not None:
+        return tuple(spec.head_shape(config))
+    if getattr(config, "per_layer_config", None) is not None:  # heterogeneous (Gemma-4): the block's own width
+        layer = config.per_layer_config[index]
+        return model.num_heads, getattr(layer, "v_head_dim", None) or layer.head_dim
+    return model.num_heads, model.head_dim
 
 
 def test_contribution_identity(model, variant):

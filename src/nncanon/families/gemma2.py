@@ -17,7 +17,8 @@ E-models add a per-layer-input term), so its contributions are declined. Its che
 multimodal (``Gemma4ForConditionalGeneration``, blocks under ``model.language_model``; it soft-caps
 with the text config's value). Its full-attention
 layers may use another head width (``global_head_dim``) than its sliding ones: the per-head values
-follow each layer's own width, while ``model.head_dim`` reports ``config.head_dim``.
+follow each layer's own width; where the widths differ, transformers' config has no one ``head_dim``
+and ``model.head_dim`` raises ``SizeNotAvailable`` naming each layer's.
 """
 
 from dataclasses import replace
