@@ -13,6 +13,7 @@ import transformers
 
 from nncanon import InvalidWrite, SizeNotAvailable, StandardizedTransformer, UnknownFamilyError
 from nncanon.testing import PROMPTS, tiny_hf_model, tiny_model, tiny_tokenizer
+from nncanon.tools import head_count
 
 
 def test_load_from_folder_matches_in_memory(tmp_path):
@@ -184,9 +185,10 @@ def test_num_heads_of_a_model_without_attention_names_what_it_has():
     assert tiny_model("qwen3_next").num_heads == tiny_model("qwen3_next")._text_config.num_attention_heads
 
 
-def test_head_dim_that_differs_by_layer_says_so():
+def test_head_sizes_that_differ_by_layer_say_so():
     """Gemma-4's full-attention layers are wider (global_head_dim): transformers' config refuses one head_dim,
-    and so does the model, naming each layer's; the per-head values follow each layer's own width."""
+    and so does the model, naming each layer's; the per-head values follow each layer's own width. Laguna's
+    blocks have their own head counts: no one num_heads, and each block serves its own."""
     model = tiny_model("gemma4_text")
     with pytest.raises(SizeNotAvailable, match=r"head_dim differs by layer \(\{0: 16, 1: 32\}\)"):
         model.head_dim
@@ -194,3 +196,9 @@ def test_head_dim_that_differs_by_layer_says_so():
         sliding = model.layers[0].self_attn.attention_head_outputs.save()
         full = model.layers[1].self_attn.attention_head_outputs.save()
     assert sliding.shape[-2:] == (model.num_heads, 16) and full.shape[-2:] == (model.num_heads, 32)
+
+    laguna = tiny_model("laguna_uneven_heads")  # num_attention_heads_per_layer = [4, 2]
+    with pytest.raises(SizeNotAvailable, match=r"num_heads differs by layer \(\{0: 4, 1: 2\}\)"):
+        laguna.num_heads
+    assert laguna.head_dim == 16
+    assert [head_count(laguna, layer) for layer in range(2)] == [4, 2]

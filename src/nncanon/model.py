@@ -164,7 +164,7 @@ class StandardizedTransformer(TransformersModel):
             SizeNotAvailable: for a model without softmax attention (Mamba, RWKV, xLSTM).
         """
         if self._family.head_shape is not None:
-            return self._family.head_shape(self._text_config)[0]
+            return self._one_head_size(0, "num_heads")
         count = getattr(self._text_config, "num_attention_heads", None)
         if count is None:
             raise SizeNotAvailable(
@@ -174,6 +174,23 @@ class StandardizedTransformer(TransformersModel):
                 "'linear_attention_head_outputs')."
             )
         return count
+
+    def _one_head_size(self, axis: int, name: str) -> int:
+        """``head_shape``'s size on ``axis`` (0: heads, 1: width), the same on every attention block, or raise."""
+        config = self._text_config
+        sizes = {
+            index: self._family.head_shape(config, index)[axis]
+            for index in self.support().layers_with("attention_head_outputs")
+        }
+        if not sizes:
+            raise SizeNotAvailable(f"no block of this {config.model_type} model serves attention_head_outputs")
+        if len(set(sizes.values())) != 1:
+            raise SizeNotAvailable(
+                f"{config.model_type}'s {name} differs by layer ({sizes}): there is no one {name}. "
+                "nncanon.tools.head_count(model, layer) gives a block's heads; a block's width is "
+                "attention_head_outputs.shape[-1]."
+            )
+        return next(iter(sizes.values()))
 
     @property
     def num_kv_heads(self) -> int:
@@ -198,7 +215,7 @@ class StandardizedTransformer(TransformersModel):
         """
         config = self._text_config
         if self._family.head_shape is not None:
-            return self._family.head_shape(config)[1]
+            return self._one_head_size(1, "head_dim")
         for name in ("v_head_dim", "head_dim"):
             try:
                 width = getattr(config, name, None)

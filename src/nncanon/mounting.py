@@ -151,7 +151,7 @@ def mount(model: Any, family: Family, config: Any) -> None:
                     "attention_head_outputs": bind(
                         "attention_head_outputs",
                         spec.head_outputs,
-                        spec.head_shape(config)[0] if spec.head_shape else heads,
+                        spec.head_shape(config, index)[0] if spec.head_shape else heads,
                         "self_attn",
                     ),
                     "attention_output": bind("attention_output", spec.attention_output, component="self_attn"),

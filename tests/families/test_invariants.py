@@ -165,7 +165,7 @@ def _head_shape(model, index: int) -> tuple[int, int]:
     config = model._text_config
     spec = model.family.for_layer(config, index)[0]
     if spec.head_shape is not None:
-        return tuple(spec.head_shape(config))
+        return tuple(spec.head_shape(config, index))
     if getattr(config, "per_layer_config", None) is not None:  # heterogeneous (Gemma-4): the block's own width
         layer = config.per_layer_config[index]
         return model.num_heads, getattr(layer, "v_head_dim", None) or layer.head_dim

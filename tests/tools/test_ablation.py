@@ -170,7 +170,7 @@ def test_head_ablation_sweep_with_means_and_a_batch_of_prompts(model):
     torch.testing.assert_close(swept[0], reference, **SWEEP_TOLERANCE)
 
 
-@pytest.mark.parametrize("name", ["qwen3_next", "falcon_h1", "laguna", "inkling_text_swa_heads"])
+@pytest.mark.parametrize("name", ["qwen3_next", "falcon_h1", "laguna_uneven_heads", "inkling_text_swa_heads"])
 def test_head_ablation_sweep_on_hybrids_and_uneven_heads(name):
     """Linear-mixer heads (Qwen3-Next, Falcon-H1) and blocks with other head counts (Laguna, Inkling's sliding
     layers: NaN past a block's count)."""

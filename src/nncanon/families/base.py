@@ -71,9 +71,11 @@ class Family:
         shared_expert_output: What the shared expert adds (after its gate).
         head_outputs: Each head's output (viewed per head): the input of the output projection,
             or of ``head_norm`` where one sits before it.
-        head_shape: ``(heads, head_dim)`` of ``head_outputs`` as a function of the config, where it is
-            not ``(num_attention_heads, head_dim)`` (DiffLlama pairs two softmax heads into one
-            differential head ``2·head_dim`` wide); ``model.num_heads`` and ``head_dim`` follow it.
+        head_shape: ``(heads, head_dim)`` of block ``layer``'s ``head_outputs``, a function of
+            ``(config, layer)``, where it is not ``(num_attention_heads, head_dim)``: DiffLlama pairs
+            two softmax heads into one differential head ``2·head_dim`` wide, Laguna's blocks have
+            their own head counts. ``model.num_heads`` and ``head_dim`` follow it (and raise where
+            blocks differ).
         head_norm: A norm over all heads' outputs between them and the output projection (BitNet's
             ``self_attn.attn_sub_norm``), relative to the block; ``None``: the heads are the projection's
             input. A head reaches the stream through this norm, as it ran, and its slice of the projection.
@@ -122,7 +124,7 @@ class Family:
     expert_indices: Site | None = None
     shared_expert_output: Site | None = None
     head_outputs: Site = Site("self_attn.o_proj", key="input")
-    head_shape: Callable[[Any], tuple[int, int]] | None = None
+    head_shape: Callable[[Any, int], tuple[int, int]] | None = None
     head_norm: str | None = None
     head_projection: str | None = None
     probabilities: tuple[str, ...] | Callable[[Any], tuple[str, ...] | None] | None = None

@@ -13,7 +13,7 @@ no single tensor is where a write changes the attention.
 from .base import Family
 
 
-def _differential_heads(config) -> tuple[int, int]:
+def _differential_heads(config, layer: int) -> tuple[int, int]:
     """``(num_attention_heads / 2, 2 · head_dim)``"""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return config.num_attention_heads // 2, 2 * head_dim

@@ -20,7 +20,7 @@ from ..served import Site
 from .base import Family, LogitStep
 
 
-def _sliding_heads(config) -> tuple[int, int]:
+def _sliding_heads(config, layer: int) -> tuple[int, int]:
     """``(swa_num_attention_heads, swa_head_dim)``"""
     return config.swa_num_attention_heads, config.swa_head_dim
 

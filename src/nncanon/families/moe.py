@@ -60,16 +60,10 @@ def _ernie(config, layer: int) -> tuple[str, ...]:
     return ("moe", "shared") if config.moe_num_shared_experts > 0 else ("moe",)
 
 
-def _laguna_declines(config, layer: int) -> dict:
-    heads = config.num_attention_heads_per_layer[layer]
-    if heads == config.num_attention_heads:
-        return {}
-    return {
-        "attention_head_outputs": (
-            f"Laguna's layer {layer} has {heads} attention heads, not num_attention_heads="
-            f"{config.num_attention_heads}; per-head outputs are served where the two agree"
-        )
-    }
+def _laguna_heads(config, layer: int) -> tuple[int, int]:
+    """``(num_attention_heads_per_layer[layer], head_dim)``"""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return config.num_attention_heads_per_layer[layer], head_dim
 
 
 def _axk1_declines(config, layer: int) -> dict:
@@ -135,13 +129,14 @@ FAMILIES = [
         dict(TOPK_ROUTER, shared_expert_output=Site("mlp.shared_experts", flat=True)),
         _mlp_layer_types,
     ),
-    # Laguna scales the routed sum by `moe_routed_scaling_factor` before adding the shared experts.
+    # Laguna scales the routed sum by `moe_routed_scaling_factor` before adding the shared experts; its
+    # blocks have their own head counts (`num_attention_heads_per_layer`).
     _family(
         "laguna",
         ("laguna",),
         dict(TOPK_ROUTER, shared_expert_output=Site("mlp.shared_experts", flat=True)),
         _mlp_layer_types,
-        declines=_laguna_declines,
+        head_shape=_laguna_heads,
     ),
     # A.X K1: the MoE returns post_mlp_layernorm(routed + shared).
     _family(
