@@ -15,7 +15,7 @@ import pytest
 import torch
 from nnsight.intervention.util import first_input
 
-from nncanon import InvalidSkip, InvalidWrite
+from nncanon import InvalidSkip, InvalidWrite, SizeNotAvailable
 from nncanon.served import _pick
 from nncanon.testing import PROMPTS
 from nncanon.tools import head_count
@@ -166,10 +166,11 @@ def _head_shape(model, index: int) -> tuple[int, int]:
     spec = model.family.for_layer(config, index)[0]
     if spec.head_shape is not None:
         return tuple(spec.head_shape(config, index))
-    if getattr(config, "per_layer_config", None) is not None:  # heterogeneous (Gemma-4): the block's own width
+    try:
+        return model.num_heads, model.head_dim
+    except SizeNotAvailable:  # a heterogeneous config (Gemma-4): the block's own width
         layer = config.per_layer_config[index]
         return model.num_heads, getattr(layer, "v_head_dim", None) or layer.head_dim
-    return model.num_heads, model.head_dim
 
 
 def test_contribution_identity(model, variant):
