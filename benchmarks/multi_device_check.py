@@ -21,6 +21,7 @@ import transformers
 
 from nncanon import StandardizedTransformer
 from nncanon.testing import tiny_tokenizer
+from nncanon.tools import head_ablation_sweep
 
 
 def main() -> int:
@@ -82,8 +83,17 @@ def main() -> int:
     if not torch.equal(entering.cpu(), leaving.cpu()):
         print("FAIL skip across the device boundary")
         return 1
+    # A head sweep resuming past the boundary: the recorded stream goes back to the first block's device.
+    swept = head_ablation_sweep(placed, prompt, layers=[boundary])[0]
+    for head in (0, swept.shape[0] - 1):
+        with torch.no_grad(), placed.trace(prompt):
+            placed.layers[boundary].self_attn.attention_head_outputs[..., head, :] = 0
+            alone = placed.next_token_probs[0].save()
+        if not torch.allclose(swept[head].cpu(), alone.cpu(), atol=1e-5):
+            print(f"FAIL head sweep resumed at layer {boundary}: head {head} differs from its own trace")
+            return 1
     print(f"ok: {args.layers} layers over {devices}; values on their block's device, equal to one device; "
-          f"identity, lens and a skip across the boundary at layer {boundary} hold "
+          f"identity, lens, a skip and a resumed head sweep across the boundary at layer {boundary} hold "
           f"(max |logit diff| {float((logits.cpu() - reference_logits.cpu()).abs().max()):.1e})")
     return 0
 

@@ -45,8 +45,10 @@ def resume_at(model: Any, layer: int, stream: torch.Tensor) -> None:
     invoke of the trace must resume at the same layer (a skip covers every row).
     """
     if layer > 0:
-        # A copy: a block may update its input in place, and the stream serves every invoke.
-        model.skip_layers(0, layer - 1, skip_with=stream.clone())
+        # A copy (a block may update its input in place, and the stream serves every invoke), on the device
+        # the first block's input is on: the skip hands it to the blocks there (models split over devices).
+        entering = model.layers[0].layer_input
+        model.skip_layers(0, layer - 1, skip_with=stream.to(device=entering.device, copy=True))
         # What a model does between blocks (RWKV halves the stream every few blocks) ran on the
         # skipped block's output: block `layer` gets the stream as it was recorded.
         model.layers[layer].layer_input[:] = stream
