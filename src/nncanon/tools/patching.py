@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ._common import Positions, _as_index, check_value, host, layer_list, prompt_list, require, serving, token_count
+from .resume import resume_at, streams_entering
 
 #: The values activation patching writes.
 PATCHABLE = (
@@ -142,7 +143,9 @@ def activation_patching(
     Each item writes the clean run's ``value`` of one layer (at one position, of one head) into the
     corrupted run and records ``metric`` of the result. The clean values come from one forward;
     then every ``batch_size`` items run as the invokes of one trace (a patch in one invoke touches
-    its own rows only), so a sweep of ``n`` items costs ``1 + ceil(n / batch_size)`` forwards.
+    its own rows only), so a sweep of ``n`` items costs ``1 + ceil(n / batch_size)`` forwards, less
+    the blocks before each trace's first layer: the corrupted run's are the same for all its items,
+    so they run once (`nncanon.tools.resume`) and each trace resumes at its first layer.
 
     Args:
         model: A `StandardizedTransformer`.
@@ -180,11 +183,16 @@ def activation_patching(
     count = sources[indices[0]].shape[2] if heads is not None else 0
     head_axis = list(range(count)) if heads == "each" else (None if heads is None else list(heads))
     items = list(product(indices, position_axis or [None], head_axis or [None]))
+    # The corrupted run's blocks before a chunk's first layer are the same for all its items: run them once.
+    chunks = [items[start : start + batch_size] for start in range(0, len(items), batch_size)]
+    streams = streams_entering(model, corrupted, sorted({chunk[0][0] for chunk in chunks}))
     results: list[torch.Tensor] = []
-    for start in range(0, len(items), batch_size):
+    for chunk in chunks:
+        first = chunk[0][0]  # items are in layer order
         with torch.no_grad(), model.trace() as tracer:
-            for index, position, head in items[start : start + batch_size]:
+            for index, position, head in chunk:
                 with tracer.invoke(prompt_list(corrupted)):
+                    resume_at(model, first, streams[first])
                     _write(model, index, value, sources[index], position, head)
                     results.append(metric(model.logits).save())
     stacked = torch.stack([r[0] if isinstance(clean, str) else r for r in results])
