@@ -261,15 +261,16 @@ class StandardizedTransformer(TransformersModel):
         output it equals ``logits``. Works inside a trace and on plain tensors.
         """
         x = hidden
-        factors = {step.op: step.factor(self._text_config) for step in self._family.logit_steps}
-        if factors.get("divide_stream") is not None:
-            x = x / factors["divide_stream"]
+        stream_divisor = self._family.step_factor("divide_stream", self._text_config)
+        if stream_divisor is not None:
+            x = x / stream_divisor
         if self.norm is not None:
             x = self.norm(x)
         for module in self._before_head:
             x = module(x)
-        if factors.get("divide_input") is not None:
-            x = x / factors["divide_input"]
+        input_divisor = self._family.step_factor("divide_input", self._text_config)
+        if input_divisor is not None:
+            x = x / input_divisor
         return apply_logit_steps(self.lm_head(x), self._family, self._text_config)
 
     # -- skipping ------------------------------------------------------------

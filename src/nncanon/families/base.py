@@ -150,6 +150,10 @@ class Family:
             fields.update(self.layouts[kind])
         return replace(self, layouts={}, layout_of=None, **fields), " ".join(kinds)
 
+    def step_factor(self, op: str, config: Any) -> Any:
+        """The factor of this family's logit step ``op`` for ``config`` (``None`` where it has none)."""
+        return next((step.factor(config) for step in self.logit_steps if step.op == op), None)
+
     def all_layouts(self) -> list[Family]:
         """This record and every block layout it declares."""
         return [self] + [replace(self, layouts={}, layout_of=None, **fields) for fields in self.layouts.values()]

@@ -42,7 +42,7 @@ import torch
 
 from ..errors import ValueNotAvailable
 from ._common import CONTRIBUTIONS, in_execution_order, prompt_list, read
-from .heads import projection_input, projection_weights
+from .heads import projection_input, projection_path, projection_weights
 
 
 @dataclass
@@ -132,17 +132,10 @@ def _head(model: Any, z: torch.Tensor) -> torch.Tensor:
     ``lm_head``), without logit post-processing."""
     for envoy in getattr(model, "_before_head", []):
         z = envoy._module(z)
-    divisor = _step_factor(model, "divide_input")
+    divisor = model.family.step_factor("divide_input", model._module.config.get_text_config())
     if divisor is not None:
         z = z / divisor
     return model.lm_head._module(z)
-
-
-def _step_factor(model: Any, op: str) -> Any:
-    """The factor of the family's logit step ``op`` for this model (``None`` where it has none)."""
-    config = model._module.config.get_text_config()
-    factors = [step.factor(config) for step in model.family.logit_steps if step.op == op]
-    return factors[0] if factors else None
 
 
 def _unembedding(model: Any, targets: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,7 +182,7 @@ def _head_map(model: Any, layer: int) -> tuple[torch.nn.Module | None, float]:
     """How the projection's output reaches the stream: ``(post-norm module or None, scale)``."""
     attention = model.layers[layer].self_attn
     site = attention._nncanon.bindings["attention_output"].site
-    projection = attention._nncanon.bindings["attention_head_outputs"].site.module
+    projection = projection_path(model, layer)
     scale = float(site.factor(model._module.config.get_text_config()))
     if site.module in (_relative(model, layer, attention), projection):
         return None, scale

@@ -10,12 +10,10 @@ from ..errors import ValueNotAvailable
 from ._common import head_count
 
 
-def output_projection(model: Any, layer: int) -> torch.nn.Module:
-    """The module that maps block ``layer``'s head outputs to the stream (``o_proj``, ``c_proj``, ``dense``...).
-
-    Found from where ``attention_head_outputs`` is read (the input of this module), or named by the
-    family where a norm over the heads sits before it (BitNet).
-    """
+def projection_path(model: Any, layer: int) -> str:
+    """Where block ``layer``'s output projection is, relative to the block: the module whose input
+    ``attention_head_outputs`` is read at, or the family's ``head_projection`` where a norm over the
+    heads sits before it (BitNet)."""
     attention = model.layers[layer].self_attn
     binding = attention._nncanon.bindings.get("attention_head_outputs")
     reason = attention._nncanon.reason("attention_head_outputs")
@@ -25,7 +23,12 @@ def output_projection(model: Any, layer: int) -> torch.nn.Module:
             + (f": {reason}" if reason else "")
         )
     spec = model.family.for_layer(model._text_config, layer)[0]
-    return model.layers[layer].get(spec.head_projection or binding.site.module)._module
+    return spec.head_projection or binding.site.module
+
+
+def output_projection(model: Any, layer: int) -> torch.nn.Module:
+    """The module that maps block ``layer``'s head outputs to the stream (``o_proj``, ``c_proj``, ``dense``...)."""
+    return model.layers[layer].get(projection_path(model, layer))._module
 
 
 def head_norm(model: Any, layer: int) -> torch.nn.Module | None:
