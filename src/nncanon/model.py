@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from nnsight.modeling.transformers import TransformersModel
 
-from .errors import InvalidSkip, SizeNotAvailable
+from .errors import InvalidSkip, SizeNotAvailable, ValueNotAvailable
 from .families import Family, family_for
 from .mounting import mount
 from .served import model_value
@@ -75,11 +75,17 @@ class StandardizedTransformer(TransformersModel):
 
     Args:
         model: A hub id, a local folder, or a built ``PreTrainedModel`` (then pass ``tokenizer=``).
+        verify: ``"auto"`` (default): prove every value on a twin of this config (a shrunk copy with
+            random weights, on the CPU) unless the proof cache has that proof; ``"always"``: prove it
+            again; ``"never"``: serve the values unproved (``support()`` says so). A value whose proof
+            fails is declined, naming the failed check and its numbers. See "How nncanon knows a
+            value is right" in the docs.
+        family: The `Family` to serve the model with, instead of the registered one for its model type.
         **kwargs: Go to transformers and nnsight as they do for ``TransformersModel``:
             ``device="cpu"``, ``device_map``, ``dtype``, ``attn_implementation``, ``dispatch``...
 
     The tokenizer pads on the left, so ``[:, -1]`` is every prompt's last token in a batch.
-    Loading builds the envoys only: no forward pass runs on the model.
+    Loading runs no forward pass on the model (the proof runs on the twin).
 
     Example:
         >>> model = StandardizedTransformer("openai-community/gpt2", attn_implementation="eager")
@@ -88,9 +94,16 @@ class StandardizedTransformer(TransformersModel):
         ...     probs = model.next_token_probs.save()
     """
 
-    def __init__(self, model: Any, *args: Any, tokenizer: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self, model: Any, *args: Any, tokenizer: Any = None, verify: str = "auto", family: Family | None = None,
+        **kwargs: Any,
+    ) -> None:
+        from .proof.load import VERIFY_MODES
+
+        if verify not in VERIFY_MODES:
+            raise ValueError(f"verify={verify!r} is not one of {', '.join(map(repr, VERIFY_MODES))}")
         config = _causal_lm_config(_config_of(model, kwargs))
-        family = family_for(config)
+        family = family or family_for(config)
         if not isinstance(model, torch.nn.Module):
             kwargs.setdefault("task", "text-generation")
             if tokenizer is None:
@@ -105,7 +118,20 @@ class StandardizedTransformer(TransformersModel):
         self.embed_tokens = self.get(family.embed_tokens)
         self.norm = self._optional(family.norm)
         self.lm_head = self.get(family.lm_head)
+        self._model_declines: dict[str, str] = {}
         mount(self, family, self._text_config)
+        self._provenance = self._prove(verify)
+
+    def _prove(self, verify: str) -> Any:
+        """Prove this model's values on a twin of its config (see ``verify``); decline what fails."""
+        from .proof.load import load_provenance
+
+        return load_provenance(self, self._module.config, verify)
+
+    def _model_value_check(self, name: str) -> None:
+        reason = self.__dict__.get("_model_declines", {}).get(name)
+        if reason is not None:
+            raise ValueNotAvailable(f"model.{name} is not available: {reason}")
 
     def _optional(self, path: str | None) -> Any:
         """The envoy at ``path``, or ``None`` where this configuration has no such module."""
@@ -246,6 +272,7 @@ class StandardizedTransformer(TransformersModel):
     @model_value(key="output")
     def logits(self, value: Any) -> torch.Tensor:
         """The model's logits, ``[batch, seq, vocab]``, after its own post-processing. Writable in place."""
+        self._model_value_check("logits")
         return value.logits if hasattr(value, "logits") else value[0]
 
     @property
@@ -260,6 +287,7 @@ class StandardizedTransformer(TransformersModel):
         family's logit post-processing (soft-capping, scaling), so that on the last layer's
         output it equals ``logits``. Works inside a trace and on plain tensors.
         """
+        self._model_value_check("project_on_vocab")
         x = hidden
         stream_divisor = self._family.step_factor("divide_stream", self._text_config)
         if stream_divisor is not None:
@@ -287,6 +315,7 @@ class StandardizedTransformer(TransformersModel):
             InvalidSkip: for layers out of range, or a replacement whose type, shape, dtype
                 or device does not match the stream at ``layers[start]``.
         """
+        self._model_value_check("skip_layers")
         end = start if end is None else end
         count = self.num_layers
         if not (0 <= start <= end < count):

@@ -217,9 +217,29 @@ def mount(model: Any, family: Family, config: Any) -> None:
             state.reasons["mlp"] = f"{label}: it has no MLP"
 
         for name, reason in spec.declined(config, index).items():
-            if name in ("self_attn", "linear_attn", "mlp"):
-                state.reasons[name] = reason
-            for component in components:
-                if name in component.bindings or name in component.reasons:
-                    component.reasons[name] = reason
-                    component.absent.discard(name)
+            decline(layer, name, reason)
+
+
+def component_states(layer: Envoy) -> list[ComponentState]:
+    """The mounted states of block ``layer``: the block's own, then its components' (where it has them)."""
+    states = [layer.__dict__["_nncanon"]]
+    for name in ("self_attn", "linear_attn", "mlp"):
+        host = layer.__dict__.get(name)
+        state = getattr(host, "__dict__", {}).get("_nncanon") if host is not None else None
+        if state is not None:
+            states.append(state)
+    return states
+
+
+def decline(layer: Envoy, name: str, reason: str) -> None:
+    """Stop serving ``name`` on the mounted block ``layer``; ``support()`` and a read then give ``reason``.
+
+    ``name`` is a standard value or a component (``"self_attn"``: the block does not serve it at all).
+    """
+    states = component_states(layer)
+    if name in ("self_attn", "linear_attn", "mlp"):
+        states[0].reasons[name] = reason
+    for state in states:
+        if name in state.bindings or name in state.reasons:
+            state.reasons[name] = reason
+            state.absent.discard(name)

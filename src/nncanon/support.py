@@ -67,10 +67,16 @@ class SupportReport:
         [0, 1, 2, ...]
     """
 
-    def __init__(self, layers: list[LayerSupport], model_type: str, family: str) -> None:
+    def __init__(self, layers: list[LayerSupport], model_type: str, family: str, provenance: str = "",
+                 model_declines: dict | None = None) -> None:
         self.layers = layers
         self.model_type = model_type
         self.family = family
+        #: Where the served values stand: proved on a twin of this config (when, which transformers),
+        #: unproved (``verify="never"``), or tested on the registry variants only.
+        self.provenance = provenance
+        #: Model-level values (``logits``, ``project_on_vocab``, ``skip_layers``) not served, with the reason.
+        self.model_declines = dict(model_declines or {})
 
     @classmethod
     def of(cls, model: Any) -> SupportReport:
@@ -98,7 +104,9 @@ class SupportReport:
                     state = states[component]
                     reasons[value] = reasons[component] if state is None else state.reason(value)
             rows.append(LayerSupport(index, type(layer._module).__name__, reasons, absent))
-        return cls(rows, model._text_config.model_type, model.family.name)
+        provenance = model.__dict__.get("_provenance")
+        return cls(rows, model._text_config.model_type, model.family.name,
+                   provenance.text if provenance is not None else "", model.__dict__.get("_model_declines"))
 
     def _row(self, layer: int) -> LayerSupport:
         if not -len(self.layers) <= layer < len(self.layers):
@@ -117,6 +125,12 @@ class SupportReport:
     def available(self, value: str, layer: int) -> bool:
         """Whether ``layer`` serves ``value``."""
         return self.reason(value, layer) is None
+
+    def provenance_of(self, value: str, layer: int) -> str:
+        """Where ``value`` on ``layer`` stands: the model's provenance where it is served (``proved on a
+        twin of this config (transformers 5.24.0, ...)``, ``unproved: ...``), else ``declined: <reason>``."""
+        reason = self.reason(value, layer)
+        return self.provenance if reason is None else f"declined: {reason}"
 
     def layers_with(self, value: str) -> list[int]:
         """The layers that serve ``value``, e.g. ``report.layers_with("self_attn")``."""
@@ -144,6 +158,8 @@ class SupportReport:
         return {
             "model_type": self.model_type,
             "family": self.family,
+            "provenance": self.provenance,
+            "model_declines": dict(self.model_declines),
             "layers": [
                 {"layer": row.index, "block_type": row.block_type, "values": dict(row.reasons)}
                 for row in self.layers
@@ -158,6 +174,8 @@ class SupportReport:
         widths = [max(len(v), 6) for v in columns]
         lines = [
             f"support of {self.model_type} (family {self.family})",
+            *([f"values served: {self.provenance}"] if self.provenance else []),
+            *(f"model.{name} not served: {reason}" for name, reason in self.model_declines.items()),
             f"{'layer':>5}  {'block':<{width}}  "
             + "  ".join(f"{v:<{w}}" for v, w in zip(columns, widths, strict=True)),
         ]

@@ -102,6 +102,13 @@ class Family:
             -> the fields that differ from this record for blocks of that kind.
         layout_of: ``(config, layer) -> kind`` for ``layouts``, or a tuple of kinds whose fields are
             applied in order (a hybrid MoE block: its mixer's kind, then its MLP's).
+        token_shift_after: Contributions a later sublayer of the block reads at the next position too
+            (RWKV's channel mixing shifts tokens): a write to one at position ``p`` moves positions after
+            ``p`` by the model's own computation, so the locality check compares earlier positions only.
+        head_totals: ``(model, layer, heads, inputs) -> (sum over heads, attention output)`` on the
+            tokenized ``inputs`` the heads were read on, where the heads do
+            not reach the stream through one output projection (JetMoE's mixture of attention heads):
+            the heads check compares these instead of the heads through the projection.
     """
 
     name: str
@@ -138,6 +145,8 @@ class Family:
     kv_heads: Callable[[Any], int] | None = field(default=None, compare=False)
     layouts: dict = field(default_factory=dict, compare=False)
     layout_of: Callable[[Any, int], str] | None = field(default=None, compare=False)
+    token_shift_after: tuple[str, ...] = ()
+    head_totals: Callable[[Any, int, Any, dict], tuple[Any, Any]] | None = field(default=None, compare=False)
 
     def for_layer(self, config: Any, layer: int) -> tuple[Family, str | None]:
         """The layout of block ``layer`` (this record with its kind's fields), and the kind's name."""

@@ -52,6 +52,8 @@ INKLING = Family(
         ),
     },
     layout_of=_kinds,
+    # attn_sconv, a short causal convolution, reads the positions before each one
+    token_shift_after=("attention_output",),
 )
 
 FAMILIES = [INKLING]

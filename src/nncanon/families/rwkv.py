@@ -52,6 +52,7 @@ RWKV = Family(
     declines=_declines,
     logit_steps=(LogitStep("divide_stream", _halved_after_last_block),),
     residual="h = x + attention(ln1(x)); y = h + feed_forward(ln2(h)) (block 0: x = pre_ln(x) first)",
+    token_shift_after=("linear_attention_output",),  # the channel mixing shifts tokens
 )
 
 FAMILIES = [RWKV]

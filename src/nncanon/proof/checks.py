@@ -1,0 +1,629 @@
+"""The checks that prove each served value: two independent computations compared, with the numbers.
+
+Every check takes a `StandardizedTransformer` and returns `CheckResult` records: which check, on
+which layer, which values it proves, whether it held, and the measured error against its tolerance.
+The same checks run in the invariant suite (on every registry variant), at load (on a twin of the
+user's config) and on inferred families; `verify` runs them all.
+
+- ``read``: each value equals the tensor read with plain PyTorch hooks (or nnsight's source hooks
+  for an operation inside a forward) on the unwrapped model, bit for bit; so do the logits.
+- ``identity``: ``layer_input + contributions == layer_output``.
+- ``ablation``: zeroing one contribution (the block's later contributions held at their clean
+  values) moves ``layer_output`` by exactly that contribution: the value is what reaches the stream.
+- ``invokes``: a write in one invoke leaves the batch's other invokes bit-identical, and reaches its own.
+- ``locality``: in bf16, a write at one position leaves every other position bit-identical.
+- ``heads``: the heads, each through its slice of the output projection (plus the bias), sum to the
+  projection's output.
+- ``probabilities``: zeroing a head's probabilities equals zeroing its output.
+- ``routing``: the chosen experts are distinct and valid; a router logit set to ``-inf`` removes that
+  expert from exactly the tokens routed to it.
+- ``lens``: the lens at the last layer equals the logits, bit for bit.
+- ``skip``: skipped blocks pass the stream; the lens of the stream entering them equals the logits.
+- ``resume``: a forward resumed at a layer with the recorded stream is the forward, bit for bit.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from nnsight.intervention.util import first_input
+
+from ..served import _pick
+from ..support import COMPONENT_OF
+from ..testing import PROMPTS
+
+#: Sums of fp32 tensors computed in another order than the model's (a parallel block adds its
+#: sublayers in one expression) agree to about 1e-8; this is the bar, relative and absolute.
+TOLERANCE = 1e-5
+
+#: The values a block adds to the residual stream.
+CONTRIBUTIONS = ("attention_output", "linear_attention_output", "mlp_output")
+#: Per-head values.
+HEAD_VALUES = ("attention_head_outputs", "linear_attention_head_outputs")
+#: The routing values of a mixture of experts.
+ROUTING = ("router_logits", "expert_weights", "expert_indices")
+#: Model-level values the checks prove (not per layer).
+MODEL_VALUES = ("logits", "project_on_vocab", "skip_layers", "resume")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check on one layer (``None``: the whole model).
+
+    Attributes:
+        check: Its name (``"identity"``, ``"ablation"``...).
+        layer: The layer it ran on, ``None`` for a model-level check.
+        values: The values it proves (or, failed, puts in doubt).
+        passed: Whether it held.
+        error: The measured discrepancy (max absolute difference), where it has one.
+        tolerance: The bar ``error`` is held to.
+        note: What was compared, or what went wrong.
+    """
+
+    check: str
+    layer: int | None
+    values: tuple[str, ...]
+    passed: bool
+    error: float | None = None
+    tolerance: float | None = None
+    note: str = ""
+
+    def describe(self) -> str:
+        """One line: ``ablation on layers[1] (mlp_output): failed, error 3.1e-01 > 1e-05 (...)``."""
+        where = "the model" if self.layer is None else f"layers[{self.layer}]"
+        outcome = "held" if self.passed else "failed"
+        figures = ""
+        if self.error is not None:
+            bar = "<=" if self.passed else ">"
+            figures = f", error {self.error:.2e} {bar} {self.tolerance:.0e}" if self.tolerance is not None else (
+                f", error {self.error:.2e}"
+            )
+        note = f" ({self.note})" if self.note else ""
+        return f"{self.check} on {where} ({', '.join(self.values)}): {outcome}{figures}{note}"
+
+    def to_dict(self) -> dict:
+        """As plain data (the proof cache)."""
+        return {
+            "check": self.check,
+            "layer": self.layer,
+            "values": list(self.values),
+            "passed": self.passed,
+            "error": self.error,
+            "tolerance": self.tolerance,
+            "note": self.note,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CheckResult:
+        """The inverse of `to_dict`."""
+        return cls(
+            data["check"], data["layer"], tuple(data["values"]), bool(data["passed"]), data.get("error"),
+            data.get("tolerance"), data.get("note", ""),
+        )
+
+
+def _compare(check: str, layer: int | None, values: Sequence[str], actual: torch.Tensor, expected: torch.Tensor,
+             tolerance: float, note: str = "") -> CheckResult:
+    """``actual`` against ``expected``: max absolute difference within ``tolerance`` (relative too)."""
+    if actual.shape != expected.shape:
+        return CheckResult(check, layer, tuple(values), False, None, tolerance,
+                           f"shape {tuple(actual.shape)} where {tuple(expected.shape)} was expected")
+    difference = (actual.double() - expected.double()).abs()
+    error = float(difference.max()) if difference.numel() else 0.0
+    bar = tolerance * (1 + expected.double().abs())
+    passed = bool((difference <= bar).all()) if tolerance else error == 0.0
+    return CheckResult(check, layer, tuple(values), passed, error, tolerance, note)
+
+
+def _failure(check: str, layer: int | None, values: Sequence[str], error: Exception) -> CheckResult:
+    return CheckResult(check, layer, tuple(values), False, None, None, f"{type(error).__name__}: {error}"[:300])
+
+
+def _guarded(check: str, layer: int | None, values: Sequence[str], run: Callable[[], list[CheckResult]]
+             ) -> list[CheckResult]:
+    """``run()``, or one failed result naming the exception it raised."""
+    try:
+        return run()
+    except Exception as error:  # noqa: BLE001 - a check that cannot run proves nothing: it fails
+        return [_failure(check, layer, values, error)]
+
+
+# -- reading the surface ------------------------------------------------------------------------
+
+
+def host(model: Any, layer: int, name: str) -> Any:
+    """The component of block ``layer`` that serves ``name`` (the block for ``layer_input``/``output``)."""
+    component = COMPONENT_OF.get(name)
+    block = model.layers[layer]
+    return block if component is None else getattr(block, component)
+
+
+def served(model: Any, layer: int, names: Sequence[str] = CONTRIBUTIONS) -> list[str]:
+    """The values of ``names`` block ``layer`` serves (per ``support()``), in the order its forward runs them."""
+    from ..tools._common import in_execution_order
+
+    report = model.support()
+    present = [name for name in names if report.available(name, layer=layer)]
+    return in_execution_order(model, layer, present)
+
+
+def encode(model: Any, prompt: str = PROMPTS[0]) -> dict:
+    """One prompt tokenized as a trace tokenizes it (no padding)."""
+    return dict(model.tokenizer(prompt, return_tensors="pt"))
+
+
+def hf_block(model: Any, layer: int) -> torch.nn.Module:
+    """Block ``layer`` of the unwrapped model."""
+    return model._module.get_submodule(model.family.layers)[layer]
+
+
+def block_streams(model: Any, inputs: dict) -> tuple[list, list, Any]:
+    """Every block's input and output read with plain hooks on the unwrapped model, and its output.
+
+    (Hooks, not ``output_hidden_states``: what a model reports there differs, e.g. Mamba's leaves
+    the embeddings out.)
+    """
+    entering, leaving, handles = {}, {}, []
+    for index, block in enumerate(model._module.get_submodule(model.family.layers)):
+
+        def pre(module, args, kwargs, index=index):
+            entering[index] = first_input(args, kwargs).clone()
+
+        def post(module, args, output, index=index):
+            leaving[index] = (output[0] if isinstance(output, (tuple, list)) else output).clone()
+
+        handles += [block.register_forward_pre_hook(pre, with_kwargs=True), block.register_forward_hook(post)]
+    try:
+        with torch.no_grad():
+            output = model._module(**inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    count = model.num_layers
+    return [entering[i] for i in range(count)], [leaving[i] for i in range(count)], output
+
+
+def site_reference(model: Any, layer: int, name: str, inputs: dict) -> torch.Tensor:
+    """A value read with plain forward hooks on the unwrapped model, at the site its family names."""
+    binding = host(model, layer, name)._nncanon.bindings[name]
+    site = binding.site
+    if site.op is not None:
+        return _finish(_operation_reference(model, layer, site, inputs), binding, inputs)
+    block = hf_block(model, layer)
+    module = block.get_submodule(site.module) if site.module else block
+    seen = {}
+
+    def pre(mod, args, kwargs):
+        seen["raw"] = (args, kwargs)
+
+    def post(mod, args, output):
+        seen["raw"] = _pick(output, site).clone()
+        if site.bias is not None and isinstance(output, (tuple, list)) and output[site.bias] is not None:
+            seen["raw"] = seen["raw"] + output[site.bias]
+
+    handle = (
+        module.register_forward_pre_hook(pre, with_kwargs=True)
+        if site.key == "input"
+        else module.register_forward_hook(post)
+    )
+    try:
+        with torch.no_grad():
+            model._module(**inputs)
+    finally:
+        handle.remove()
+    raw = seen["raw"]
+    return _finish(_pick(raw, site).clone() if site.key == "input" else raw, binding, inputs)
+
+
+def _operation_reference(model: Any, layer: int, site: Any, inputs: dict) -> torch.Tensor:
+    """An operation site's tensor (``site.op`` inside a forward, where no module hook reaches), read by
+    nnsight's own source hooks on a plain ``NNsight`` over a copy of the model."""
+    from nnsight import NNsight
+
+    fresh = copy.deepcopy(model._module)
+    path = ".".join(part for part in (model.family.layers, str(layer), site.module) if part)
+    plain = NNsight(fresh)
+    with torch.no_grad(), plain.trace(**inputs):
+        operation = getattr(plain.get(path).source, site.op)
+        raw = (operation.output if site.key == "output" else operation.inputs).save()
+    return _pick(raw, site).clone()
+
+
+def _finish(tensor: torch.Tensor, binding: Any, inputs: dict) -> torch.Tensor:
+    """A raw site tensor as the binding serves it: token axis restored, heads split, scaled."""
+    site = binding.site
+    batch, seq = inputs["input_ids"].shape
+    if site.flat:
+        tensor = tensor.view(batch, seq, -1)
+    if site.merge:
+        tensor = tensor.flatten(-2)
+    if binding.heads is not None:
+        tensor = tensor.view(batch, seq, binding.heads, -1)
+    if site.scale is not None:
+        tensor = tensor * site.factor(binding.config)
+    return tensor
+
+
+# -- the checks -------------------------------------------------------------------------------
+
+
+_READ_VALUES = (*HEAD_VALUES, *CONTRIBUTIONS, *ROUTING, "shared_expert_output")
+
+
+def check_read(model: Any) -> list[CheckResult]:
+    """Every served value, the block streams and the logits against plain hooks, bit for bit."""
+    inputs = encode(model)
+    entering, leaving, reference = block_streams(model, inputs)
+    results = []
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        logits = model.logits.save()
+    results.append(_compare("read", None, ("logits",), logits, reference.logits, 0.0, "against a plain forward"))
+    for index in range(model.num_layers):
+        names = ["layer_input", *served(model, index, _READ_VALUES), "layer_output"]
+        results += _guarded("read", index, names, lambda index=index, names=names: _read_layer(
+            model, index, names, inputs, entering[index], leaving[index]))
+    return results
+
+
+def _read_layer(model: Any, index: int, names: list[str], inputs: dict, entering: torch.Tensor,
+                leaving: torch.Tensor) -> list[CheckResult]:
+    saved = {}
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        for name in names:
+            saved[name] = getattr(host(model, index, name), name).save()
+    results = [
+        _compare("read", index, ("layer_input",), saved["layer_input"], entering, 0.0, "against a block hook"),
+        _compare("read", index, ("layer_output",), saved["layer_output"], leaving, 0.0, "against a block hook"),
+    ]
+    for name in names[1:-1]:
+        results += _guarded("read", index, (name,), lambda name=name: [_compare(
+            "read", index, (name,), saved[name], site_reference(model, index, name, inputs), 0.0,
+            "against a hook at its site")])
+    return results
+
+
+def check_identity(model: Any) -> list[CheckResult]:
+    """``layer_input + contributions == layer_output`` on every block that serves all its contributions."""
+    results = []
+    for index in _whole_layers(model):
+        names = served(model, index)
+        results += _guarded("identity", index, names, lambda index=index, names=names: [_identity(model, index, names)])
+    return results
+
+
+def _whole_layers(model: Any) -> list[int]:
+    """The layers that serve every contribution their block has (whose identity can be asked)."""
+    report = model.support()
+    layers = []
+    for index in range(model.num_layers):
+        present = [v for v in CONTRIBUTIONS if report.available(COMPONENT_OF[v], layer=index)]
+        if present and all(report.available(v, layer=index) for v in present):
+            layers.append(index)
+    return layers
+
+
+def _identity(model: Any, index: int, names: list[str]) -> CheckResult:
+    parts: list = []  # bound outside the trace, filled inside
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        x = model.layers[index].layer_input.save()
+        for name in names:
+            parts.append(getattr(host(model, index, name), name).save())
+        y = model.layers[index].layer_output.save()
+    return _compare("identity", index, names, x + sum(parts), y, TOLERANCE, "layer_input + contributions")
+
+
+def check_ablation(model: Any) -> list[CheckResult]:
+    """Each contribution zeroed, the block's later ones held at their clean values: ``layer_output``
+    moves by exactly the contribution."""
+    results = []
+    for index in range(model.num_layers):
+        names = served(model, index)
+        for position, name in enumerate(names):
+            later = names[position + 1:]
+            results += _guarded("ablation", index, (name,),
+                                lambda index=index, name=name, later=later: [_ablation(model, index, name, later)])
+    return results
+
+
+def _ablation(model: Any, index: int, name: str, later: list[str]) -> CheckResult:
+    held: list = []  # bound outside the trace, filled inside
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        value = getattr(host(model, index, name), name).save()
+        for other in later:
+            held.append(getattr(host(model, index, other), other).save())
+        clean = model.layers[index].layer_output.save()
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        setattr(host(model, index, name), name, torch.zeros_like(value))
+        for other, kept in zip(later, held, strict=True):
+            setattr(host(model, index, other), other, kept)
+        ablated = model.layers[index].layer_output.save()
+    return _compare("ablation", index, (name,), clean - ablated, value, TOLERANCE,
+                    "the stream's change when it is zeroed" + (f", {', '.join(later)} held" if later else ""))
+
+
+def check_invokes(model: Any) -> list[CheckResult]:
+    """A write in the middle invoke of three leaves the other two bit-identical and reaches its own."""
+    results = []
+    writable = HEAD_VALUES + CONTRIBUTIONS
+    for index in range(model.num_layers):
+        for name in served(model, index, writable):
+            results += _guarded("invokes", index, (name,), lambda index=index, name=name: [
+                _invokes(model, index, name)])
+    return results
+
+
+def _invokes(model: Any, index: int, name: str) -> CheckResult:
+    runs = {}
+    for write in (False, True):
+        with torch.no_grad(), model.trace() as tracer:
+            with tracer.invoke(PROMPTS[0]):
+                first = model.logits.save()
+            with tracer.invoke(PROMPTS[0]):
+                if write:
+                    getattr(host(model, index, name), name)[:, 1:] = 0
+                middle = model.logits.save()
+            with tracer.invoke(PROMPTS[1]):
+                last = model.logits.save()
+        runs[write] = (first, middle, last)
+    # A mixture of experts runs each expert on the batch's tokens routed to it: a write that reroutes
+    # invoke 2's tokens changes how many rows each expert's matmul has, which moves the other rows'
+    # results at the last bit (7.5e-9 measured). A write that leaked would move them by far more.
+    moe = bool(model.support().layers_with("expert_indices"))
+    tolerance = 1e-6 if moe else 0.0
+    moved = max(float((runs[True][i] - runs[False][i]).abs().max()) for i in (0, 2))
+    reached = not torch.equal(runs[True][1], runs[False][1])
+    passed = moved <= tolerance and reached
+    note = "the other invokes' logits" + ("" if reached else "; the write did not reach its own invoke")
+    return CheckResult("invokes", index, (name,), passed, moved, tolerance, note)
+
+
+def check_locality(model: Any) -> list[CheckResult]:
+    """In bf16, a write at one position of a contribution leaves every other position of the layer's
+    output bit-identical (the earlier ones only where a later sublayer reads the previous token:
+    the family's ``token_shift_after``)."""
+    token_shift_after = model.family.token_shift_after
+    bf16 = _bf16_copy(model)
+    results = []
+    for index in _whole_layers(bf16):
+        for name in served(bf16, index):
+            results += _guarded("locality", index, (name,), lambda index=index, name=name: [
+                _locality(bf16, index, name, name in token_shift_after)])
+    return results
+
+
+def _bf16_copy(model: Any) -> Any:
+    from ..model import StandardizedTransformer
+
+    module = copy.deepcopy(model._module).to(torch.bfloat16)
+    return StandardizedTransformer(module, tokenizer=model.tokenizer, verify="never", family=model.family)
+
+
+def _locality(model: Any, index: int, name: str, shifted: bool) -> CheckResult:
+    position = 2
+    layer = model.layers[index]
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        clean = layer.layer_output.save()
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        getattr(host(model, index, name), name)[:, position] += 0.5
+        written = layer.layer_output.save()
+    later = range(position + 1, clean.shape[1]) if not shifted else ()
+    others = [*range(position), *later]
+    moved = float((written[:, others].float() - clean[:, others].float()).abs().max())
+    reached = not torch.equal(written[:, position], clean[:, position])
+    note = "other positions of layer_output, bf16" + ("" if reached else "; the write did not reach the stream")
+    return CheckResult("locality", index, (name,), moved == 0.0 and reached, moved, 0.0, note)
+
+
+def check_heads(model: Any) -> list[CheckResult]:
+    """Each block's heads through their slices of the output projection sum to the projection's output."""
+    results = []
+    for index in range(model.num_layers):
+        for name in served(model, index, HEAD_VALUES):
+            results += _guarded("heads", index, (name,), lambda index=index, name=name: [_heads(model, index, name)])
+    return results
+
+
+def _heads(model: Any, index: int, name: str) -> CheckResult:
+    spec = model.family.for_layer(model._text_config, index)[0]
+    if spec.head_totals is not None:
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            heads = getattr(host(model, index, name), name).save()
+        total, output = spec.head_totals(model, index, heads, encode(model))
+        return _compare("heads", index, (name,), total, output, TOLERANCE, "the family's head totals")
+    binding = host(model, index, name)._nncanon.bindings[name]
+    through_norm = name == "attention_head_outputs" and spec.head_norm is not None
+    # Where a norm over all heads sits before the projection (BitNet), the heads are its input.
+    path = spec.head_projection if through_norm else binding.site.module
+    projection = hf_block(model, index).get_submodule(path)
+    seen: dict = {}
+
+    def keep(module: torch.nn.Module, args: Any, out: torch.Tensor) -> None:
+        seen["out"] = out.clone()
+
+    handle = projection.register_forward_hook(keep)
+    try:
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            heads = getattr(host(model, index, name), name).save()
+    finally:
+        handle.remove()
+    if through_norm:
+        with torch.no_grad():
+            heads = hf_block(model, index).get_submodule(spec.head_norm)(heads.flatten(-2)).view_as(heads)
+    weight, bias = _projection(projection)
+    per_head = weight.view(weight.shape[0], heads.shape[-2], -1)  # [out, H, head_dim]
+    with torch.no_grad():
+        total = torch.einsum("bshd,ohd->bso", heads, per_head)
+        if bias is not None:
+            total = total + bias
+    return _compare("heads", index, (name,), total, seen["out"].view_as(total), TOLERANCE,
+                    f"sum over heads through {path}")
+
+
+def _projection(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(W as [out, in], bias) of a linear output projection (``nn.Linear`` or GPT-2's ``Conv1D``)."""
+    weight = module.weight
+    if type(module).__name__ == "Conv1D":
+        weight = weight.T
+    return weight, module.bias
+
+
+def check_probabilities(model: Any) -> list[CheckResult]:
+    """Zeroing the last head's probabilities equals zeroing its output, on every layer serving both."""
+    from ..tools import head_count
+
+    results = []
+    report = model.support()
+    for index in report.layers_with("attention_probabilities"):
+        if not report.available("attention_head_outputs", layer=index):
+            continue
+        names = ("attention_probabilities", "attention_head_outputs")
+        results += _guarded("probabilities", index, names, lambda index=index: [
+            _probabilities(model, index, head_count(model, index) - 1)])
+    return results
+
+
+def _probabilities(model: Any, index: int, head: int) -> CheckResult:
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        model.layers[index].self_attn.attention_head_outputs[..., head, :] = 0
+        by_head = model.logits.save()
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        model.layers[index].self_attn.attention_probabilities[:, head] = 0
+        by_probabilities = model.logits.save()
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        clean = model.logits.save()
+    result = _compare("probabilities", index, ("attention_probabilities", "attention_head_outputs"),
+                      by_probabilities, by_head, TOLERANCE, f"logits with head {head} zeroed both ways")
+    if torch.equal(by_head, clean):
+        return CheckResult(result.check, index, result.values, False, result.error, TOLERANCE,
+                           f"zeroing head {head} did not reach the logits")
+    return result
+
+
+def check_routing(model: Any) -> list[CheckResult]:
+    """The chosen experts are distinct and in range; masking one expert reroutes exactly its tokens."""
+    results = []
+    report = model.support()
+    for index in report.layers_with("expert_indices"):
+        names = tuple(name for name in ROUTING if report.available(name, layer=index))
+        results += _guarded("routing", index, names, lambda index=index, names=names: [
+            _routing(model, index, names)])
+    return results
+
+
+def _routing(model: Any, index: int, names: tuple[str, ...]) -> CheckResult:
+    mlp = model.layers[index].mlp
+    saved = {}
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        for name in served(model, index, names):
+            saved[name] = getattr(mlp, name).save()
+    indices = saved["expert_indices"]
+    problems = []
+    if indices.dtype != torch.long:
+        problems.append(f"expert_indices has dtype {indices.dtype}")
+    flat = indices.reshape(-1, indices.shape[-1])
+    if any(len(set(row.tolist())) != len(row) for row in flat):
+        problems.append("a token has an expert twice")
+    if "expert_weights" in saved and saved["expert_weights"].shape != indices.shape:
+        problems.append(f"expert_weights {tuple(saved['expert_weights'].shape)} vs indices {tuple(indices.shape)}")
+    if "router_logits" in saved:
+        logits = saved["router_logits"]
+        if int(indices.max()) >= logits.shape[-1] or logits.shape[:2] != indices.shape[:2]:
+            problems.append(f"router_logits {tuple(logits.shape)} do not index the experts {tuple(indices.shape)}")
+        else:
+            problems += _reroute(model, index, indices)
+    return CheckResult("routing", index, names, not problems, None, None,
+                       "; ".join(problems) or "distinct experts; masking one reroutes exactly its tokens")
+
+
+def _reroute(model: Any, index: int, before: torch.Tensor) -> list[str]:
+    mlp = model.layers[index].mlp
+    expert = int(before.flatten()[0])
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        mlp.router_logits[..., expert] = float("-inf")
+        after = mlp.expert_indices.save()
+    routed = (before == expert).any(-1)
+    problems = []
+    if (after == expert).any():
+        problems.append(f"expert {expert} masked with -inf is still chosen")
+    if not torch.equal(after[~routed], before[~routed]):
+        problems.append(f"masking expert {expert} moved tokens not routed to it")
+    return problems
+
+
+def check_lens(model: Any) -> list[CheckResult]:
+    """``project_on_vocab(layers[-1].layer_output) == logits``, bit for bit, on a left-padded batch."""
+
+    def run() -> list[CheckResult]:
+        with torch.no_grad(), model.trace(PROMPTS):
+            lens = model.project_on_vocab(model.layers[-1].layer_output).save()
+            logits = model.logits.save()
+        return [_compare("lens", None, ("project_on_vocab",), lens, logits, 0.0, "at the last layer")]
+
+    return _guarded("lens", None, ("project_on_vocab",), run)
+
+
+def check_skip(model: Any) -> list[CheckResult]:
+    """Every block skipped: the stream leaves as it entered, and the logits are its lens."""
+
+    def run() -> list[CheckResult]:
+        last = model.num_layers - 1
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            entering = model.layers[0].layer_input.save()
+            model.skip_layers(0, last)
+            leaving = model.layers[last].layer_output.save()
+            lens = model.project_on_vocab(entering).save()
+            logits = model.logits.save()
+        passed = _compare("skip", None, ("skip_layers",), leaving, entering, 0.0, "the stream through the skip")
+        if not passed.passed:
+            return [passed]
+        return [_compare("skip", None, ("skip_layers",), logits, lens, 0.0, "logits after the skip vs the lens")]
+
+    return _guarded("skip", None, ("skip_layers",), run)
+
+
+def check_resume(model: Any) -> list[CheckResult]:
+    """A forward resumed at layer 0 and at the middle layer with the recorded stream gives the forward's
+    logits bit for bit; last-position-only logits equal the last row."""
+    from ..tools.resume import next_token_only, resume_at, streams_entering
+
+    def run() -> list[CheckResult]:
+        middle = model.num_layers // 2 or 1 if model.num_layers > 1 else 0
+        streams = streams_entering(model, PROMPTS[0], [0, middle])
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            whole = model.logits.save()
+        results = []
+        for layer, stream in streams.items():
+            with torch.no_grad(), model.trace(PROMPTS[0]):
+                resume_at(model, layer, stream)
+                resumed = model.logits.save()
+            results.append(_compare("resume", None, ("resume",), resumed, whole, 0.0, f"resumed at layers[{layer}]"))
+        with torch.no_grad(), model.trace(PROMPTS[0], **next_token_only(model)):
+            last = model.logits.save()
+        results.append(_compare("resume", None, ("resume",), last[:, -1], whole[:, -1], TOLERANCE,
+                                "last-position logits only"))
+        return results
+
+    return _guarded("resume", None, ("resume",), run)
+
+
+@dataclass(frozen=True)
+class Check:
+    """A named check and the function that runs it."""
+
+    name: str
+    run: Callable[[Any], list[CheckResult]]
+    doc: str = field(default="", compare=False)
+
+
+#: Every check, in the order `verify` runs them.
+CHECKS: tuple[Check, ...] = tuple(
+    Check(function.__name__.removeprefix("check_"), function, (function.__doc__ or "").strip().splitlines()[0])
+    for function in (
+        check_read, check_identity, check_ablation, check_invokes, check_locality, check_heads,
+        check_probabilities, check_routing, check_lens, check_skip, check_resume,
+    )
+)

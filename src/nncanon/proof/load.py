@@ -1,0 +1,267 @@
+"""The load-time proof: every value a model serves was checked on a twin of its own config.
+
+`prove` builds the twin of the config on the CPU, mounts the family on it, runs `verify` and keeps
+the verdict in the proof cache, keyed by what could change it: nncanon's version and code, the
+transformers and torch versions, the family, the model class and the config's structural
+fingerprint (the config with the twin's sizes: two checkpoints that differ only in width share a
+proof). `apply_proof` then declines, on the user's model, every value the twin did not prove, and
+records each served value's provenance for ``support()``.
+
+The proof never touches the user's weights: it needs the config only, so it works for models
+loaded on meta, sharded with ``device_map``, or run remotely.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .twin import TwinError, _shrink_sizes, build_twin
+from .verdict import Verdict, verify
+
+#: What ``verify=`` takes.
+VERIFY_MODES = ("auto", "always", "never")
+#: The layout of a cache file; another layout is ignored and rewritten.
+SCHEMA = 1
+#: Config entries that do not change what a model computes.
+_VOLATILE = {
+    "transformers_version", "_name_or_path", "architectures", "dtype", "torch_dtype", "use_cache",
+    "output_hidden_states", "output_attentions", "return_dict", "id2label", "label2id", "tokenizer_class",
+    "_commit_hash", "problem_type", "_attn_implementation_autoset", "auto_map", "chunk_size_feed_forward",
+}
+
+
+def cache_dir() -> Path:
+    """Where proofs are kept: ``$NNCANON_CACHE/proofs``, default ``~/.cache/nncanon/proofs``."""
+    root = os.environ.get("NNCANON_CACHE") or Path.home() / ".cache" / "nncanon"
+    return Path(root) / "proofs"
+
+
+@cache
+def code_digest() -> str:
+    """A digest of nncanon's own source: a proof made by other code is not reused."""
+    digest = hashlib.sha256()
+    package = Path(__file__).resolve().parents[1]
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _versions() -> dict[str, str]:
+    import transformers
+
+    from .. import __version__
+
+    return {"nncanon": __version__, "code": code_digest(), "transformers": transformers.__version__,
+            "torch": torch.__version__}
+
+
+def _plain(values: Any) -> Any:
+    if isinstance(values, dict):
+        return {k: _plain(v) for k, v in sorted(values.items()) if k not in _VOLATILE}
+    if isinstance(values, (list, tuple)):
+        return [_plain(v) for v in values]
+    return values
+
+
+def fingerprint(config: Any, family_name: str, model_class: type) -> str:
+    """The structural fingerprint of ``config``: its entries with the twin's sizes, the family and class."""
+    values = config.to_dict()
+    _shrink_sizes(values, "", [])
+    text = json.dumps(_plain(values), sort_keys=True, default=str)
+    return hashlib.sha256(f"{family_name}|{model_class.__qualname__}|{text}".encode()).hexdigest()[:24]
+
+
+@dataclass
+class Proof:
+    """The proof of one config.
+
+    Attributes:
+        key: Its cache key.
+        versions: nncanon, its code digest, transformers and torch it was made with.
+        family: The family's name.
+        created: When it was made (UTC, ISO format).
+        seconds: How long the twin and the checks took.
+        layer_map: For each block of the original, the twin block whose checks prove it (``None``:
+            the twin has no block of its kind).
+        twin_layers: The original block each twin block stands for.
+        verdict: The checks' results on the twin.
+        from_cache: Whether it was read from the cache rather than made now.
+    """
+
+    key: str
+    versions: dict[str, str]
+    family: str
+    created: str
+    seconds: float
+    layer_map: list[int | None]
+    twin_layers: list[int]
+    verdict: Verdict
+    changes: list[list[Any]] = field(default_factory=list)
+    from_cache: bool = False
+
+    def describe(self) -> str:
+        """``proved on a twin of this config (transformers 5.24.0, 2026-12-01 08:12 UTC)``."""
+        when = self.created.replace("T", " ")[:16] + " UTC"
+        return f"proved on a twin of this config (transformers {self.versions['transformers']}, {when})"
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": SCHEMA, "key": self.key, "versions": self.versions, "family": self.family,
+            "created": self.created, "seconds": self.seconds, "layer_map": self.layer_map,
+            "twin_layers": self.twin_layers, "changes": self.changes, "results": self.verdict.to_list(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Proof:
+        return cls(
+            data["key"], dict(data["versions"]), data["family"], data["created"], float(data["seconds"]),
+            list(data["layer_map"]), list(data["twin_layers"]), Verdict.from_list(data["results"]),
+            list(data.get("changes", [])), from_cache=True,
+        )
+
+
+def cache_key(config: Any, family_name: str, model_class: type) -> str:
+    """The cache key of a proof of ``config``: the versions, the family, the class and the fingerprint."""
+    versions = json.dumps(_versions(), sort_keys=True)
+    return hashlib.sha256(f"{versions}|{fingerprint(config, family_name, model_class)}".encode()).hexdigest()[:32]
+
+
+def read_cached(key: str) -> Proof | None:
+    """The cached proof under ``key``, or ``None`` (none there, unreadable, corrupt, or made by other
+    versions: never a stale proof)."""
+    path = cache_dir() / f"{key}.json"
+    try:
+        data = json.loads(path.read_text())
+        if data.get("schema") != SCHEMA or data.get("key") != key or data.get("versions") != _versions():
+            return None
+        return Proof.from_dict(data)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def write_cached(proof: Proof) -> None:
+    """Store ``proof`` (atomically; an unwritable cache only costs a proof at the next load)."""
+    directory = cache_dir()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        temporary = directory / f".{proof.key}.{os.getpid()}.tmp"
+        temporary.write_text(json.dumps(proof.to_dict(), indent=1, default=str))
+        os.replace(temporary, directory / f"{proof.key}.json")
+    except OSError as error:
+        warnings.warn(f"nncanon could not write its proof cache at {directory}: {error}", stacklevel=3)
+
+
+def prove(config: Any, family: Any, model_class: type, mode: str = "auto") -> Proof:
+    """The proof of ``config`` served by ``family`` with ``model_class``: from the cache (``mode="auto"``)
+    or made now on a twin.
+
+    Raises:
+        TwinError: the config cannot be shrunk (the message names the attribute).
+    """
+    key = cache_key(config, family.name, model_class)
+    if mode == "auto":
+        cached = read_cached(key)
+        if cached is not None:
+            return cached
+    start = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a twin's matrices are small: one thread is fastest, and spares the user's
+    try:
+        twin = build_twin(config, model_class=model_class, blocks=family.layers)
+        verdict = verify(_mounted(twin.model, family))
+    finally:
+        torch.set_num_threads(threads)
+    proof = Proof(
+        key=key,
+        versions=_versions(),
+        family=family.name,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),  # noqa: UP017 - 3.10-safe
+        seconds=round(time.perf_counter() - start, 3),
+        layer_map=[twin.block_for(index) for index in range(len(twin.kinds))],
+        twin_layers=list(twin.stands_for),
+        verdict=verdict,
+        changes=[[c.path, c.old, c.new, c.rule] for c in twin.changes],
+    )
+    write_cached(proof)
+    return proof
+
+
+def _mounted(module: torch.nn.Module, family: Any) -> Any:
+    from ..model import StandardizedTransformer
+    from ..testing import tiny_tokenizer
+
+    return StandardizedTransformer(module, tokenizer=tiny_tokenizer(), verify="never", family=family)
+
+
+__all__ = ["VERIFY_MODES", "Proof", "TwinError", "cache_dir", "cache_key", "fingerprint", "prove", "read_cached"]
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a model's served values stand: ``kind`` is ``"proved"``, ``"unproved"`` or ``"registry"``."""
+
+    kind: str
+    text: str
+    proof: Proof | None = None
+
+
+def apply_proof(model: Any, proof: Proof) -> Provenance:
+    """Decline on ``model`` every value its proof does not prove; return the served values' provenance."""
+    from ..mounting import decline
+    from ..support import COMPONENTS, LAYER_VALUES
+
+    report = model.support()
+    for index in range(model.num_layers):
+        twin = proof.layer_map[index] if index < len(proof.layer_map) else None
+        for value in LAYER_VALUES:
+            if value in COMPONENTS or not report.available(value, layer=index):
+                continue
+            reason = _not_proved(proof, twin, value, report.layers[index].block_type)
+            if reason is not None:
+                decline(model.layers[index], value, reason)
+    for value in ("logits", "project_on_vocab", "skip_layers"):
+        reason = _not_proved(proof, None, value, None, model_level=True)
+        if reason is not None:
+            model._model_declines[value] = reason
+    return Provenance("proved", proof.describe(), proof)
+
+
+def _not_proved(proof: Proof, twin: int | None, value: str, block: str | None, model_level: bool = False
+                ) -> str | None:
+    if not model_level and twin is None:
+        return f"not proved: a twin of this config has no block of this kind ({block})"
+    layer = None if model_level else twin
+    if proof.verdict.proved(layer, value):
+        return None
+    where = "" if model_level else f" (its block layers[{twin}] stands for layers[{proof.twin_layers[twin]}])"
+    return f"not proved on a twin of this config{where}: {proof.verdict.why_not(layer, value)}"
+
+
+def load_provenance(model: Any, config: Any, mode: str) -> Provenance:
+    """Prove ``model``'s values as ``mode`` says (`VERIFY_MODES`) and apply the proof; the provenance."""
+    if mode not in VERIFY_MODES:
+        raise ValueError(f"verify={mode!r} is not one of {', '.join(map(repr, VERIFY_MODES))}")
+    if mode == "never":
+        return Provenance("unproved", "unproved: loaded with verify='never' (no check ran on this config)")
+    try:
+        proof = prove(config, model.family, type(model._module), mode)
+    except TwinError as error:
+        warnings.warn(
+            f"nncanon could not build a twin of this {config.model_type} config, so its values are not proved "
+            f"on it: {error}. They are served as tested on the registry variants only.", stacklevel=4,
+        )
+        return Provenance("registry", f"tested on the registry variants only: a twin of this config could not "
+                                      f"be built ({error})")
+    return apply_proof(model, proof)

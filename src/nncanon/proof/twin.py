@@ -1,0 +1,575 @@
+"""`twin`: a small random-weight copy of a decoder config that keeps everything but the sizes.
+
+The twin of a config is what the load-time proof checks every value on: the same model class, the
+same booleans, enums, scaling factors and residual multipliers, the same kinds of blocks in the same
+order, with every width, head count, vocabulary and expert count shrunk by one table (`RULES`) so
+that the whole proof runs in about a second on a CPU. Its weights are random (a fixed seed) and then
+perturbed, so that norms, biases and gates that initialise to zeros or ones are generic.
+
+Layers: the twin keeps the shortest prefix of blocks that holds every kind of block the original
+has, plus the last block. A block's kind is its structure (the classes of its submodules and their
+per-layer settings) and its entries in the config's per-layer lists (``layer_types``...); the twin
+is accepted only if each of its blocks has the kind of the block it stands for.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import NncanonError
+
+
+class TwinError(NncanonError, ValueError):
+    """A config that cannot be shrunk; the message names the attribute that stopped it."""
+
+
+#: Target sizes of the twin.
+WIDTH = 64  # the residual stream
+HEADS = 4  # query heads
+HEAD_WIDTH = 16  # one head
+FFN = 128  # a dense MLP's inner width
+EXPERT_FFN = 32  # one expert's inner width
+VOCAB = 320  # tokens (the proof's tokenizer uses the first 300)
+EXPERTS = 4  # routed experts
+TOP_K = 2  # experts per token
+WINDOW = 4  # attention windows, chunks and sparse top-k: shorter than the proof's prompts
+STATE = 16  # a state-space or linear-attention state width
+LORA = 32  # low-rank query/key-value projections (multi-head latent attention)
+ROPE_WIDTH = 8  # the rotary part of a latent-attention head
+LAYER_LIMIT = 64  # a layout that needs more blocks than this is not shrunk
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One line of the shrinking table: the config attributes it applies to, and what they become."""
+
+    what: str
+    names: tuple[str, ...]
+    becomes: str
+    value: Callable[[Any, dict], Any]
+
+
+def _at_most(limit: int) -> Callable[[Any, dict], Any]:
+    return lambda old, config: min(old, limit)
+
+
+def _kv_heads(old: int, config: dict) -> int:
+    heads = _first(config, ("num_attention_heads", "n_head", "n_heads", "num_heads"))
+    if heads is None or old >= heads:
+        return min(old, HEADS)  # multi-head
+    if old == 1:
+        return 1  # multi-query
+    return HEADS // 2  # grouped
+
+
+def _experts(old: int, config: dict) -> int:
+    return min(old, EXPERTS)
+
+
+def _top_k(old: int, config: dict) -> int:
+    experts = _first(config, _EXPERT_NAMES)
+    if experts is not None and old >= experts:  # every expert runs
+        return min(experts, EXPERTS)
+    return min(old, TOP_K)
+
+
+def _groups(old: int, config: dict) -> int:
+    return min(old, 2)
+
+
+def _group_top_k(old: int, config: dict) -> int:
+    groups = config.get("n_group")
+    if groups is not None and old >= groups:
+        return min(groups, 2)
+    return min(old, 1)
+
+
+def _ssm_head_width(old: int, config: dict) -> int:
+    expand = _first(config, ("expand", "mamba_expand"))
+    heads = _first(config, ("mamba_n_heads", "mamba_num_heads"))
+    if expand is not None and heads:
+        return max(1, int(expand * WIDTH) // min(heads, HEADS))
+    return min(old, HEAD_WIDTH * 2)
+
+
+def _first(config: dict, names: tuple[str, ...]) -> Any:
+    return next((config[name] for name in names if isinstance(config.get(name), int)), None)
+
+
+_EXPERT_NAMES = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+#: The shrinking table. Attributes not named here keep their value (booleans, activations, norms'
+#: epsilons, rotary settings, scaling factors, multipliers, softcaps, window *kinds*...), except the
+#: layer count and per-layer lists (see `twin`) and token ids that fall outside the twin's
+#: vocabulary (mapped to its last ids). A size already smaller than its target is kept.
+RULES: tuple[Rule, ...] = (
+    Rule("stream width", ("hidden_size", "n_embd", "d_model", "embedding_dim", "dim"), f"{WIDTH}",
+         _at_most(WIDTH)),
+    Rule("query heads", ("num_attention_heads", "n_head", "n_heads", "num_heads_attention"), f"≤ {HEADS}",
+         _at_most(HEADS)),
+    Rule("key/value heads", ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num"),
+         f"{HEADS} (multi-head), 1 (multi-query) or {HEADS // 2} (grouped)", _kv_heads),
+    Rule("head width", ("head_dim", "attention_head_dim", "kv_channels", "swa_head_dim", "global_head_dim",
+                        "index_head_dim", "linear_head_dim", "linear_key_head_dim", "linear_value_head_dim"),
+         f"≤ {HEAD_WIDTH}", _at_most(HEAD_WIDTH)),
+    Rule("latent attention", ("q_lora_rank", "kv_lora_rank"), f"≤ {LORA}", _at_most(LORA)),
+    Rule("latent head parts", ("qk_nope_head_dim", "v_head_dim"), f"≤ {HEAD_WIDTH}", _at_most(HEAD_WIDTH)),
+    Rule("latent rotary part", ("qk_rope_head_dim",), f"≤ {ROPE_WIDTH}", _at_most(ROPE_WIDTH)),
+    Rule("MLP width", ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "d_ff", "dff",
+                       "dense_intermediate_size", "intermediate_size_mlp", "lru_width", "attention_hidden_size",
+                       "word_embed_proj_dim"), f"≤ {FFN}", _at_most(FFN)),
+    Rule("expert width", ("moe_intermediate_size", "shared_expert_intermediate_size", "expert_ffn_hidden_size",
+                          "moe_shared_expert_intermediate_size", "shared_intermediate_size",
+                          "moe_ffn_hidden_size"), f"≤ {EXPERT_FFN}", _at_most(EXPERT_FFN)),
+    Rule("vocabulary", ("vocab_size", "vocab_size_per_layer_input"), f"{VOCAB}", _at_most(VOCAB)),
+    Rule("routed experts", _EXPERT_NAMES + ("zero_expert_num",), f"≤ {EXPERTS}", _experts),
+    Rule("experts per token", ("num_experts_per_tok", "moe_topk", "top_k", "moe_top_k"),
+         f"≤ {TOP_K} (all experts where all run)", _top_k),
+    Rule("expert groups", ("n_group",), "≤ 2", _groups),
+    Rule("groups per token", ("topk_group",), "≤ 1 (all groups where all are chosen)", _group_top_k),
+    Rule("linear-attention heads", ("linear_num_key_heads",), "≤ 2", _at_most(2)),
+    Rule("linear-attention value heads", ("linear_num_value_heads",), "≤ 4", _at_most(4)),
+    Rule("state-space heads", ("mamba_n_heads", "mamba_num_heads"), f"≤ {HEADS}", _at_most(HEADS)),
+    Rule("state-space head width", ("mamba_d_head", "mamba_head_dim", "mamba_headdim"),
+         "expand × stream width / heads", _ssm_head_width),
+    Rule("state width", ("d_state", "ssm_state_size", "mamba_d_state", "state_size"), f"≤ {STATE}",
+         _at_most(STATE)),
+    Rule("state-space groups", ("n_groups", "mamba_n_groups"), "≤ 2", _groups),
+    Rule("time-step rank", ("time_step_rank", "mamba_dt_rank", "dt_rank"), f"≤ {STATE}", _at_most(STATE)),
+    Rule("windows and chunks", ("sliding_window", "window_size", "attention_window_size", "sliding_window_size",
+                                "attention_chunk_size", "chunk_size", "mamba_chunk_size", "local_attention",
+                                "index_topk", "block_size", "index_block_size"),
+         f"≤ {WINDOW} tokens, so the proof's prompts cross them", _at_most(WINDOW)),
+)
+
+_RULE_OF = {name: rule for rule in RULES for name in rule.names}
+
+#: Attributes holding the layer count.
+LAYER_COUNT = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_blocks")
+#: A list of layer indices (remapped, not sliced): strictly increasing ints under one of these names.
+_INDEX_LIST = re.compile(r"(idxs|_ids|indices|_layers)$")
+#: Attributes that are token ids.
+_TOKEN_ID = re.compile(r"(_token_id|_token_index|_token_ids)$")
+#: Sub-configs shrunk with the same table (a multimodal checkpoint's towers).
+_NESTED = re.compile(r"_config$")
+
+
+@dataclass(frozen=True)
+class Change:
+    """One attribute the twin changed: ``config.path`` from ``old`` to ``new``, by ``rule``."""
+
+    path: str
+    old: Any
+    new: Any
+    rule: str
+
+
+def _shrink_sizes(config: dict, path: str, changes: list[Change]) -> None:
+    for name in list(config):
+        value = config[name]
+        if isinstance(value, dict) and _NESTED.search(name) and "model_type" in value:
+            _shrink_sizes(value, f"{path}{name}.", changes)
+            continue
+        rule = _RULE_OF.get(name)
+        if rule is None or isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            continue
+        new = rule.value(value, config)
+        if new != value:
+            config[name] = new
+            changes.append(Change(path + name, value, new, rule.what))
+    _keep_relations(config, path, changes)
+
+
+def _set(config: dict, name: str, value: Any, path: str, changes: list[Change], why: str) -> None:
+    if name in config and config[name] != value:
+        changes.append(Change(path + name, config[name], value, why))
+        config[name] = value
+
+
+def _keep_relations(config: dict, path: str, changes: list[Change]) -> None:
+    """Sizes another size is defined by, kept consistent after the table ran."""
+    heads = _first(config, ("num_attention_heads", "n_head", "n_heads"))
+    kv = _first(config, ("num_key_value_heads", "num_kv_heads"))
+    if heads and kv and heads % kv:
+        _set(config, "num_key_value_heads" if "num_key_value_heads" in config else "num_kv_heads", 1, path,
+             changes, "key/value heads divide the query heads")
+    if isinstance(config.get("qk_rope_head_dim"), int):
+        rope, nope = config["qk_rope_head_dim"], config.get("qk_nope_head_dim") or 0
+        if isinstance(config.get("qk_head_dim"), int):
+            _set(config, "qk_head_dim", rope + nope, path, changes, "latent head = rotary + non-rotary part")
+    experts = _first(config, _EXPERT_NAMES)
+    groups = config.get("n_group")
+    if experts and isinstance(groups, int) and groups > 1 and experts % groups:
+        _set(config, "n_group", 1, path, changes, "expert groups divide the experts")
+    heads_ssm = _first(config, ("mamba_n_heads", "mamba_num_heads"))
+    groups_ssm = _first(config, ("n_groups", "mamba_n_groups"))
+    if heads_ssm and groups_ssm and heads_ssm % groups_ssm:
+        name = "n_groups" if "n_groups" in config else "mamba_n_groups"
+        _set(config, name, 1, path, changes, "state-space groups divide its heads")
+    expand = config.get("expand")
+    if isinstance(config.get("num_heads"), int) and isinstance(config.get("head_dim"), int) and expand:
+        width = _first(config, ("hidden_size", "d_model"))
+        if width and config["num_heads"] * config["head_dim"] != int(expand * width):
+            _set(config, "num_heads", min(config["num_heads"], HEADS), path, changes, "state-space heads")
+            _set(config, "head_dim", max(1, int(expand * width) // config["num_heads"]), path, changes,
+                 "state-space heads × head width = expand × stream width")
+    if isinstance(config.get("mamba_d_ssm"), int) and heads_ssm:
+        width = _first(config, ("mamba_d_head", "mamba_head_dim"))
+        if width:
+            _set(config, "mamba_d_ssm", heads_ssm * width, path, changes, "state-space width = heads × head width")
+    _remap_token_ids(config, path, changes)
+
+
+def _remap_token_ids(config: dict, path: str, changes: list[Change]) -> None:
+    vocab = config.get("vocab_size")
+    if not isinstance(vocab, int):
+        return
+    mapped: dict[int, int] = {}
+
+    def remap(value: int) -> int:
+        if value < vocab:
+            return value
+        if value not in mapped:
+            mapped[value] = vocab - 1 - len(mapped)
+        return mapped[value]
+
+    for name in sorted(config):
+        value = config[name]
+        if not _TOKEN_ID.search(name) and name not in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            continue
+        if isinstance(value, int) and not isinstance(value, bool):
+            _set(config, name, remap(value), path, changes, "token ids inside the twin's vocabulary")
+        elif isinstance(value, list) and all(isinstance(v, int) for v in value):
+            _set(config, name, [remap(v) for v in value], path, changes, "token ids inside the twin's vocabulary")
+
+
+def _layer_count_of(values: dict) -> int:
+    """The number of blocks of a config (as a dict): its layer count, or the length of its per-layer
+    block-type list where the count is derived from it (Nemotron-H)."""
+    for name in LAYER_COUNT:
+        if isinstance(values.get(name), int):
+            return values[name]
+    for name in _BLOCK_TYPE_LISTS:
+        if isinstance(values.get(name), (list, str)):
+            return len(values[name])
+    raise TwinError(f"the config has no layer count ({', '.join(LAYER_COUNT + _BLOCK_TYPE_LISTS)})")
+
+
+#: Per-layer lists a layer count may be derived from.
+_BLOCK_TYPE_LISTS = ("layers_block_type", "layer_types", "hybrid_override_pattern", "block_types")
+
+
+def _keep_layers(config: dict, keep: list[int], count: int, path: str, changes: list[Change]) -> None:
+    """Make ``config`` (a dict, with its ``count`` blocks) a config of the blocks ``keep``, in order."""
+    position = {old: new for new, old in enumerate(keep)}
+    for name in list(config):
+        value = config[name]
+        if name in LAYER_COUNT and value == count:
+            config[name] = len(keep)
+        elif isinstance(value, str) and len(value) == count and count > 1:
+            config[name] = "".join(value[i] for i in keep)
+        elif isinstance(value, (list, tuple)) and value and _is_index_list(name, value, count):
+            config[name] = type(value)(position[i] for i in value if i in position)
+        elif isinstance(value, (list, tuple)) and len(value) == count and count > 1:
+            config[name] = type(value)(value[i] for i in keep)
+        else:
+            continue
+        if config[name] != value:
+            changes.append(Change(path + name, value, config[name], "the twin's blocks"))
+
+
+def _is_index_list(name: str, value: Any, count: int) -> bool:
+    if not _INDEX_LIST.search(name) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return False
+    return all(0 <= v < count for v in value) and all(a < b for a, b in zip(value, value[1:]))
+
+
+def _text_part(config: dict) -> tuple[dict, str]:
+    """The (sub-)dict whose blocks are the causal LM's: a multimodal config's text config, else itself."""
+    for name in ("text_config", "language_config", "llm_config"):
+        if isinstance(config.get(name), dict) and "model_type" in config[name]:
+            return config[name], f"{name}."
+    return config, ""
+
+
+# -- block kinds -------------------------------------------------------------------------------
+
+_SKIPPED_SETTINGS = re.compile(r"(^|_)(idx|index|id|number|num|layers|depth)$|^layer_|^training$")
+
+
+def _settings(module: torch.nn.Module) -> tuple:
+    """A module's own scalar settings (``sliding_window``, ``is_causal``...), not its index."""
+    items = []
+    for name, value in vars(module).items():
+        if name.startswith("_") or _SKIPPED_SETTINGS.search(name):
+            continue
+        if value is None or isinstance(value, (bool, int, str)):  # not floats: scales that vary with depth
+            items.append((name, value))
+    return tuple(sorted(items))
+
+
+def block_kind(block: torch.nn.Module) -> tuple:
+    """The kind of a block: the class and settings of it and every submodule, by relative path.
+
+    Experts are collapsed (``experts.0``, ``experts.1`` are one entry), so a block's kind does not
+    depend on how many experts it has.
+    """
+    entries = {}
+    for name, module in block.named_modules():
+        name = re.sub(r"\.\d+(?=\.|$)", ".*", name)
+        entries[name] = (type(module).__name__, _settings(module))
+    return tuple(sorted(entries.items()))
+
+
+_TOWER = re.compile(r"vision|visual|audio|image|encoder")
+
+
+def blocks_of(model: torch.nn.Module, count: int, path: str | None = None) -> torch.nn.ModuleList:
+    """The model's list of ``count`` blocks: the module at ``path`` (a registered family's), else the
+    ``ModuleList`` of ``count`` modules outside any vision or audio tower."""
+    if path is not None:
+        return model.get_submodule(path)
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == count and not _TOWER.search(name):
+            if not all(isinstance(m, torch.nn.Linear) for m in module):
+                return module
+    raise TwinError(f"{type(model).__name__} has no list of {count} blocks")
+
+
+def _uniform_settings(kinds: list[tuple]) -> set:
+    """The ``(path, name)`` settings that have one value wherever they occur in ``kinds``."""
+    values: dict = {}
+    for kind in kinds:
+        for path, (_, settings) in kind:
+            for name, value in settings:
+                values.setdefault((path, name), set()).add(repr(value))
+    return {key for key, seen in values.items() if len(seen) == 1}
+
+
+def same_kinds(wide: list[tuple], keep: list[int], built: list[tuple]) -> bool:
+    """Whether ``built[j]`` has the kind of ``wide[keep[j]]`` for every ``j``, leaving out settings that
+    have one value in each model (a count that follows the depth, the same on every block)."""
+    if len(built) != len(keep):
+        return False
+    names = _uniform_settings(wide) & _uniform_settings(built)
+
+    def strip(kind: tuple) -> tuple:
+        return tuple(
+            (path, (cls, tuple(s for s in settings if (path, s[0]) not in names))) for path, (cls, settings) in kind
+        )
+
+    return all(strip(built[j]) == strip(wide[i]) for j, i in enumerate(keep))
+
+
+# -- building ----------------------------------------------------------------------------------
+
+
+def model_class_for(config: Any) -> type:
+    """The class transformers builds a causal LM of ``config`` with."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except KeyError as error:
+        raise TwinError(f"transformers has no causal LM for {type(config).__name__}") from error
+
+
+def _config_from(template: Any, values: dict) -> Any:
+    values = {k: v for k, v in values.items() if k not in ("transformers_version", "_name_or_path")}
+    built = type(template).from_dict(copy.deepcopy(values))
+    built._attn_implementation = "eager"
+    return built
+
+
+def _build(cls: type, config: Any, device: str) -> torch.nn.Module:
+    with torch.device(device):
+        if hasattr(cls, "_from_config"):
+            return cls._from_config(config, attn_implementation="eager")
+        return cls(config)
+
+
+@dataclass
+class Twin:
+    """A built twin: the model, the config it was built from, and how it maps onto the original.
+
+    Attributes:
+        model: The twin, random weights, fp32, eval mode, on the CPU.
+        config: The twin's config.
+        stands_for: ``stands_for[j]`` is the original block twin block ``j`` has the kind of.
+        kinds: The kind of every original block (`block_kind`).
+        changes: Every attribute the twin changed.
+    """
+
+    model: torch.nn.Module
+    config: Any
+    stands_for: list[int]
+    kinds: list[tuple]
+    changes: list[Change]
+
+    def block_for(self, layer: int) -> int | None:
+        """The twin block that proves original block ``layer``: the one standing for it, or the first
+        of its kind; ``None`` where the twin has no block of that kind."""
+        if layer in self.stands_for:
+            return self.stands_for.index(layer)
+        kind = self.kinds[layer]
+        return next((j for j, old in enumerate(self.stands_for) if self.kinds[old] == kind), None)
+
+
+def shrunk_config(config: Any) -> tuple[Any, list[Change]]:
+    """``config`` with the table's sizes applied (every block kept), and the changes."""
+    values = copy.deepcopy(config.to_dict())
+    changes: list[Change] = []
+    _shrink_sizes(values, "", changes)
+    try:
+        return _config_from(config, values), changes
+    except Exception as error:  # noqa: BLE001 - any config check: name the attribute
+        raise TwinError(_culprit(config, values, changes, error)) from error
+
+
+def _builds(config: Any, values: dict, cls: type | None) -> bool:
+    try:
+        built = _config_from(config, values)
+        if cls is not None:
+            _build(cls, built, "meta")
+    except Exception:  # noqa: BLE001 - any failure: it does not build
+        return False
+    return True
+
+
+def _culprit(config: Any, values: dict, changes: list[Change], error: Exception, cls: type | None = None) -> str:
+    """The message for a config that does not shrink: the change whose reverting alone makes it build,
+    or that transformers cannot build the config at full size either."""
+    for change in changes:
+        trial = copy.deepcopy(values)
+        _put_path(trial, change.path, change.old)
+        if _builds(config, trial, cls):
+            return (
+                f"{type(config).__name__} cannot be shrunk: setting {change.path} ({change.rule}) from "
+                f"{change.old} to {change.new} fails: {type(error).__name__}: {error}"
+            )
+    if cls is not None and not _builds(config, config.to_dict(), cls):
+        return (
+            f"transformers cannot build {cls.__name__} from this {type(config).__name__} at full size either "
+            f"({type(error).__name__}: {error}); the config is not one the model class takes"
+        )
+    return f"{type(config).__name__} cannot be shrunk: {type(error).__name__}: {error}"
+
+
+def _put_path(values: dict, path: str, value: Any) -> None:
+    *parents, name = path.split(".")
+    for parent in parents:
+        values = values[parent]
+    values[name] = value
+
+
+def _choose_layers(kinds: list[tuple], times: int = 1) -> list[int]:
+    """The shortest prefix holding every kind but the last block's (each ``times`` times, where the
+    model has it that often), and the last block."""
+    seen: dict = {}
+    end = 0
+    for index, kind in enumerate(kinds[:-1]):
+        seen[kind] = seen.get(kind, 0) + 1
+        if seen[kind] <= times:
+            end = index
+    keep = list(range(end + 1))
+    if keep[-1] != len(kinds) - 1:
+        keep.append(len(kinds) - 1)
+    return keep
+
+
+def _layer_choices(kinds: list[tuple]) -> list[list[int]]:
+    """The choices of blocks to try, smallest first: a prefix with every kind and the last block, the
+    prefix alone, every kind twice (blocks that share weights with a later one), every block."""
+    once, twice = _choose_layers(kinds), _choose_layers(kinds, times=2)
+    choices = [once, once[:-1], twice, list(range(len(kinds)))]
+    unique = []
+    for choice in choices:
+        if choice and choice not in unique and len(choice) <= LAYER_LIMIT:
+            unique.append(choice)
+    return unique
+
+
+def twin(config: Any, seed: int = 0, model_class: type | None = None) -> torch.nn.Module:
+    """A random-weight, shrunk copy of the causal LM of ``config`` (see `build_twin`).
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> small = nncanon.twin(LlamaConfig(attention_bias=True))   # 7B's layout, 0.1M parameters
+        >>> small.config.hidden_size, small.config.attention_bias
+        (64, True)
+    """
+    return build_twin(config, seed=seed, model_class=model_class).model
+
+
+def build_twin(config: Any, seed: int = 0, model_class: type | None = None, blocks: str | None = None) -> Twin:
+    """Build the twin of ``config``: same model class, same settings, every size shrunk by `RULES`.
+
+    Args:
+        config: A transformers config (a hub checkpoint's, a local folder's, or one built in code).
+        seed: The seed of the random weights (the caller's random state is left as it was).
+        model_class: The model class to build (default: transformers' causal LM for the config).
+        blocks: The path of the list of blocks in the model (default: the ``ModuleList`` with as many
+            modules as the config has layers, outside any vision or audio tower).
+
+    Raises:
+        TwinError: naming the attribute that stopped the shrinking.
+    """
+    cls = model_class or model_class_for(config)
+    wide, changes = shrunk_config(config)
+    wide_values = wide.to_dict()
+    text, path = _text_part(wide_values)
+    count = _layer_count_of(text)
+    try:
+        skeleton = _build(cls, wide, "meta")
+    except Exception as error:  # noqa: BLE001 - name the attribute
+        raise TwinError(_culprit(config, wide_values, changes, error, cls)) from error
+    kinds = [block_kind(block) for block in blocks_of(skeleton, count, blocks)]
+    for keep in _layer_choices(kinds):
+        values = copy.deepcopy(wide_values)
+        layer_changes: list[Change] = []
+        _keep_layers(_text_part(values)[0], keep, count, path, layer_changes)
+        try:
+            small = _config_from(config, values)
+            built = [block_kind(block) for block in blocks_of(_build(cls, small, "meta"), len(keep), blocks)]
+        except Exception:  # noqa: BLE001, S112 - this choice of blocks does not hold: try the next
+            continue
+        if same_kinds(kinds, keep, built):
+            return Twin(_real(cls, small, seed), small, keep, kinds, changes + layer_changes)
+    raise TwinError(
+        f"{type(config).__name__} cannot be shrunk: no choice of at most {LAYER_LIMIT} of its {count} blocks "
+        f"keeps every block's kind (its layout: num_hidden_layers and the per-layer attributes)"
+    )
+
+
+def _real(cls: type, config: Any, seed: int) -> torch.nn.Module:
+    """The twin with random weights from ``seed``, each parameter then moved off its initial value."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = _build(cls, config, "cpu").float().eval()
+        with torch.no_grad():
+            for parameter in model.parameters():
+                if parameter.is_floating_point():
+                    scale = 0.1 * (parameter.detach().abs().mean().item() or 1.0)
+                    parameter.add_(torch.randn_like(parameter) * min(scale, 0.1))
+    return model
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    """Number of parameters (for the docs' figures)."""
+    return sum(math.prod(p.shape) for p in model.parameters())
+
+
+def rules_table() -> str:
+    """The shrinking table as Markdown (generated into the docs)."""
+    lines = ["| what | config attributes | becomes |", "|---|---|---|"]
+    for rule in RULES:
+        names = ", ".join(f"`{name}`" for name in rule.names)
+        lines.append(f"| {rule.what} | {names} | {rule.becomes} |")
+    return "\n".join(lines)
