@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
-import torch
 
 from nncanon.registry import variants
 from nncanon.testing import PROMPTS, tiny_model
+
+# Load-time proofs go to a cache of this test process, never the user's ~/.cache/nncanon.
+os.environ["NNCANON_CACHE"] = tempfile.mkdtemp(prefix="nncanon-cache-")
 
 VARIANTS = variants()
 VARIANT_IDS = [v.name for v in VARIANTS]
@@ -23,28 +28,8 @@ def model(variant):
     return tiny_model(variant)
 
 
-#: The values a block adds to the residual stream; their sum is the block's update.
-CONTRIBUTIONS = ("attention_output", "linear_attention_output", "mlp_output")
-#: Per-head values, each on the component of the same kind.
-HEAD_VALUES = ("attention_head_outputs", "linear_attention_head_outputs")
-
-
-def host(model, index: int, value: str):
-    """The component of block ``index`` that serves ``value``."""
-    from nncanon.support import COMPONENT_OF
-
-    return getattr(model.layers[index], COMPONENT_OF[value])
-
-
-def served(model, index: int, values=CONTRIBUTIONS) -> list[str]:
-    """The values of ``values`` that block ``index`` serves, per ``support()``, in the order the block
-    runs their components (the family's ``component_order``; a trace reads values in execution order)."""
-    from nncanon.support import COMPONENT_OF
-
-    report = model.support()
-    order = model.family.for_layer(model._text_config, index)[0].component_order
-    names = [value for value in values if report.available(value, layer=index)]
-    return sorted(names, key=lambda value: order.index(COMPONENT_OF[value]))
+# The helpers the verifier reads the surface with, shared by the tests (one copy, in the package).
+from nncanon.proof.checks import CONTRIBUTIONS, HEAD_VALUES, encode, hf_block, host, served  # noqa: E402, F401
 
 
 def recorded_declines(variant, layer: int) -> set[str]:
@@ -105,12 +90,3 @@ def identity_layers(model, variant) -> list[int]:
 def declined_as_recorded(model, variant) -> bool:
     """Whether some layer's identity cannot be asked (`identity_layers`, with its checks)."""
     return len(identity_layers(model, variant)) < model.num_layers
-
-
-def encode(model, prompt: str = PROMPTS[0]) -> dict:
-    """Tokenize one prompt as the model's trace does (no padding)."""
-    return dict(model.tokenizer(prompt, return_tensors="pt"))
-
-
-def hf_block(model, index: int) -> torch.nn.Module:
-    return model._module.get_submodule(model.family.layers)[index]

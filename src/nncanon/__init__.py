@@ -13,6 +13,7 @@ from .errors import (
 )
 from .families import registered_model_types
 from .model import StandardizedTransformer
+from .proof.twin import twin
 from .support import SupportReport
 
 __version__ = "0.1.0"
@@ -31,4 +32,5 @@ __all__ = [
     "ValueNotAvailable",
     "demo_model",
     "registered_model_types",
+    "twin",
 ]

@@ -50,8 +50,14 @@ def tiny_hf_model(
     dtype: torch.dtype = torch.float32,
     **overrides: Any,
 ) -> Any:
-    """The bare transformers model of a registry variant, random weights from ``seed``, in eval mode."""
+    """The bare transformers model of a registry variant, random weights from ``seed``, in eval mode.
+
+    The weights are the model's own initialisation, each then moved off it by a little noise
+    (`nncanon.proof.twin.perturb`): no bias, gain or branch stays at an exact zero or one.
+    """
     import transformers
+
+    from .proof.twin import perturb
 
     spec = variant(name) if isinstance(name, str) else name
     config = spec.build_config(**overrides)
@@ -61,6 +67,7 @@ def tiny_hf_model(
         model = getattr(transformers, spec.model_class)(config)
     else:
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+    perturb(model)
     return model.to(dtype).eval()
 
 
@@ -69,10 +76,16 @@ def tiny_model(
     attn_implementation: str = "eager",
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
+    verify: str = "never",
     **overrides: Any,
 ) -> Any:
-    """A `StandardizedTransformer` over `tiny_hf_model` with `tiny_tokenizer`."""
+    """A `StandardizedTransformer` over `tiny_hf_model` with `tiny_tokenizer`.
+
+    ``verify`` defaults to ``"never"``: the invariant suite runs the checks on the variant itself
+    (`nncanon.proof.verify`), which proves more than a twin of it would.
+    """
     from .model import StandardizedTransformer
 
     hf = tiny_hf_model(name, attn_implementation=attn_implementation, seed=seed, dtype=dtype, **overrides)
-    return StandardizedTransformer(hf, tokenizer=tiny_tokenizer(hf.config.get_text_config().vocab_size))
+    return StandardizedTransformer(hf, tokenizer=tiny_tokenizer(hf.config.get_text_config().vocab_size),
+                                   verify=verify)

@@ -1,7 +1,19 @@
-"""GPT-2 and GPT-BigCode: ``transformer.h`` blocks, ``attn`` and ``mlp`` modules, Conv1D or Linear."""
+"""GPT-2 and GPT-BigCode: ``transformer.h`` blocks, ``attn`` and ``mlp`` modules, Conv1D or Linear.
+
+Under eager attention, a GPT-2 config with ``reorder_and_upcast_attn`` computes its probabilities in
+the module's own ``_upcast_and_reordered_attn`` (in fp32), not in transformers' attention function.
+"""
 
 from ..served import Site
 from .base import Family
+
+
+def _probabilities(config) -> tuple[str, ...] | None:
+    """Inside ``_upcast_and_reordered_attn`` where the config asks for it, else transformers' attention"""
+    if getattr(config, "reorder_and_upcast_attn", False):
+        return ("self__upcast_and_reordered_attn_0", "torch_matmul_0")
+    return None
+
 
 GPT2 = Family(
     name="gpt2",
@@ -12,6 +24,7 @@ GPT2 = Family(
     attention="attn",
     attention_output=Site("attn", index=0),
     head_outputs=Site("attn.c_proj", key="input"),
+    probabilities=_probabilities,
     residual="h = x + attn(ln_1(x)); y = h + mlp(ln_2(h))",
 )
 

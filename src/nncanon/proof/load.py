@@ -187,7 +187,7 @@ def prove(config: Any, family: Any, model_class: type, mode: str = "auto") -> Pr
         key=key,
         versions=_versions(),
         family=family.name,
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),  # noqa: UP017 - 3.10-safe
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         seconds=round(time.perf_counter() - start, 3),
         layer_map=[twin.block_for(index) for index in range(len(twin.kinds))],
         twin_layers=list(twin.stands_for),

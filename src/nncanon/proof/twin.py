@@ -15,6 +15,7 @@ is accepted only if each of its blocks has the kind of the block it stands for.
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import re
 from collections.abc import Callable
@@ -129,7 +130,7 @@ RULES: tuple[Rule, ...] = (
                           "moe_shared_expert_intermediate_size", "shared_intermediate_size",
                           "moe_ffn_hidden_size"), f"≤ {EXPERT_FFN}", _at_most(EXPERT_FFN)),
     Rule("vocabulary", ("vocab_size", "vocab_size_per_layer_input"), f"{VOCAB}", _at_most(VOCAB)),
-    Rule("routed experts", _EXPERT_NAMES + ("zero_expert_num",), f"≤ {EXPERTS}", _experts),
+    Rule("routed experts", (*_EXPERT_NAMES, "zero_expert_num"), f"≤ {EXPERTS}", _experts),
     Rule("experts per token", ("num_experts_per_tok", "moe_topk", "top_k", "moe_top_k"),
          f"≤ {TOP_K} (all experts where all run)", _top_k),
     Rule("expert groups", ("n_group",), "≤ 2", _groups),
@@ -172,6 +173,7 @@ class Change:
 
 
 def _shrink_sizes(config: dict, path: str, changes: list[Change]) -> None:
+    original = dict(config)  # the rules read the config as it was
     for name in list(config):
         value = config[name]
         if isinstance(value, dict) and _NESTED.search(name) and "model_type" in value:
@@ -180,11 +182,11 @@ def _shrink_sizes(config: dict, path: str, changes: list[Change]) -> None:
         rule = _RULE_OF.get(name)
         if rule is None or isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             continue
-        new = rule.value(value, config)
+        new = rule.value(value, original)
         if new != value:
             config[name] = new
             changes.append(Change(path + name, value, new, rule.what))
-    _keep_relations(config, path, changes)
+    _keep_relations(config, original, path, changes)
 
 
 def _set(config: dict, name: str, value: Any, path: str, changes: list[Change], why: str) -> None:
@@ -193,8 +195,8 @@ def _set(config: dict, name: str, value: Any, path: str, changes: list[Change], 
         config[name] = value
 
 
-def _keep_relations(config: dict, path: str, changes: list[Change]) -> None:
-    """Sizes another size is defined by, kept consistent after the table ran."""
+def _keep_relations(config: dict, original: dict, path: str, changes: list[Change]) -> None:
+    """Sizes another size is defined by, kept consistent after the table ran (``original``: before)."""
     heads = _first(config, ("num_attention_heads", "n_head", "n_heads"))
     kv = _first(config, ("num_key_value_heads", "num_kv_heads"))
     if heads and kv and heads % kv:
@@ -202,6 +204,8 @@ def _keep_relations(config: dict, path: str, changes: list[Change]) -> None:
              changes, "key/value heads divide the query heads")
     if isinstance(config.get("qk_rope_head_dim"), int):
         rope, nope = config["qk_rope_head_dim"], config.get("qk_nope_head_dim") or 0
+        if original.get("head_dim") == original["qk_rope_head_dim"]:  # the rotary part is the head width
+            _set(config, "head_dim", rope, path, changes, "head width = latent rotary part")
         if isinstance(config.get("qk_head_dim"), int):
             _set(config, "qk_head_dim", rope + nope, path, changes, "latent head = rotary + non-rotary part")
     experts = _first(config, _EXPERT_NAMES)
@@ -288,7 +292,7 @@ def _keep_layers(config: dict, keep: list[int], count: int, path: str, changes: 
 def _is_index_list(name: str, value: Any, count: int) -> bool:
     if not _INDEX_LIST.search(name) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         return False
-    return all(0 <= v < count for v in value) and all(a < b for a, b in zip(value, value[1:]))
+    return all(0 <= v < count for v in value) and all(a < b for a, b in itertools.pairwise(value))
 
 
 def _text_part(config: dict) -> tuple[dict, str]:
@@ -429,7 +433,7 @@ def shrunk_config(config: Any) -> tuple[Any, list[Change]]:
     _shrink_sizes(values, "", changes)
     try:
         return _config_from(config, values), changes
-    except Exception as error:  # noqa: BLE001 - any config check: name the attribute
+    except Exception as error:
         raise TwinError(_culprit(config, values, changes, error)) from error
 
 
@@ -438,7 +442,7 @@ def _builds(config: Any, values: dict, cls: type | None) -> bool:
         built = _config_from(config, values)
         if cls is not None:
             _build(cls, built, "meta")
-    except Exception:  # noqa: BLE001 - any failure: it does not build
+    except Exception:
         return False
     return True
 
@@ -484,11 +488,20 @@ def _choose_layers(kinds: list[tuple], times: int = 1) -> list[int]:
     return keep
 
 
+def _first_of_each(kinds: list[tuple]) -> list[int]:
+    """The first block of each kind, and the first and last blocks."""
+    first: dict = {}
+    for index, kind in enumerate(kinds):
+        first.setdefault(kind, index)
+    return sorted({0, len(kinds) - 1, *first.values()})
+
+
 def _layer_choices(kinds: list[tuple]) -> list[list[int]]:
-    """The choices of blocks to try, smallest first: a prefix with every kind and the last block, the
-    prefix alone, every kind twice (blocks that share weights with a later one), every block."""
+    """The choices of blocks to try: the first block of each kind (and the last); a prefix with every
+    kind and the last block; the prefix alone; every kind twice (blocks that share weights with a
+    later one); every block. A choice holds if the twin built from it has the kinds it stands for."""
     once, twice = _choose_layers(kinds), _choose_layers(kinds, times=2)
-    choices = [once, once[:-1], twice, list(range(len(kinds)))]
+    choices = [_first_of_each(kinds), once, once[:-1], twice, list(range(len(kinds)))]
     unique = []
     for choice in choices:
         if choice and choice not in unique and len(choice) <= LAYER_LIMIT:
@@ -528,7 +541,7 @@ def build_twin(config: Any, seed: int = 0, model_class: type | None = None, bloc
     count = _layer_count_of(text)
     try:
         skeleton = _build(cls, wide, "meta")
-    except Exception as error:  # noqa: BLE001 - name the attribute
+    except Exception as error:
         raise TwinError(_culprit(config, wide_values, changes, error, cls)) from error
     kinds = [block_kind(block) for block in blocks_of(skeleton, count, blocks)]
     for keep in _layer_choices(kinds):
@@ -538,7 +551,7 @@ def build_twin(config: Any, seed: int = 0, model_class: type | None = None, bloc
         try:
             small = _config_from(config, values)
             built = [block_kind(block) for block in blocks_of(_build(cls, small, "meta"), len(keep), blocks)]
-        except Exception:  # noqa: BLE001, S112 - this choice of blocks does not hold: try the next
+        except Exception:
             continue
         if same_kinds(kinds, keep, built):
             return Twin(_real(cls, small, seed), small, keep, kinds, changes + layer_changes)
@@ -553,12 +566,22 @@ def _real(cls: type, config: Any, seed: int) -> torch.nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = _build(cls, config, "cpu").float().eval()
-        with torch.no_grad():
-            for parameter in model.parameters():
-                if parameter.is_floating_point():
-                    scale = 0.1 * (parameter.detach().abs().mean().item() or 1.0)
-                    parameter.add_(torch.randn_like(parameter) * min(scale, 0.1))
+        perturb(model)
     return model
+
+
+def perturb(model: torch.nn.Module) -> None:
+    """Move every parameter off its initial value by a little noise (from the current random state).
+
+    Models initialise some weights to zeros or ones (biases, norm gains, output projections of a
+    residual branch, gates): a check on such a model cannot see a missing bias or a branch that adds
+    nothing. The noise is a tenth of the parameter's mean magnitude (at most 0.1).
+    """
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.is_floating_point():
+                scale = 0.1 * (parameter.detach().abs().mean().item() or 1.0)
+                parameter.add_(torch.randn_like(parameter) * min(scale, 0.1))
 
 
 def parameter_count(model: torch.nn.Module) -> int:

@@ -15,14 +15,16 @@ class Verdict:
 
     A value is proved on a layer when some check covered it there and every check that covers it
     held. A failed check that covers several values (the identity covers all of a block's
-    contributions) puts in doubt those of them that failed a check of their own; where none did,
-    all of them.
+    contributions; the probabilities check, the probabilities and the heads) puts in doubt those of
+    them that failed a check of their own; where none did, those that no check that held covers;
+    where every one is covered by a check that held, all of them.
     """
 
     results: list[CheckResult]
 
     def __post_init__(self) -> None:
         alone = {(r.layer, value) for r in self.results if not r.passed for value in r.values if len(r.values) == 1}
+        held = {(r.layer, value) for r in self.results if r.passed for value in r.values}
         self._failed: dict[tuple[int | None, str], list[CheckResult]] = {}
         self._covered: set[tuple[int | None, str]] = set()
         for result in self.results:
@@ -30,7 +32,11 @@ class Verdict:
                 self._covered.add((result.layer, value))
             if result.passed:
                 continue
-            doubted = [v for v in result.values if (result.layer, v) in alone] or list(result.values)
+            doubted = (
+                [v for v in result.values if (result.layer, v) in alone]
+                or [v for v in result.values if (result.layer, v) not in held]
+                or list(result.values)
+            )
             for value in doubted:
                 self._failed.setdefault((result.layer, value), []).append(result)
 

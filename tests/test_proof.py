@@ -1,0 +1,284 @@
+"""Every load proves itself: the twin, the load-time proof, its cache and provenance.
+
+- the twin keeps every setting and every kind of block, shrinks the sizes, and says which attribute
+  stops a config that cannot be shrunk (on transformers' own full-size config of every registered type);
+- configurations outside the registry variants load with every served value proved on their twin;
+- a family record broken on purpose (a wrong site) loses exactly the broken value, with the numbers;
+- the cache: reused, re-proved on ``verify="always"``, ignored when corrupt or made by other versions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+
+import pytest
+import torch
+import transformers
+
+import nncanon
+from nncanon import StandardizedTransformer
+from nncanon.families import REGISTRY
+from nncanon.proof import load as proof_load
+from nncanon.proof.twin import TwinError, block_kind, blocks_of, build_twin, model_class_for, twin
+from nncanon.registry import records
+from nncanon.served import Site
+from nncanon.support import COMPONENTS, LAYER_VALUES
+from nncanon.testing import PROMPTS, tiny_hf_model, tiny_tokenizer
+
+
+def test_twin_shrinks_sizes_and_keeps_settings():
+    config = transformers.LlamaConfig(attention_bias=True, mlp_bias=True, rms_norm_eps=3e-6)
+    small = nncanon.twin(config)
+    assert small.config.hidden_size == 64 and small.config.num_hidden_layers == 2
+    assert small.config.num_attention_heads == 4 and small.config.num_key_value_heads == 4
+    assert small.config.attention_bias and small.config.mlp_bias and small.config.rms_norm_eps == 3e-6
+    assert sum(p.numel() for p in small.parameters()) < 1_000_000
+    assert type(small) is transformers.LlamaForCausalLM
+
+
+def test_twin_keeps_grouped_and_multi_query_heads():
+    grouped = build_twin(transformers.LlamaConfig(num_attention_heads=32, num_key_value_heads=8)).config
+    single = build_twin(transformers.LlamaConfig(num_attention_heads=32, num_key_value_heads=1)).config
+    assert (grouped.num_attention_heads, grouped.num_key_value_heads) == (4, 2)
+    assert (single.num_attention_heads, single.num_key_value_heads) == (4, 1)
+
+
+def test_twin_keeps_every_kind_of_block():
+    """Gemma-3's five sliding layers and one global, repeated: the twin has both kinds, in the order of
+    the blocks it stands for, and the last block."""
+    config = transformers.Gemma3TextConfig(num_hidden_layers=26)
+    built = build_twin(config)
+    kinds = [block_kind(b) for b in blocks_of(built.model, len(built.stands_for))]
+    assert len(set(kinds)) == 2
+    assert built.stands_for[-1] == 25
+    assert [built.config.layer_types[j] for j in range(len(built.stands_for))] == [
+        config.layer_types[i] for i in built.stands_for
+    ]
+    for index in range(26):  # every block is proved by a twin block of its kind
+        assert built.kinds[built.stands_for[built.block_for(index)]] == built.kinds[index]
+
+
+def test_twin_does_not_change_the_callers_random_state():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    twin(transformers.GPT2Config())
+    assert torch.equal(torch.rand(3), expected)
+
+
+class _WideOnlyConfig(transformers.LlamaConfig):
+    """A custom config (as custom-code checkpoints have) that refuses widths off a multiple of 128."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        if self.hidden_size % 128:
+            raise ValueError(f"hidden_size must be a multiple of 128, got {self.hidden_size}")
+
+
+def test_a_config_that_cannot_be_shrunk_names_the_attribute():
+    with pytest.raises(TwinError, match=r"setting hidden_size \(stream width\) from 4096 to 64 fails.*multiple of 128"):
+        build_twin(_WideOnlyConfig(), model_class=transformers.LlamaForCausalLM)
+
+
+#: transformers' default config of these types does not build at full size (upstream), so it has no twin.
+UNBUILDABLE_DEFAULTS = {
+    "cohere_compass_text", "dbrx", "dots1", "hunyuan_v1_dense", "hunyuan_v1_moe", "lfm2_moe", "ministral",
+    "nemotron", "qwen4_exp", "qwen4_exp_text",
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(records()))
+def test_twin_of_the_full_size_default_config(model_type):
+    """Every registered type's full-size default config (a real checkpoint's shape) has a twin whose
+    blocks have the kinds of the blocks they stand for (checked inside `build_twin`), whose forward
+    runs, and whose blocks are the family's."""
+    record = records()[model_type]
+    config = getattr(transformers, record["config_class"])()
+    cls = getattr(transformers, record["model_class"]) if record.get("model_class") else model_class_for(config)
+    family = REGISTRY[model_type]
+    if model_type in UNBUILDABLE_DEFAULTS:
+        with pytest.raises(TwinError, match=r"cannot build .* at full size either"):
+            build_twin(config, model_class=cls, blocks=family.layers)
+        return
+    built = build_twin(config, model_class=cls, blocks=family.layers)
+    assert len(built.model.get_submodule(family.layers)) == len(built.stands_for)
+    assert sum(p.numel() for p in built.model.parameters()) < 10_000_000
+    assert all(built.block_for(i) is not None for i in range(len(built.kinds)))
+
+
+def _folder(tmp_path, config) -> str:
+    config.save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    return str(tmp_path)
+
+
+#: Configurations outside the registry variants, at full size (loaded on meta: no weights exist).
+OUTSIDE = {
+    "gpt2_inverse_layer_idx_upcast": lambda: transformers.GPT2Config(
+        scale_attn_by_inverse_layer_idx=True, reorder_and_upcast_attn=True),
+    "llama_biases": lambda: transformers.LlamaConfig(attention_bias=True, mlp_bias=True),
+    "qwen2_sliding_window": lambda: transformers.Qwen2Config(
+        use_sliding_window=True, sliding_window=4096, max_window_layers=14),
+    "gemma3_rope_scaling": lambda: transformers.Gemma3TextConfig(
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}),
+    "deepseek_v3_dense_first": lambda: transformers.DeepseekV3Config(first_k_dense_replace=3),
+    "qwen2_moe_dense_layers": lambda: transformers.Qwen2MoeConfig(mlp_only_layers=[0, 1], decoder_sparse_step=2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OUTSIDE))
+def test_configs_outside_the_registry_are_proved(name, tmp_path):
+    model = StandardizedTransformer(_folder(tmp_path, OUTSIDE[name]()), attn_implementation="eager")
+    assert model._module.device.type == "meta", "loading proves on the twin: the model's weights stay unloaded"
+    report = model.support()
+    assert report.provenance.startswith("proved on a twin of this config (transformers ")
+    assert report.declined() == [], [report.reason(v, 0) for v in report.declined()]
+    assert not report.model_declines
+    for index in range(model.num_layers):
+        for value in LAYER_VALUES:
+            if value not in COMPONENTS and report.available(value, layer=index):
+                assert report.provenance_of(value, index) == report.provenance
+
+
+def _load(hf, family=None, verify="always"):
+    return StandardizedTransformer(hf, tokenizer=tiny_tokenizer(), family=family, verify=verify)
+
+
+def test_a_broken_site_is_declined_with_the_failed_checks_numbers():
+    """mlp_output read at the MLP's input norm (a wrong site of the right shape): the load declines exactly it."""
+    broken = dataclasses.replace(REGISTRY["llama"], mlp_output=Site("post_attention_layernorm"))
+    hf = tiny_hf_model("llama")
+    model = _load(hf, broken)
+    report = model.support()
+    for index in range(model.num_layers):
+        assert report.declined(index) == ["mlp_output"]
+        reason = report.reason("mlp_output", index)
+        assert "not proved on a twin of this config" in reason and "ablation" in reason
+        assert "error" in reason and "> 1e-05" in reason
+        assert report.available("attention_output", index) and report.available("attention_head_outputs", index)
+    with pytest.raises(nncanon.ValueNotAvailable, match="ablation"):
+        with model.trace(PROMPTS[0]):
+            model.layers[0].mlp.mlp_output.save()
+    with torch.no_grad(), model.trace(PROMPTS[0]):  # the values that held are served
+        attention = model.layers[0].self_attn.attention_output.save()
+    assert attention.shape[-1] == hf.config.hidden_size
+
+
+def test_a_missing_scale_is_declined():
+    """Granite's attention read without its residual multiplier: attention_output is declined, the MLP's
+    (with its multiplier) is served."""
+    broken = dataclasses.replace(REGISTRY["granite"], attention_output=Site("self_attn", index=0))
+    model = _load(tiny_hf_model("granite"), broken)
+    report = model.support()
+    for index in range(model.num_layers):
+        assert report.declined(index) == ["attention_output"]
+        assert "ablation" in report.reason("attention_output", index)
+        assert report.available("mlp_output", index)
+
+
+def test_the_cache_is_reused_and_verify_always_proves_again(monkeypatch, tmp_path):
+    monkeypatch.setenv("NNCANON_CACHE", str(tmp_path))
+    hf = tiny_hf_model("llama")
+    first = _load(hf, verify="auto")._provenance.proof
+    assert not first.from_cache and len(list((tmp_path / "proofs").glob("*.json"))) == 1
+    calls = []
+    monkeypatch.setattr(proof_load, "build_twin", lambda *a, **k: calls.append(1) or pytest.fail("re-proved"))
+    second = _load(hf, verify="auto")._provenance.proof
+    assert second.from_cache and second.key == first.key and second.verdict.to_list() == first.verdict.to_list()
+    monkeypatch.undo()
+    monkeypatch.setenv("NNCANON_CACHE", str(tmp_path))
+    again = _load(hf, verify="always")._provenance.proof
+    assert not again.from_cache
+
+
+def test_a_corrupt_cache_is_ignored_and_rewritten(monkeypatch, tmp_path):
+    monkeypatch.setenv("NNCANON_CACHE", str(tmp_path))
+    hf = tiny_hf_model("llama")
+    proof = _load(hf, verify="auto")._provenance.proof
+    path = tmp_path / "proofs" / f"{proof.key}.json"
+    for corrupt in ("{not json", json.dumps({"schema": 1, "key": proof.key}), "[]", ""):
+        path.write_text(corrupt)
+        reloaded = _load(hf, verify="auto")._provenance.proof
+        assert not reloaded.from_cache
+        assert json.loads(path.read_text())["key"] == proof.key  # rewritten
+
+
+def test_a_proof_from_another_transformers_version_is_not_used(monkeypatch, tmp_path):
+    monkeypatch.setenv("NNCANON_CACHE", str(tmp_path))
+    hf = tiny_hf_model("llama")
+    proof = _load(hf, verify="auto")._provenance.proof
+    path = tmp_path / "proofs" / f"{proof.key}.json"
+    data = json.loads(path.read_text())
+    data["versions"]["transformers"] = "5.0.0"
+    path.write_text(json.dumps(data))
+    assert proof_load.read_cached(proof.key) is None
+    assert not _load(hf, verify="auto")._provenance.proof.from_cache
+
+
+def test_the_key_follows_structure_not_size():
+    """Two widths of one layout share a proof; another layout or flag does not."""
+    key = proof_load.fingerprint
+    family, cls = "llama", transformers.LlamaForCausalLM
+    base = key(transformers.LlamaConfig(), family, cls)
+    assert key(transformers.LlamaConfig(hidden_size=8192, intermediate_size=28672), family, cls) == base
+    assert key(transformers.LlamaConfig(attention_bias=True), family, cls) != base
+    assert key(transformers.LlamaConfig(num_hidden_layers=40), family, cls) != base
+
+
+def test_verify_never_serves_unproved_and_says_so(monkeypatch, tmp_path):
+    monkeypatch.setenv("NNCANON_CACHE", str(tmp_path))
+    model = _load(tiny_hf_model("llama"), verify="never")
+    report = model.support()
+    assert report.provenance.startswith("unproved: loaded with verify='never'")
+    assert report.provenance_of("attention_output", 0) == report.provenance
+    assert "values served: unproved" in str(report)
+    assert not (tmp_path / "proofs").exists()
+
+
+def test_verify_takes_three_modes():
+    with pytest.raises(ValueError, match="verify='sometimes' is not one of 'auto', 'always', 'never'"):
+        _load(tiny_hf_model("llama"), verify="sometimes")
+
+
+def test_a_twin_that_cannot_be_built_serves_as_tested_on_the_registry(monkeypatch):
+    def cannot(*args, **kwargs):
+        raise TwinError("LlamaConfig cannot be shrunk: setting head_dim (head width) from 128 to 16 fails")
+
+    monkeypatch.setattr(proof_load, "build_twin", cannot)
+    with pytest.warns(UserWarning, match="head_dim"):
+        model = _load(tiny_hf_model("llama"))
+    report = model.support()
+    assert report.provenance.startswith("tested on the registry variants only") and "head_dim" in report.provenance
+    assert report.declined() == []
+
+
+def test_an_unwritable_cache_warns_and_still_proves(monkeypatch, tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("NNCANON_CACHE", str(blocked))
+    with pytest.warns(UserWarning, match="could not write its proof cache"):
+        model = _load(tiny_hf_model("llama"), verify="auto")
+    assert model.support().provenance.startswith("proved")
+
+
+def test_support_shows_provenance():
+    model = _load(tiny_hf_model("llama"))
+    report = model.support()
+    assert str(report).splitlines()[1].startswith("values served: proved on a twin of this config")
+    data = report.to_dict()
+    assert data["provenance"] == report.provenance and data["model_declines"] == {}
+
+
+def test_a_failed_model_level_check_declines_it(monkeypatch):
+    """The lens is refused where its check failed (a family whose final norm is named wrong)."""
+    broken = dataclasses.replace(REGISTRY["llama"], norm=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = _load(tiny_hf_model("llama"), broken)
+    assert "project_on_vocab" in model.support().model_declines
+    with pytest.raises(nncanon.ValueNotAvailable, match="lens"):
+        with model.trace(PROMPTS[0]):
+            model.project_on_vocab(model.layers[-1].layer_output).save()
