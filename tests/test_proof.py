@@ -177,6 +177,8 @@ def test_a_missing_scale_is_declined():
         assert report.declined(index) == ["attention_output"]
         assert "ablation" in report.reason("attention_output", index)
         assert report.available("mlp_output", index)
+    registered = _load(tiny_hf_model("granite"), verify="auto").support()  # the broken proof is not reused
+    assert all(registered.available("attention_output", index) for index in range(model.num_layers))
 
 
 def test_the_cache_is_reused_and_verify_always_proves_again(monkeypatch, tmp_path):
@@ -221,11 +223,13 @@ def test_a_proof_from_another_transformers_version_is_not_used(monkeypatch, tmp_
 def test_the_key_follows_structure_not_size():
     """Two widths of one layout share a proof; another layout or flag does not."""
     key = proof_load.fingerprint
-    family, cls = "llama", transformers.LlamaForCausalLM
+    family, cls = REGISTRY["llama"], transformers.LlamaForCausalLM
     base = key(transformers.LlamaConfig(), family, cls)
     assert key(transformers.LlamaConfig(hidden_size=8192, intermediate_size=28672), family, cls) == base
     assert key(transformers.LlamaConfig(attention_bias=True), family, cls) != base
     assert key(transformers.LlamaConfig(num_hidden_layers=40), family, cls) != base
+    edited = dataclasses.replace(family, mlp_output=Site("post_attention_layernorm"))
+    assert key(transformers.LlamaConfig(), edited, cls) != base, "a proof of another record was reused"
 
 
 def test_verify_never_serves_unproved_and_says_so(monkeypatch, tmp_path):

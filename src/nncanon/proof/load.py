@@ -13,10 +13,12 @@ loaded on meta, sharded with ``device_map``, or run remotely.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import time
+import types
 import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -75,12 +77,39 @@ def _plain(values: Any) -> Any:
     return values
 
 
-def fingerprint(config: Any, family_name: str, model_class: type) -> str:
-    """The structural fingerprint of ``config``: its entries with the twin's sizes, the family and class."""
+def _stable(value: Any) -> Any:
+    """``value`` as plain data that is the same in every process: functions by name and code."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [type(value).__qualname__] + [[f.name, _stable(getattr(value, f.name))]
+                                             for f in dataclasses.fields(value)]
+    if isinstance(value, dict):
+        return sorted([str(k), _stable(v)] for k, v in value.items())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [_stable(v) for v in value]
+        return sorted(items, key=repr) if isinstance(value, (set, frozenset)) else items
+    if isinstance(value, types.CodeType):
+        return [value.co_code.hex(), [_stable(c) for c in value.co_consts], list(value.co_names)]
+    if isinstance(value, types.FunctionType):
+        return [value.__module__, value.__qualname__, _stable(value.__code__)]
+    if callable(value):
+        return [getattr(value, "__module__", ""), getattr(value, "__qualname__", repr(type(value)))]
+    return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
+
+
+def record_digest(family: Any) -> str:
+    """A digest of the family record itself: a record changed at run time (or a family passed as
+    ``family=``) is proved again rather than read from a proof of another record."""
+    return hashlib.sha256(json.dumps(_stable(family), default=str).encode()).hexdigest()[:16]
+
+
+def fingerprint(config: Any, family: Any, model_class: type) -> str:
+    """The structural fingerprint of ``config``: its entries with the twin's sizes, the family record
+    and the class."""
     values = config.to_dict()
     _shrink_sizes(values, "", [])
     text = json.dumps(_plain(values), sort_keys=True, default=str)
-    return hashlib.sha256(f"{family_name}|{model_class.__qualname__}|{text}".encode()).hexdigest()[:24]
+    head = f"{family.name}|{record_digest(family)}|{model_class.__qualname__}"
+    return hashlib.sha256(f"{head}|{text}".encode()).hexdigest()[:24]
 
 
 @dataclass
@@ -132,10 +161,11 @@ class Proof:
         )
 
 
-def cache_key(config: Any, family_name: str, model_class: type) -> str:
-    """The cache key of a proof of ``config``: the versions, the family, the class and the fingerprint."""
+def cache_key(config: Any, family: Any, model_class: type) -> str:
+    """The cache key of a proof of ``config``: the versions, the family record, the class and the
+    fingerprint."""
     versions = json.dumps(_versions(), sort_keys=True)
-    return hashlib.sha256(f"{versions}|{fingerprint(config, family_name, model_class)}".encode()).hexdigest()[:32]
+    return hashlib.sha256(f"{versions}|{fingerprint(config, family, model_class)}".encode()).hexdigest()[:32]
 
 
 def read_cached(key: str) -> Proof | None:
@@ -170,7 +200,7 @@ def prove(config: Any, family: Any, model_class: type, mode: str = "auto") -> Pr
     Raises:
         TwinError: the config cannot be shrunk (the message names the attribute).
     """
-    key = cache_key(config, family.name, model_class)
+    key = cache_key(config, family, model_class)
     if mode == "auto":
         cached = read_cached(key)
         if cached is not None:
