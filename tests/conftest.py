@@ -6,9 +6,15 @@ import os
 import tempfile
 
 import pytest
+import torch
 
 from nncanon.registry import variants
 from nncanon.testing import PROMPTS, tiny_model
+
+# Tiny models gain nothing from intra-op threads, and several test processes on a few cores would
+# oversubscribe them: one thread per process.
+torch.set_num_threads(1)
+os.environ["OMP_NUM_THREADS"] = "1"  # and in the processes the tests start (the CLI's)
 
 # Load-time proofs go to a cache of this test process, never the user's ~/.cache/nncanon.
 os.environ["NNCANON_CACHE"] = tempfile.mkdtemp(prefix="nncanon-cache-")
