@@ -238,7 +238,8 @@ def proofs(repeats: int) -> dict:
         for name in names:
             config = getattr(transformers, name)(**PROOF_SETTINGS.get(name, {}))
             family, cls = REGISTRY[config.model_type], model_class_for(config)
-            times = [timed(lambda: prove(config, family, cls, mode="always")) for _ in range(max(3, repeats // 3))]
+            times = [timed(lambda c=config, f=family, k=cls: prove(c, f, k, mode="always"))
+                     for _ in range(max(3, repeats // 3))]
             result[name] = {"kind": kind, "seconds": statistics.median(times)}
     return result
 

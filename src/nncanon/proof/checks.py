@@ -142,7 +142,7 @@ def raised(model: Any, check: str, error: Exception) -> list[CheckResult]:
     for layer in range(model.num_layers):
         values = [v for v in LAYER_VALUES if v not in COMPONENTS and report.available(v, layer=layer)]
         results.append(_failure(check, layer, values, error))
-    return results + [_failure(check, None, MODEL_VALUES, error)]
+    return [*results, _failure(check, None, MODEL_VALUES, error)]
 
 
 # -- reading the surface ------------------------------------------------------------------------
@@ -635,7 +635,8 @@ class Check:
 
 #: Every check, in the order `verify` runs them.
 CHECKS: tuple[Check, ...] = tuple(
-    Check(function.__name__.removeprefix("check_"), function, " ".join((function.__doc__ or "").split("\n\n")[0].split()))
+    Check(function.__name__.removeprefix("check_"), function,
+          " ".join((function.__doc__ or "").split("\n\n")[0].split()))
     for function in (
         check_read, check_identity, check_ablation, check_invokes, check_locality, check_heads,
         check_probabilities, check_routing, check_lens, check_skip, check_resume,
