@@ -146,7 +146,9 @@ FAMILIES = [
     ),
     # dots.llm3-note: DeepSeek-style MoE and gated multi-head latent attention, with per-layer configs
     # (`per_layer_config`: its sliding-window layers have their own head counts and widths).
-    _family("dots3_note", ("dots3_note_text", "dots3_note"), DEEPSEEK_MOE, _mlp_layer_types, head_shape=_per_layer_heads),
+    _family(
+        "dots3_note", ("dots3_note_text", "dots3_note"), DEEPSEEK_MOE, _mlp_layer_types, head_shape=_per_layer_heads
+    ),
     # A.X K1: the MoE returns post_mlp_layernorm(routed + shared).
     _family(
         "axk1",
