@@ -145,8 +145,7 @@ def test_every_causal_lm_type_is_served_or_out_of_scope_with_a_reason():
 
 
 #: Decoder-only text types of issue 16 not served yet (their error is the generic one).
-PENDING_TYPES = {"blt", "deepseek_v4", "hy_v4", "gemma3n", "gemma3n_text", "gemma4_unified", "gemma4_unified_text",
-                 "mllama", "zaya"}
+PENDING_TYPES = {"blt", "deepseek_v4", "hy_v4", "gemma3n", "gemma3n_text", "mllama", "zaya"}
 
 
 def test_sizes_follow_the_config():
