@@ -145,7 +145,22 @@ def test_every_causal_lm_type_is_served_or_out_of_scope_with_a_reason():
 
 
 #: Decoder-only text types of issue 16 not served yet (their error is the generic one).
-PENDING_TYPES = {"blt", "deepseek_v4", "hy_v4", "gemma3n", "gemma3n_text", "mllama", "zaya"}
+PENDING_TYPES = {"blt", "deepseek_v4", "hy_v4", "gemma3n", "gemma3n_text", "mllama"}
+
+
+def test_a_family_declines_resume_with_its_reason():
+    """ZAYA's router state flows from block to block: a forward resumed at a later block is not the forward,
+    so the family declines ``resume`` and `resume_at` raises with the reason ``support()`` gives."""
+    from nncanon import ValueNotAvailable
+    from nncanon.tools.resume import resume_at, streams_entering
+
+    model = tiny_model("zaya")
+    reason = model.support().model_declines["resume"]
+    assert "router state" in reason
+    stream = streams_entering(model, PROMPTS[0], [1])[1]
+    with pytest.raises(ValueNotAvailable, match=r"model\.resume is not available: ZAYA's router"):
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            resume_at(model, 1, stream)
 
 
 def test_sizes_follow_the_config():
