@@ -113,6 +113,7 @@ def test_unknown_family_names_what_is_missing():
         ("inkling2_text", r"block attention residuals: each block's input is a learned attention over"),
         ("inkling2_loop_text", r"block attention residuals.*loop_num_passes"),
         ("cpmant", r"prepends `prompt_length` learned prompt tokens"),
+        ("blt", r"three stacks on two sequence axes"),
         ("gemma4_unified_assistant", r"speculative-decoding drafter: it ignores input_ids"),
     ],
 )
@@ -145,7 +146,7 @@ def test_every_causal_lm_type_is_served_or_out_of_scope_with_a_reason():
 
 
 #: Decoder-only text types of issue 16 not served yet (their error is the generic one).
-PENDING_TYPES = {"blt", "deepseek_v4", "hy_v4", "gemma3n", "gemma3n_text", "mllama"}
+PENDING_TYPES = {"deepseek_v4", "hy_v4", "gemma3n", "gemma3n_text", "mllama"}
 
 
 def test_a_family_declines_resume_with_its_reason():

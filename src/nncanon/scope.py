@@ -73,6 +73,12 @@ NOT_A_RESIDUAL_SUM: dict[str, str] = {
         "target model's hidden states (projected from 2 × backbone_hidden_size) and its shared key/value "
         "states, so it is not a language model that runs on text by itself"
     ),
+    "blt": (
+        "BLT (Byte Latent Transformer) runs three stacks on two sequence axes: a local encoder over bytes, "
+        "a global transformer over patches of bytes (fewer positions, grouped by an entropy patcher) that it "
+        "reaches by cross-attention, and a local decoder over bytes that cross-attends back to the patches; "
+        "there is no one [b, s, d] residual stream over the input tokens that every block adds to"
+    ),
     "xlnet": (
         "XLNet is a permutation language model with two-stream attention (a content stream and a query "
         "stream), not a decoder-only model with one residual stream"
