@@ -135,3 +135,12 @@ def test_help_everywhere():
         main(["no-such-command"])
     assert exit_.value.code == EXIT_USAGE
     assert EXIT_FAILED == 1
+
+
+def test_matrix_reads_the_variant_of_a_test_with_more_parameters():
+    """``test_check_holds[gpt-sw3-heads]`` is variant ``gpt-sw3``'s ``heads`` check, not a variant of its own."""
+    from nncanon.matrix import _split
+
+    assert _split("llama-heads", "test_check_holds") == ("llama", "test_check_holds[heads]")
+    assert _split("gpt-sw3-resume", "test_check_holds") == ("gpt-sw3", "test_check_holds[resume]")
+    assert _split("gpt-sw3", "test_head_shapes") == ("gpt-sw3", "test_head_shapes")

@@ -94,9 +94,13 @@ def test_twin_of_the_full_size_default_config(model_type):
     """Every registered type's full-size default config (a real checkpoint's shape) has a twin whose
     blocks have the kinds of the blocks they stand for (checked inside `build_twin`), whose forward
     runs, and whose blocks are the family's."""
+    from nncanon.model import _causal_lm_config
+
     record = records()[model_type]
-    config = getattr(transformers, record["config_class"])()
-    cls = getattr(transformers, record["model_class"]) if record.get("model_class") else model_class_for(config)
+    # the config the causal LM is built from (a multimodal checkpoint whose causal LM is its text model: that)
+    full = getattr(transformers, record["config_class"])()
+    config = _causal_lm_config(full)
+    cls = getattr(transformers, record["model_class"]) if record.get("model_class") else model_class_for(full)
     family = REGISTRY[model_type]
     if model_type in UNBUILDABLE_DEFAULTS:
         with pytest.raises(TwinError, match=r"cannot build .* at full size either"):

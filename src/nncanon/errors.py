@@ -11,6 +11,11 @@ class UnknownFamilyError(NncanonError, ValueError):
     """The model's ``config.model_type`` has no registered family."""
 
 
+class OutOfScopeModel(UnknownFamilyError):
+    """The model's type is one nncanon does not serve by design (an encoder, an encoder-decoder's decoder,
+    a decoder whose stream is not a residual sum); the message says which and why."""
+
+
 class ValueNotAvailable(NncanonError, AttributeError):
     """A standard value that this layer of this model does not have.
 

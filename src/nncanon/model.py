@@ -118,7 +118,7 @@ class StandardizedTransformer(TransformersModel):
         self.embed_tokens = self.get(family.embed_tokens)
         self.norm = self._optional(family.norm)
         self.lm_head = self.get(family.lm_head)
-        self._model_declines: dict[str, str] = {}
+        self._model_declines: dict[str, str] = dict(family.model_declines)
         mount(self, family, self._text_config)
         self._provenance = self._prove(verify)
 

@@ -604,6 +604,9 @@ def check_resume(model: Any) -> list[CheckResult]:
     logits bit for bit; last-position-only logits equal the last row."""
     from ..tools.resume import next_token_only, resume_at, streams_entering
 
+    if "resume" in model._model_declines:  # the family says why a resumed forward is not the forward
+        return []
+
     def run() -> list[CheckResult]:
         middle = model.num_layers // 2 or 1 if model.num_layers > 1 else 0
         streams = streams_entering(model, PROMPTS[0], [0, middle])
