@@ -29,3 +29,11 @@ class InvalidWrite(NncanonError, ValueError):
 
 class InvalidSkip(NncanonError, ValueError):
     """A ``skip_layers`` call whose layers or replacement cannot work."""
+
+
+class ModelUnavailable(NncanonError, OSError):
+    """A hub id that cannot be loaded here: the hub is unreachable and the checkpoint is not in the local cache.
+
+    An ``OSError``, as transformers raises for a checkpoint it cannot find. The message is one line
+    naming the ways in: a local folder, ``HF_HUB_OFFLINE=1`` with a cached checkpoint, the demo models.
+    """
