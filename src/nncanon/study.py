@@ -193,7 +193,8 @@ def plot_head_effects(
         axis.set_xticks(range(grid.shape[1]))
         axis.set_yticks(range(grid.shape[0]), layer_labels(grid.shape[0], linear_layers.get(name, set())))
         for layer in sorted(linear_layers.get(name, set())):
-            axis.add_patch(Rectangle((-0.5, layer - 0.5), grid.shape[1], 1, fill=False, hatch="//", linewidth=0))
+            axis.add_patch(Rectangle((-0.5, layer - 0.5), grid.shape[1], 1, fill=False, hatch="//", linewidth=0,
+                                   edgecolor="0.6", alpha=0.6))
         figure.colorbar(image, ax=axis, fraction=0.046)
     if prompt is not None:
         scale = "one colour scale for all" if shared_scale else "one colour scale per model"

@@ -25,6 +25,14 @@ writable inside a trace: ``layers_input[i]``, ``layers_output[i]``, ``attentions
 - ``attentions_input[i]`` and ``mlps_input[i]`` are the modules' first inputs, as in nnterp 1.3
   (the normed stream the sublayer reads). ``attention_probabilities[i]`` are nncanon's (load with
   ``enable_attention_probs=True`` or ``attn_implementation="eager"``).
+- nnterp's other modules are here under the same names: ``nncanon.nnterp.nnsight_utils``,
+  ``nncanon.nnterp.prompt_utils``, ``nncanon.nnterp.rename_utils`` (`RenameConfig`,
+  `get_rename_dict`, `ModuleAccessor`), and ``it_repeat_prompt``, ``patchscope_generate``,
+  ``patch_object_attn_lens`` in ``nncanon.nnterp.interventions``. nnterp's renamed module tree is
+  there as aliases of the same envoys: ``model.model.layers`` (also GPT-2's ``transformer.h``),
+  ``model.model.ln_final``, ``model.model.embed_tokens``; ``model._model`` is the transformers model.
+- nnterp 1.3.0's own test suite runs against this module (``tests/nnterp_upstream/``); the items
+  that differ on purpose are listed, with the figure, in the docs ("Migrating from nnterp 1.3").
 - Loading: ``check_renaming``, ``allow_dispatch``, ``check_attn_probs_with_trace``,
   ``allow_multimodal`` and ``rename_config`` are accepted and unused (the family registry does
   that work); ``rename=`` is not supported (an unregistered model raises
