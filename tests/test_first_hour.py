@@ -38,6 +38,8 @@ def test_readme_shows_the_cpu_torch_build_and_the_demo_models():
     assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in README
     assert 'nncanon.demo_model("llama")' in README
     assert "nncanon support llama" in README
+    image = re.search(r"!\[[^\]]*\]\((docs/assets/head_effects\.png)\)", README).group(1)
+    assert (ROOT / image).read_bytes()[:4] == b"\x89PNG"  # the heatmap nncanon ablate writes
 
 
 def test_readme_ablate_table_is_what_the_demo_models_give():
