@@ -152,6 +152,12 @@ def test_an_unreachable_hub_id_fails_in_one_line_in_the_cli(no_hub, capsys):
     _names_the_ways_in(err)
 
 
+def test_a_missing_folder_is_not_blamed_on_the_hub(no_hub, tmp_path, capsys):
+    assert main(["support", str(tmp_path / "missing")]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "cannot load" in err and "unreachable" not in err
+
+
 def test_offline_mode_says_so(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelUnavailable, match="HF_HUB_OFFLINE is set") as error:

@@ -62,6 +62,12 @@ def hub_reachable(timeout: float = CONNECT_TIMEOUT) -> bool:
     return True
 
 
+def looks_like_hub_id(model: str) -> bool:
+    """Whether ``model`` names a hub repository (``name`` or ``namespace/name``), not a local path."""
+    path = Path(model).expanduser()
+    return not (path.is_dir() or path.is_absolute() or model.startswith((".", "~")) or model.count("/") > 1)
+
+
 def check_reachable(model: str, options: dict | None = None) -> None:
     """Raise `ModelUnavailable` in a few seconds if hub id ``model`` cannot be loaded from here.
 
@@ -69,7 +75,7 @@ def check_reachable(model: str, options: dict | None = None) -> None:
         model: What the user passed: a hub id or a local folder.
         options: ``revision``, ``token``, ``trust_remote_code``, as for ``from_pretrained``.
     """
-    if Path(model).is_dir() or _offline() or _cached(model, options or {}):
+    if not looks_like_hub_id(model) or _offline() or _cached(model, options or {}):
         return
     if not hub_reachable():
         raise ModelUnavailable(alternatives(model))
