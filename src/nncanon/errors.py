@@ -32,7 +32,8 @@ class InvalidSkip(NncanonError, ValueError):
 
 
 class ModelUnavailable(NncanonError, OSError):
-    """A hub id that cannot be loaded here: the hub is unreachable and the checkpoint is not in the local cache.
+    """A model that cannot be loaded from here: a hub id while the hub is unreachable (or ``HF_HUB_OFFLINE``
+    is set) and the checkpoint is not in the local cache, or a local path that does not exist.
 
     An ``OSError``, as transformers raises for a checkpoint it cannot find. The message is one line
     naming the ways in: a local folder, ``HF_HUB_OFFLINE=1`` with a cached checkpoint, the demo models.

@@ -69,13 +69,20 @@ def looks_like_hub_id(model: str) -> bool:
 
 
 def check_reachable(model: str, options: dict | None = None) -> None:
-    """Raise `ModelUnavailable` in a few seconds if hub id ``model`` cannot be loaded from here.
+    """Raise `ModelUnavailable` in a few seconds if ``model`` cannot be loaded from here (a missing path at once).
 
     Args:
         model: What the user passed: a hub id or a local folder.
         options: ``revision``, ``token``, ``trust_remote_code``, as for ``from_pretrained``.
     """
-    if not looks_like_hub_id(model) or _offline() or _cached(model, options or {}):
+    if not looks_like_hub_id(model):
+        if not Path(model).expanduser().exists():
+            raise ModelUnavailable(
+                f"cannot load {model!r}: no such folder. Pass an existing checkpoint folder, a hub id "
+                "(namespace/name), or a demo model: nncanon.demo_model('gpt2' | 'llama' | 'hybrid')."
+            )
+        return
+    if _offline() or _cached(model, options or {}):
         return
     if not hub_reachable():
         raise ModelUnavailable(alternatives(model))
