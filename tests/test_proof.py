@@ -286,3 +286,22 @@ def test_a_failed_model_level_check_declines_it(monkeypatch):
     with pytest.raises(nncanon.ValueNotAvailable, match="lens"):
         with model.trace(PROMPTS[0]):
             model.project_on_vocab(model.layers[-1].layer_output).save()
+
+
+def test_a_check_that_raises_declines_what_it_covers_and_the_load_goes_on(monkeypatch):
+    """A twin whose forward fails (transformers' own pure-Mamba GraniteMoeHybrid with a cache, in 5.24)
+    proves nothing: the load does not crash, every value is declined naming the error."""
+    from nncanon.proof import verdict as proof_verdict
+    from nncanon.proof.checks import CHECKS, Check
+
+    def boom(model):
+        raise RuntimeError("the twin's forward failed")
+
+    monkeypatch.setattr(proof_verdict, "CHECKS", (Check("boom", boom), *CHECKS[1:]))
+    model = _load(tiny_hf_model("llama"))
+    report = model.support()
+    for index in range(model.num_layers):
+        assert "attention_output" in report.declined(index)
+        assert "boom on layers" in report.reason("attention_output", index)
+        assert "RuntimeError: the twin's forward failed" in report.reason("mlp_output", index)
+    assert "RuntimeError" in report.model_declines["logits"]
