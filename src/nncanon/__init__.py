@@ -6,6 +6,7 @@ from .demo import demo_model
 from .errors import (
     InvalidSkip,
     InvalidWrite,
+    ModelUnavailable,
     NncanonError,
     OutOfScopeModel,
     SizeNotAvailable,
@@ -25,6 +26,7 @@ nnsight.register(__name__)
 __all__ = [
     "InvalidSkip",
     "InvalidWrite",
+    "ModelUnavailable",
     "NncanonError",
     "OutOfScopeModel",
     "SizeNotAvailable",

@@ -34,3 +34,12 @@ class InvalidWrite(NncanonError, ValueError):
 
 class InvalidSkip(NncanonError, ValueError):
     """A ``skip_layers`` call whose layers or replacement cannot work."""
+
+
+class ModelUnavailable(NncanonError, OSError):
+    """A model that cannot be loaded from here: a hub id while the hub is unreachable (or ``HF_HUB_OFFLINE``
+    is set) and the checkpoint is not in the local cache, or a local path that does not exist.
+
+    An ``OSError``, as transformers raises for a checkpoint it cannot find. The message is one line
+    naming the ways in: a local folder, ``HF_HUB_OFFLINE=1`` with a cached checkpoint, the demo models.
+    """

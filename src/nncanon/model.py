@@ -7,9 +7,10 @@ from typing import Any
 import torch
 from nnsight.modeling.transformers import TransformersModel
 
-from .errors import InvalidSkip, SizeNotAvailable, ValueNotAvailable
+from .errors import InvalidSkip, ModelUnavailable, SizeNotAvailable, ValueNotAvailable
 from .families import Family, family_for
 from .mounting import mount
+from .quiet import kernel_notices_filtered, wrapping_quietly
 from .served import model_value
 
 
@@ -21,8 +22,22 @@ def _config_of(model: Any, kwargs: dict) -> Any:
         return model.config
     from transformers import AutoConfig
 
+    from .hub import alternatives, check_reachable
+
     options = {k: kwargs[k] for k in ("revision", "trust_remote_code", "token") if k in kwargs}
-    return AutoConfig.from_pretrained(model, **options)
+    check_reachable(model, options)
+    try:
+        return AutoConfig.from_pretrained(model, **options)
+    except OSError as error:
+        if _offline_miss(error):
+            raise ModelUnavailable(alternatives(model)) from error
+        raise
+
+
+def _offline_miss(error: OSError) -> bool:
+    """Whether transformers' error says the files are neither reachable nor cached (``HF_HUB_OFFLINE=1``...)."""
+    text = str(error)
+    return "couldn't connect" in text or "offline mode" in text or "local_files_only" in text
 
 
 def _causal_lm_config(config: Any) -> Any:
@@ -108,7 +123,8 @@ class StandardizedTransformer(TransformersModel):
             kwargs.setdefault("task", "text-generation")
             if tokenizer is None:
                 tokenizer = _tokenizer_of(model, kwargs)
-        super().__init__(model, *args, tokenizer=tokenizer, **kwargs)
+        with wrapping_quietly():
+            super().__init__(model, *args, tokenizer=tokenizer, **kwargs)
         self._family = family
         self._text_config = self._module.config.get_text_config()
         # Native paths first: a standard name bound below may shadow a native module of that name
@@ -126,7 +142,8 @@ class StandardizedTransformer(TransformersModel):
         """Prove this model's values on a twin of its config (see ``verify``); decline what fails."""
         from .proof.load import load_provenance
 
-        return load_provenance(self, self._module.config, verify)
+        with kernel_notices_filtered():
+            return load_provenance(self, self._module.config, verify)
 
     def _model_value_check(self, name: str) -> None:
         reason = self.__dict__.get("_model_declines", {}).get(name)
