@@ -313,3 +313,13 @@ def test_a_check_that_raises_declines_what_it_covers_and_the_load_goes_on(monkey
         assert "boom on layers" in report.reason("attention_output", index)
         assert "RuntimeError: the twin's forward failed" in report.reason("mlp_output", index)
     assert "RuntimeError" in report.model_declines["logits"]
+
+
+def test_the_key_follows_the_checks_run(monkeypatch):
+    """A proof made by other checks (fewer, or replaced) is never read as this one."""
+    from nncanon.proof import verdict as proof_verdict
+
+    config = transformers.LlamaConfig()
+    key = proof_load.cache_key(config, REGISTRY["llama"], transformers.LlamaForCausalLM)
+    monkeypatch.setattr(proof_verdict, "CHECKS", proof_verdict.CHECKS[1:])
+    assert proof_load.cache_key(config, REGISTRY["llama"], transformers.LlamaForCausalLM) != key
