@@ -19,6 +19,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from .versions import missing_from_transformers
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -41,33 +43,9 @@ class Variant:
         """Why the installed transformers cannot build this variant, or ``None`` when it can.
 
         A record may name a model type that an older transformers minor does not have yet; the
-        suite skips its variants with this reason (`nncanon.registry.missing_from_transformers`).
+        suite skips its variants with this reason (`nncanon.versions.missing_from_transformers`).
         """
         return missing_from_transformers(self.model_type, self.config_class, self.model_class)
-
-
-@cache
-def missing_from_transformers(model_type: str, *class_names: str | None) -> str | None:
-    """Why the installed transformers lacks ``model_type`` (or one of ``class_names``), else ``None``.
-
-    The one place that knows whether a record's model type exists in the installed transformers:
-    the type must be in transformers' own config mapping
-    (``transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES``) and each named class
-    must be exported by the top-level ``transformers`` package.
-
-    >>> missing_from_transformers("llama", "LlamaConfig") is None
-    True
-    """
-    import transformers
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-
-    version = transformers.__version__
-    if model_type not in CONFIG_MAPPING_NAMES:
-        return f"transformers {version} has no model type {model_type!r}"
-    for name in class_names:
-        if name is not None and not hasattr(transformers, name):
-            return f"transformers {version} has no {name} (model type {model_type!r})"
-    return None
 
 
 def registry_dir() -> Path:
