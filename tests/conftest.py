@@ -31,6 +31,19 @@ def variant_params(names=None) -> list:
             for v in chosen]
 
 
+def model_type_params() -> list:
+    """Every registered model type as a parameter, skipped with the reason where the installed transformers
+    lacks it (`nncanon.versions.missing_from_transformers`)."""
+    from nncanon.registry import records
+    from nncanon.versions import missing_from_transformers
+
+    params = []
+    for model_type, record in sorted(records().items()):
+        reason = missing_from_transformers(model_type, record["config_class"], record.get("model_class"))
+        params.append(pytest.param(model_type, marks=[pytest.mark.skip(reason=reason)] if reason else []))
+    return params
+
+
 def skip_unavailable(name: str) -> None:
     """Skip the running test when the installed transformers cannot build variant ``name``."""
     from nncanon.registry import variant as find
