@@ -23,7 +23,37 @@ VARIANTS = variants()
 VARIANT_IDS = [v.name for v in VARIANTS]
 
 
-@pytest.fixture(scope="module", params=VARIANTS, ids=VARIANT_IDS)
+def variant_params(names=None) -> list:
+    """Registry variants (those called ``names``, else all) as parameters; the installed transformers'
+    missing model types are skipped with the reason (`nncanon.registry.Variant.unavailable`), never failed."""
+    chosen = VARIANTS if names is None else [v for v in VARIANTS if v.name in set(names)]
+    return [pytest.param(v, id=v.name, marks=[pytest.mark.skip(reason=v.unavailable)] if v.unavailable else [])
+            for v in chosen]
+
+
+def model_type_params() -> list:
+    """Every registered model type as a parameter, skipped with the reason where the installed transformers
+    lacks it (`nncanon.versions.missing_from_transformers`)."""
+    from nncanon.registry import records
+    from nncanon.versions import missing_from_transformers
+
+    params = []
+    for model_type, record in sorted(records().items()):
+        reason = missing_from_transformers(model_type, record["config_class"], record.get("model_class"))
+        params.append(pytest.param(model_type, marks=[pytest.mark.skip(reason=reason)] if reason else []))
+    return params
+
+
+def skip_unavailable(name: str) -> None:
+    """Skip the running test when the installed transformers cannot build variant ``name``."""
+    from nncanon.registry import variant as find
+
+    reason = find(name).unavailable
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module", params=variant_params())
 def variant(request):
     return request.param
 

@@ -103,6 +103,17 @@ def test_families_checks_the_selected_variants(capsys):
     assert main(["families", "-k", "no-such-family", "--quiet"]) == EXIT_USAGE
 
 
+def test_families_skips_a_model_type_transformers_lacks(capsys, monkeypatch):
+    from nncanon import registry
+
+    mpt, absent = registry.variant("mpt"), registry.Variant("mpt_absent", "no_such_type", "NoSuchConfig", {})
+    monkeypatch.setattr(registry, "variants", lambda: [mpt, absent])
+    assert main(["families", "-k", "mpt", "--quiet"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert f"skipped: {absent.unavailable}" in out
+    assert "1 of 2 variants pass (2 model types), 1 skipped (not in this transformers)." in out
+
+
 def _matrix(selection: str, out) -> None:
     # In a process of its own: the matrix runs pytest.
     done = subprocess.run(

@@ -27,6 +27,8 @@ from nncanon.served import Site
 from nncanon.support import COMPONENTS, LAYER_VALUES
 from nncanon.testing import PROMPTS, tiny_hf_model, tiny_tokenizer
 
+from .conftest import model_type_params
+
 
 def test_twin_shrinks_sizes_and_keeps_settings():
     config = transformers.LlamaConfig(attention_bias=True, mlp_bias=True, rms_norm_eps=3e-6)
@@ -89,7 +91,7 @@ UNBUILDABLE_DEFAULTS = {
 }
 
 
-@pytest.mark.parametrize("model_type", sorted(records()))
+@pytest.mark.parametrize("model_type", model_type_params())
 def test_twin_of_the_full_size_default_config(model_type):
     """Every registered type's full-size default config (a real checkpoint's shape) has a twin whose
     blocks have the kinds of the blocks they stand for (checked inside `build_twin`), whose forward

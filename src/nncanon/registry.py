@@ -19,6 +19,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from .versions import missing_from_transformers
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -35,6 +37,15 @@ class Variant:
         import transformers
 
         return getattr(transformers, self.config_class)(**{**self.config, **overrides})
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why the installed transformers cannot build this variant, or ``None`` when it can.
+
+        A record may name a model type that an older transformers minor does not have yet; the
+        suite skips its variants with this reason (`nncanon.versions.missing_from_transformers`).
+        """
+        return missing_from_transformers(self.model_type, self.config_class, self.model_class)
 
 
 def registry_dir() -> Path:
@@ -62,13 +73,16 @@ def records() -> dict[str, dict]:
     return found
 
 
-def variants() -> list[Variant]:
-    """Every tiny configuration of every record, in a stable order."""
+def variants(available: bool = False) -> list[Variant]:
+    """Every tiny configuration of every record, in a stable order.
+
+    ``available=True`` keeps only those the installed transformers can build (`Variant.unavailable`).
+    """
     out = []
     for model_type, record in records().items():
         for name, config in record["variants"].items():
             out.append(Variant(name, model_type, record["config_class"], config, record.get("model_class")))
-    return out
+    return [v for v in out if v.unavailable is None] if available else out
 
 
 def variant(name: str) -> Variant:

@@ -19,7 +19,8 @@ from ..conftest import recorded_declines
 
 
 def test_sdpa_heads_equal_hooks_and_eager_and_probabilities_decline(variant, model):
-    if records()[variant.model_type].get("eager_only"):
+    # eager only by the record, or in the installed transformers' own class (GPT-J before 5.24)
+    if records()[variant.model_type].get("eager_only") or not type(model._module)._supports_sdpa:
         with pytest.raises(ValueError):
             tiny_model(variant, attn_implementation="sdpa")
         return

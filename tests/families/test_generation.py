@@ -14,6 +14,8 @@ import torch
 
 from nncanon.testing import PROMPTS, tiny_hf_model, tiny_model
 
+from ..conftest import skip_unavailable
+
 STEPS = 3
 
 #: (variant, a block with a linear mixer; the mixer's module path in that block)
@@ -44,6 +46,7 @@ def _reference_logits(name: str, layer: int, mixer: str, inputs: dict, zero: boo
 
 @pytest.mark.parametrize("name, layer, mixer", CASES, ids=[case[0] for case in CASES])
 def test_write_at_every_generation_step(name, layer, mixer):
+    skip_unavailable(name)
     model = tiny_model(name)
     inputs = dict(model.tokenizer(PROMPTS[0], return_tensors="pt"))
     prompt_length = inputs["input_ids"].shape[1]

@@ -7,11 +7,15 @@ served as ``linear_attn``) or sliding-window attention (``sliding_attention``, s
 ``num_attention_heads`` blocks, so ``linear_out``'s input is served per head
 (``[b, s, heads, lru_width / heads]``). The recurrent state lives on the modules, not in the cache.
 The embeddings are scaled by ``sqrt(hidden_size)`` (a bf16 constant) before block 0; the logits
-are soft-capped by ``logits_soft_cap``.
+are soft-capped by ``logits_soft_cap``. Before transformers 5.23 the block types are called
+``recurrent`` and ``attention`` (same modules, same code): `_KIND` maps them to the 5.23 names.
 """
 
 from ..served import Site
 from .base import Family, LogitStep
+
+#: Pre-5.23 names of ``config.layers_block_type`` -> the layout kinds (the 5.23 names).
+_KIND = {"recurrent": "linear_attention", "attention": "sliding_attention"}
 
 RECURRENT_GEMMA = Family(
     name="recurrent_gemma",
@@ -34,7 +38,7 @@ RECURRENT_GEMMA = Family(
         ),
         "sliding_attention": {},
     },
-    layout_of=lambda config, layer: config.layers_block_type[layer],
+    layout_of=lambda config, layer: _KIND.get(config.layers_block_type[layer], config.layers_block_type[layer]),
 )
 
 FAMILIES = [RECURRENT_GEMMA]

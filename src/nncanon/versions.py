@@ -1,0 +1,44 @@
+"""What the installed transformers has: its minor, and whether it has a model type. The one place that knows.
+
+nncanon supports a range of transformers minors (see ``pyproject.toml`` and docs/install.md). A record
+may name a model type that an older minor does not have (its variants are skipped by the suite with
+`missing_from_transformers`'s reason), and a family whose modeling code changed between minors reads
+`transformers_minor` to describe the code that is installed (GPT-J's blocks return a tuple before 5.24).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+
+@cache
+def transformers_minor() -> tuple[int, int]:
+    """The installed transformers' ``(major, minor)``, e.g. ``(5, 24)``."""
+    import transformers
+
+    major, minor = transformers.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+@cache
+def missing_from_transformers(model_type: str, *class_names: str | None) -> str | None:
+    """Why the installed transformers lacks ``model_type`` (or one of ``class_names``), else ``None``.
+
+    The one place that knows whether a record's model type exists in the installed transformers:
+    the type must be in transformers' own config mapping
+    (``transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES``) and each named class
+    must be exported by the top-level ``transformers`` package.
+
+    >>> missing_from_transformers("llama", "LlamaConfig") is None
+    True
+    """
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    version = transformers.__version__
+    if model_type not in CONFIG_MAPPING_NAMES:
+        return f"transformers {version} has no model type {model_type!r}"
+    for name in class_names:
+        if name is not None and not hasattr(transformers, name):
+            return f"transformers {version} has no {name} (model type {model_type!r})"
+    return None

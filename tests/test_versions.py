@@ -1,0 +1,49 @@
+"""The one place that knows what the installed transformers has (nncanon.versions) and how the suite uses it."""
+
+from __future__ import annotations
+
+import pytest
+import transformers
+
+from nncanon.registry import Variant, variants
+from nncanon.versions import missing_from_transformers, transformers_minor
+
+from .conftest import variant_params
+
+
+def test_installed_minor_is_in_the_supported_range():
+    assert transformers_minor() == tuple(int(part) for part in transformers.__version__.split(".")[:2])
+    assert (5, 23) <= transformers_minor() < (5, 25), "pyproject.toml: transformers>=5.23,<5.25"
+
+
+def test_missing_model_type_and_class_say_which():
+    assert missing_from_transformers("llama", "LlamaConfig", None) is None
+    assert missing_from_transformers("no_such_type") == (
+        f"transformers {transformers.__version__} has no model type 'no_such_type'"
+    )
+    assert missing_from_transformers("llama", "NoSuchConfig") == (
+        f"transformers {transformers.__version__} has no NoSuchConfig (model type 'llama')"
+    )
+
+
+def test_a_variant_transformers_lacks_is_skipped_with_the_reason(monkeypatch):
+    absent = Variant("absent", "no_such_type", "NoSuchConfig", {})
+    assert absent.unavailable == f"transformers {transformers.__version__} has no model type 'no_such_type'"
+    monkeypatch.setattr("tests.conftest.VARIANTS", [*variants()[:1], absent])
+    present, skipped = variant_params()
+    assert present.marks == [] and present.values[0] == variants()[0]
+    (mark,) = skipped.marks
+    assert (mark.name, mark.kwargs["reason"]) == ("skip", absent.unavailable)
+
+
+def test_available_variants_are_exactly_those_without_a_reason():
+    everything = variants()
+    assert variants(available=True) == [v for v in everything if v.unavailable is None]
+    assert all(isinstance(v.unavailable, str) for v in everything if v not in variants(available=True))
+    if transformers_minor() == (5, 24):  # every record's model type is in the newest tested minor
+        assert variants(available=True) == everything
+
+
+@pytest.mark.parametrize("variant", variant_params(["llama"]))
+def test_variant_params_selects_by_name(variant):
+    assert variant.name == "llama"
