@@ -1,0 +1,175 @@
+"""`block_parts`: the roles of one block's submodules and the candidate sites of its contributions.
+
+Attention is the block's submodule in which a softmax over ``[b, H, q, k]`` scores ran; its output
+projection is the last weight matrix it ran that returns the stream's width. The MLP is the
+largest other submodule with weights that returns the stream's width (or, where the MLP is not a
+module, the last such projection of the block itself: OPT's ``fc2``). A block with no softmax
+attention whose other weighted submodule is not the MLP has a token mixer (Mamba, a convolution).
+
+The candidates for a contribution are the tensors that may be what it adds to the stream: the
+module's output (its tuple element 0), its last projection's output (a module that adds the
+residual itself, as BLOOM's and MPT's do), and a norm run on either (a post-norm).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from ..served import Site
+from .recording import Call, Recording
+from .structure import has_matrix, is_norm
+
+_MLP_NAMES = re.compile(r"mlp|ffn|feed_forward|feedforward|moe|expert|fc", re.IGNORECASE)
+
+
+@dataclass
+class Candidate:
+    """One tensor that may be a contribution: its site (relative to the block) and its value."""
+
+    site: Site
+    value: torch.Tensor
+    label: str
+
+
+@dataclass
+class BlockParts:
+    """What one block's recorded forward shows.
+
+    Attributes:
+        block: The block's path.
+        attention: The softmax attention submodule (relative), or ``None``.
+        projection: Its output projection (relative), or ``None``.
+        mlp: The MLP submodule (relative); ``None`` where none was found or the MLP is not a module.
+        mixer: A token mixer that is not softmax attention (relative), or ``None``.
+        candidates: Role (``"attention"``, ``"mixer"``, ``"mlp"``) -> its candidate contributions.
+        extras: How many elements the block returns after the stream (``None``: a tensor).
+        x, y: The stream entering and leaving the block.
+        tried: Role -> what was looked for, where nothing was found.
+    """
+
+    block: str
+    attention: str | None = None
+    projection: str | None = None
+    mlp: str | None = None
+    mixer: str | None = None
+    candidates: dict[str, list[Candidate]] = field(default_factory=dict)
+    extras: int | None = None
+    x: torch.Tensor | None = None
+    y: torch.Tensor | None = None
+    tried: dict[str, str] = field(default_factory=dict)
+
+    def shape(self) -> tuple:
+        """The roles, for telling block kinds apart."""
+        return (self.attention, self.projection, self.mlp, self.mixer, self.extras,
+                tuple((role, tuple(c.label for c in cands)) for role, cands in self.candidates.items()))
+
+
+def _relative(block: str, name: str) -> str:
+    return name[len(block) + 1:]
+
+
+def _child_of(block: str, name: str) -> str:
+    """The block's direct child (relative path) that ``name`` lies in."""
+    return _relative(block, name).split(".")[0]
+
+
+def _stream_shaped(tensor: torch.Tensor | None, x: torch.Tensor) -> str | None:
+    """``"full"`` for ``[b, s, d]``, ``"flat"`` for ``[b·s, d]``, else ``None``."""
+    if tensor is None or tensor.shape[-1] != x.shape[-1]:
+        return None
+    if tensor.shape == x.shape:
+        return "full"
+    if tensor.dim() == 2 and tensor.shape[0] == x.shape[0] * x.shape[1]:
+        return "flat"
+    return None
+
+
+def _last_projection(run: Recording, parent: str, x: torch.Tensor) -> Call | None:
+    """The last weight matrix run inside ``parent`` that returns the stream's width (``[b, s, d]``)."""
+    found = [c for c in run.within(parent) if has_matrix(run.modules[c.name]) and not list(
+        run.modules[c.name].children()) and _stream_shaped(c.output, x)]
+    return max(found, key=lambda c: c.end) if found else None
+
+
+def _site(module: str, call: Call, x: torch.Tensor) -> Site:
+    flat = _stream_shaped(call.output, x) == "flat"
+    return Site(module, index=0 if call.tuple_length else None, flat=flat, clone=call.changed_later)
+
+
+def _post_norms(run: Recording, block: str, source: Call, x: torch.Tensor) -> list[Candidate]:
+    """Norms among the block's children that ran on ``source``'s output."""
+    found = []
+    for call in run.within(block):
+        name = _relative(block, call.name)
+        if "." in name or call.start < source.end or call.input is None or source.output is None:
+            continue
+        if is_norm(run.modules[call.name], call) and call.input.shape == source.output.shape and torch.equal(
+            call.input, source.output
+        ):
+            found.append(Candidate(_site(name, call, x), call.output, f"post-norm {name}"))
+    return found
+
+
+def _contributions(run: Recording, block: str, module: str, x: torch.Tensor) -> list[Candidate]:
+    """The candidate contributions of the block's submodule ``module`` (relative)."""
+    call = run.calls[f"{block}.{module}"]
+    out: list[Candidate] = []
+    if _stream_shaped(call.output, x):
+        out.append(Candidate(_site(module, call, x), call.output, f"{module} output"))
+        out += _post_norms(run, block, call, x)
+    projection = _last_projection(run, f"{block}.{module}", x)
+    if projection is not None and projection.name != call.name:
+        relative = _relative(block, projection.name)
+        out.append(Candidate(_site(relative, projection, x), projection.output, f"{relative} output"))
+        out += _post_norms(run, block, projection, x)
+    return out
+
+
+def block_parts(run: Recording, block: str) -> BlockParts:
+    """The roles and candidate contributions of the block at path ``block``."""
+    call = run.calls[block]
+    parts = BlockParts(block, extras=None if call.tuple_length is None else call.tuple_length - 1,
+                       x=call.input, y=call.output)
+    x = call.input
+    softmax = [name for name in run.softmax_in if name.startswith(f"{block}.")]
+    if softmax:
+        parts.attention = _child_of(block, softmax[0])
+        projection = _last_projection(run, f"{block}.{parts.attention}", x)
+        if projection is not None:
+            parts.projection = _relative(block, projection.name)
+        else:
+            parts.tried["attention_head_outputs"] = (
+                f"no weight matrix inside {parts.attention} returns the stream's width: no output projection"
+            )
+        parts.candidates["attention"] = _contributions(run, block, parts.attention, x)
+    else:
+        parts.tried["self_attn"] = "no softmax over [batch, heads, queries, keys] scores ran inside the block"
+    children = [c for c in run.within(block) if "." not in _relative(block, c.name)]
+    weighted = [c for c in children if _relative(block, c.name) != parts.attention
+                and has_matrix(run.modules[c.name]) and _stream_shaped(c.output, x)]
+    modules = [c for c in weighted if list(run.modules[c.name].children())]
+    named = [c for c in modules if _MLP_NAMES.search(_relative(block, c.name))]
+    mlp_call = None
+    if named:
+        mlp_call = named[-1]
+    elif modules and (parts.attention is not None or len(modules) > 1):
+        mlp_call = max(modules[-1:], key=lambda c: sum(p.numel() for p in run.modules[c.name].parameters()))
+    if mlp_call is not None:
+        parts.mlp = _relative(block, mlp_call.name)
+        parts.candidates["mlp"] = _contributions(run, block, parts.mlp, x)
+    else:
+        leaves = [c for c in weighted if not list(run.modules[c.name].children())]
+        if leaves and parts.attention is not None:
+            last = leaves[-1]
+            relative = _relative(block, last.name)
+            parts.candidates["mlp"] = [Candidate(_site(relative, last, x), last.output, f"{relative} output")]
+        else:
+            parts.tried["mlp"] = "no submodule with weights besides the token mixer returns the stream's width"
+    mixers = [c for c in modules if c is not mlp_call]
+    if parts.attention is None and mixers:
+        parts.mixer = _relative(block, mixers[0].name)
+        parts.candidates["mixer"] = _contributions(run, block, parts.mixer, x)
+    return parts
