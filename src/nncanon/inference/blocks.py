@@ -45,6 +45,9 @@ class BlockParts:
         mlp: The MLP submodule (relative); ``None`` where none was found or the MLP is not a module.
         mixer: A token mixer that is not softmax attention (relative), or ``None``.
         candidates: Role (``"attention"``, ``"mixer"``, ``"mlp"``) -> its candidate contributions.
+        router: A mixture of experts' router inside the MLP (relative) returning ``(logits, weights,
+            indices)``, or ``None``.
+        router_flat: The router runs on the flattened ``(b·s, d)`` tokens.
         extras: How many elements the block returns after the stream (``None``: a tensor).
         x, y: The stream entering and leaving the block.
         tried: Role -> what was looked for, where nothing was found.
@@ -55,6 +58,8 @@ class BlockParts:
     projection: str | None = None
     mlp: str | None = None
     mixer: str | None = None
+    router: str | None = None
+    router_flat: bool = False
     candidates: dict[str, list[Candidate]] = field(default_factory=dict)
     extras: int | None = None
     x: torch.Tensor | None = None
@@ -63,7 +68,7 @@ class BlockParts:
 
     def shape(self) -> tuple:
         """The roles, for telling block kinds apart."""
-        return (self.attention, self.projection, self.mlp, self.mixer, self.extras,
+        return (self.attention, self.projection, self.mlp, self.mixer, self.router, self.extras,
                 tuple((role, tuple(c.label for c in cands)) for role, cands in self.candidates.items()))
 
 
@@ -128,6 +133,17 @@ def _contributions(run: Recording, block: str, module: str, x: torch.Tensor) -> 
     return out
 
 
+def _router(run: Recording, mlp: str) -> Call | None:
+    """The module inside ``mlp`` that returns ``(logits [.., E], weights [.., k], indices [.., k])``."""
+    for call in run.within(mlp):
+        items = call.items
+        if len(items) >= 3 and items[0][1] and items[1][1] and not items[2][1] and items[2][0] and (
+            items[1][0] == items[2][0] and items[0][0][:-1] == items[2][0][:-1]
+        ):
+            return call
+    return None
+
+
 def block_parts(run: Recording, block: str) -> BlockParts:
     """The roles and candidate contributions of the block at path ``block``."""
     call = run.calls[block]
@@ -156,10 +172,14 @@ def block_parts(run: Recording, block: str) -> BlockParts:
     if named:
         mlp_call = named[-1]
     elif modules and (parts.attention is not None or len(modules) > 1):
-        mlp_call = max(modules[-1:], key=lambda c: sum(p.numel() for p in run.modules[c.name].parameters()))
+        mlp_call = modules[-1]
     if mlp_call is not None:
         parts.mlp = _relative(block, mlp_call.name)
         parts.candidates["mlp"] = _contributions(run, block, parts.mlp, x)
+        router = _router(run, mlp_call.name)
+        if router is not None:
+            parts.router = _relative(block, router.name)
+            parts.router_flat = len(router.items[2][0]) == 2
     else:
         leaves = [c for c in weighted if not list(run.modules[c.name].children())]
         if leaves and parts.attention is not None:

@@ -24,6 +24,7 @@ from ..served import Site
 from .blocks import BlockParts, block_parts
 from .factors import CLOSE, config_attribute, logit_steps, solve_scales
 from .layouts import layout_rule
+from .operations import choose_operations
 from .recording import record_run
 from .structure import find_skeleton
 
@@ -113,6 +114,9 @@ def _fields(parts: BlockParts, sites: dict | None, note: str) -> dict:
         "mlp": parts.mlp if parts.candidates.get("mlp") else None,
         "block_extras": parts.extras or 0,
         "block_tuple": parts.extras == 0,
+        "mixer_output": None,
+        "probabilities": None,
+        **dict.fromkeys(_ROUTING),
     }
     reasons = dict(parts.tried)
     chosen = sites or {}
@@ -126,6 +130,9 @@ def _fields(parts: BlockParts, sites: dict | None, note: str) -> dict:
     if parts.mixer is not None:
         fields["mixer_output"] = chosen.get("mixer", first.get("mixer"))
     fields["mlp_output"] = chosen.get("mlp", first.get("mlp"))
+    if parts.router is not None:
+        fields["expert_weights"] = Site(parts.router, index=1, flat=parts.router_flat)
+        fields["expert_indices"] = Site(parts.router, index=2, flat=parts.router_flat)
     if fields["mlp"] is None and fields["mlp_output"] is None:
         reasons.setdefault("mlp", "no submodule with weights besides the token mixer returns the stream's width")
     if sites is None:
@@ -160,6 +167,44 @@ def _family(name: str, skeleton: Any, base: dict, kinds: dict[str, dict], rule: 
     return family
 
 
+_ROUTING = ("router_logits", "expert_weights", "expert_indices")
+
+
+def _in_every_block(model: Any, layers: str, fields: dict) -> dict:
+    """``fields`` less the modules some block of ``model`` lacks (blocks of several kinds that no config
+    attribute tells apart are served as one kind: what it names must exist in each)."""
+    blocks = model.get_submodule(layers)
+
+    def everywhere(path: str | None) -> bool:
+        return path is None or all(_has(block, path) for block in blocks)
+
+    fields = dict(fields)
+    reasons = dict(fields["declines"].reasons) if fields.get("declines") else {}
+    why = "the blocks are of several kinds, no config attribute says which is which, and not every block has {}"
+    if not all(everywhere(fields[n].module) for n in _ROUTING if fields.get(n) is not None):
+        fields.update(dict.fromkeys(_ROUTING))
+    for role, sites, value in (("attention", ("attention_output", "head_outputs"), "self_attn"),
+                               ("mixer", ("mixer_output",), "linear_attn"), ("mlp", ("mlp_output",), "mlp")):
+        paths = [fields.get(role)] + [fields[s].module for s in sites if fields.get(s) is not None]
+        if not all(everywhere(p) for p in paths):
+            fields[role] = None
+            for site in sites:
+                fields.pop(site, None)
+            if role != "attention":
+                fields[sites[0]] = None
+            reasons[value] = why.format(paths[0] or paths[-1])
+    fields["declines"] = Declined(tuple(sorted(reasons.items()))) if reasons else None
+    return fields
+
+
+def _has(block: Any, path: str) -> bool:
+    try:
+        block.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
 def _search(twin: Any, skeleton: Any, parts: list[BlockParts], name: str, steps: tuple) -> tuple[Family, dict]:
     """The family whose per-kind candidates the verifier accepts (``read`` and ``identity`` on the twin)."""
     from ..proof.checks import CHECKS
@@ -179,16 +224,18 @@ def _search(twin: Any, skeleton: Any, parts: list[BlockParts], name: str, steps:
         tried["layouts"] = (f"the twin's blocks are of {len(first_block)} kinds and no config attribute says "
                             f"which block is which; every block is served as the most common kind")
     checks = [c for c in CHECKS if c.name in ("read", "identity")]
-    family = None
+
+    def build(fields: dict) -> Family:
+        base = fields[common] if rule is not None else _in_every_block(twin.model, skeleton.layers, fields[common])
+        return _family(name, skeleton, base, fields, rule, steps)
+
+    fields: dict = {}
     for _ in range(ROUNDS):
-        fields = {}
         for kind, j in first_block.items():
             fitting, note = fits[j]
             chosen = fitting[position[kind]] if position[kind] < len(fitting) else None
             fields[kind] = _fields(parts[j], chosen, note)
-        base = fields[common]
-        family = _family(name, skeleton, base, fields, rule, steps)
-        verdict = verify(_mounted(twin.model, family), checks)
+        verdict = verify(_mounted(twin.model, build(fields)), checks)
         failed = {kinds[r.layer] for r in verdict.failed() if r.check == "identity" and r.layer is not None}
         movable = {k for k in failed if position[k] + 1 < len(fits[first_block[k]][0])}
         if not movable:
@@ -198,7 +245,9 @@ def _search(twin: Any, skeleton: Any, parts: list[BlockParts], name: str, steps:
     for kind, j in first_block.items():
         if fits[j][1] and not fits[j][0]:
             tried[f"contributions ({kind})"] = fits[j][1]
-    return family, tried
+    layers_of = {kind: [i for i, k in enumerate(kinds) if k == kind] for kind in first_block}
+    choose_operations(twin.model, build, fields, {k: parts[j] for k, j in first_block.items()}, layers_of, tried)
+    return build(fields), tried
 
 
 def causal_lm_class(config: Any) -> type:

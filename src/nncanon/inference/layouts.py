@@ -42,7 +42,22 @@ class Leading:
         return f"lambda config, layer: {self.first!r} if layer < (config.{self.attribute} or 0) else {self.rest!r}"
 
 
-def layout_rule(config: Any, kinds: list[str]) -> ByList | Leading | None:
+@dataclass(frozen=True)
+class Listed:
+    """Blocks whose index is in ``config.<attribute>`` are of kind ``listed``, the others of kind ``rest``."""
+
+    attribute: str
+    listed: str
+    rest: str
+
+    def __call__(self, config: Any, layer: int) -> str:
+        return self.listed if layer in (getattr(config, self.attribute) or ()) else self.rest
+
+    def source(self) -> str:
+        return f"lambda config, layer: {self.listed!r} if layer in (config.{self.attribute} or ()) else {self.rest!r}"
+
+
+def layout_rule(config: Any, kinds: list[str]) -> ByList | Leading | Listed | None:
     """A rule of ``config`` giving block ``j`` the kind ``kinds[j]``, or ``None`` where none does."""
     count = len(kinds)
     values = config.to_dict()
@@ -54,6 +69,13 @@ def layout_rule(config: Any, kinds: list[str]) -> ByList | Leading | None:
                     return ByList(name, tuple(mapping.items()))
             except TypeError:  # unhashable entries
                 continue
+    if len(set(kinds)) == 2:
+        for name, value in sorted(values.items()):
+            if isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value):
+                inside = {kinds[j] for j in range(count) if j in value}
+                outside = {kinds[j] for j in range(count) if j not in value}
+                if len(inside) == 1 and len(outside) == 1 and inside != outside:
+                    return Listed(name, inside.pop(), outside.pop())
     first = kinds[0]
     lead = next((j for j, kind in enumerate(kinds) if kind != first), count)
     if lead < count and all(kind == kinds[lead] for kind in kinds[lead:]):

@@ -34,6 +34,7 @@ class Call:
         output: Its output's tensor (the first element of a tuple), cloned.
         tuple_length: The length of the output tuple (``None``: a tensor).
         changed_later: The model changed the output tensor in place after the module returned.
+        items: Shape and whether floating, of each tensor element of a tuple output (routers).
     """
 
     name: str
@@ -43,6 +44,7 @@ class Call:
     output: torch.Tensor | None = None
     tuple_length: int | None = None
     changed_later: bool = False
+    items: tuple[tuple[tuple[int, ...], bool], ...] = ()
 
 
 @dataclass
@@ -122,6 +124,9 @@ def record_run(model: torch.nn.Module, prompt: str = PROMPTS[0]) -> Recording:
             if tensor is not None:
                 call.output, call.tuple_length = tensor.detach().clone(), length
                 raw[name] = tensor
+            if isinstance(output, (tuple, list)):
+                call.items = tuple((tuple(t.shape), t.is_floating_point()) if isinstance(t, torch.Tensor)
+                                   else ((), False) for t in output)
 
     tokenizer = tiny_tokenizer()
     inputs = tokenizer(prompt, return_tensors="pt")

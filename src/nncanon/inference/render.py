@@ -35,12 +35,13 @@ def _value_source(value: Any) -> str:
     return repr(value)
 
 
-def _fields_source(fields: dict, indent: str) -> list[str]:
+def _fields_source(fields: dict, indent: str, base: Family = _DEFAULT) -> list[str]:
+    """One ``name=value,`` line per field whose value is not ``base``'s."""
     lines = []
     for name, value in fields.items():
         if name in ("declines", "layouts", "layout_of"):
             continue
-        if name in {f.name for f in dataclasses.fields(Family)} and value == getattr(_DEFAULT, name, object()):
+        if name in {f.name for f in dataclasses.fields(Family)} and value == getattr(base, name, object()):
             continue
         lines.append(f"{indent}{name}={_value_source(value)},")
     return lines
@@ -73,7 +74,7 @@ def family_source(inferred: Any) -> str:
         for kind, fields in family.layouts.items():
             lines += _declines_comments(fields, "        ")
             lines.append(f"        {kind!r}: dict(")
-            lines += _fields_source(fields, "            ")
+            lines += _fields_source(fields, "            ", family)
             lines.append("        ),")
         lines.append("    },")
         lines.append(f"    layout_of={family.layout_of.source()},")
