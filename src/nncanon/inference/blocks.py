@@ -42,6 +42,7 @@ class BlockParts:
         block: The block's path.
         attention: The softmax attention submodule (relative), or ``None``.
         projection: Its output projection (relative), or ``None``.
+        head_norm: A norm over all heads run right before the projection, on its input (BitNet), or ``None``.
         mlp: The MLP submodule (relative); ``None`` where none was found or the MLP is not a module.
         mixer: A token mixer that is not softmax attention (relative), or ``None``.
         candidates: Role (``"attention"``, ``"mixer"``, ``"mlp"``) -> its candidate contributions.
@@ -56,6 +57,7 @@ class BlockParts:
     block: str
     attention: str | None = None
     projection: str | None = None
+    head_norm: str | None = None
     mlp: str | None = None
     mixer: str | None = None
     router: str | None = None
@@ -133,6 +135,17 @@ def _contributions(run: Recording, block: str, module: str, x: torch.Tensor) -> 
     return out
 
 
+def _norm_before(run: Recording, parent: str, projection: Call) -> Call | None:
+    """A norm inside ``parent`` whose output is the projection's input (heads normed before it)."""
+    for call in run.within(parent):
+        if call.end < projection.start and call.output is not None and projection.input is not None and (
+            call.output.shape == projection.input.shape and is_norm(run.modules[call.name], call)
+            and torch.equal(call.output, projection.input)
+        ):
+            return call
+    return None
+
+
 def _router(run: Recording, mlp: str) -> Call | None:
     """The module inside ``mlp`` that returns ``(logits [.., E], weights [.., k], indices [.., k])``."""
     for call in run.within(mlp):
@@ -156,6 +169,8 @@ def block_parts(run: Recording, block: str) -> BlockParts:
         projection = _last_projection(run, f"{block}.{parts.attention}", x)
         if projection is not None:
             parts.projection = _relative(block, projection.name)
+            norm = _norm_before(run, f"{block}.{parts.attention}", projection)
+            parts.head_norm = None if norm is None else _relative(block, norm.name)
         else:
             parts.tried["attention_head_outputs"] = (
                 f"no weight matrix inside {parts.attention} returns the stream's width: no output projection"

@@ -123,7 +123,10 @@ def _fields(parts: BlockParts, sites: dict | None, note: str) -> dict:
     first = {role: cands[0].site for role, cands in parts.candidates.items() if cands}
     if parts.attention is not None:
         fields["attention_output"] = chosen.get("attention", first.get("attention", Site(parts.attention)))
-        if parts.projection is not None:
+        if parts.head_norm is not None:
+            fields.update(head_outputs=Site(parts.head_norm, key="input"), head_norm=parts.head_norm,
+                          head_projection=parts.projection)
+        elif parts.projection is not None:
             fields["head_outputs"] = Site(parts.projection, key="input")
         else:
             fields["head_outputs"] = Site(parts.attention, key="input")

@@ -43,6 +43,13 @@ def _probability_candidates(names: tuple[str, ...]) -> list[str]:
     return [n for n in names[after + 1:] if not n.startswith(("int_", "range_", "slices_"))][:TRIES]
 
 
+def _decline(fields: dict, reasons: dict) -> None:
+    from .infer import Declined
+
+    known = dict(fields["declines"].reasons) if fields.get("declines") else {}
+    fields["declines"] = Declined(tuple(sorted({**known, **reasons}.items())))
+
+
 def choose_operations(twin: torch.nn.Module, build: Callable[[dict], Any], fields: dict, parts: dict,
                       layers_of: dict, tried: dict) -> None:
     """Set, in ``fields`` (kind -> Family fields), each router's logits and each inline attention's
@@ -78,7 +85,10 @@ def choose_operations(twin: torch.nn.Module, build: Callable[[dict], Any], field
                     break
             else:
                 fields[kind]["probabilities"] = None
-                tried[f"attention_probabilities ({kind})"] = (
-                    "not through transformers' attention interface, and no operation after the softmax of "
-                    f"{block.attention} passes the probabilities check; tried {', '.join(names) or 'none'}"
+                reason = (
+                    "inferred: not through transformers' attention interface, and no operation after the softmax "
+                    f"of {block.attention} passes the probabilities check; tried {', '.join(names) or 'none'}"
                 )
+                tried[f"attention_probabilities ({kind})"] = reason
+                heads = "inferred: no head's probabilities were found whose zeroing equals zeroing the head's output"
+                _decline(fields[kind], {"attention_probabilities": reason, "attention_head_outputs": heads})
