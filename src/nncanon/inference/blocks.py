@@ -78,11 +78,6 @@ def _relative(block: str, name: str) -> str:
     return name[len(block) + 1:]
 
 
-def _child_of(block: str, name: str) -> str:
-    """The block's direct child (relative path) that ``name`` lies in."""
-    return _relative(block, name).split(".")[0]
-
-
 def _stream_shaped(tensor: torch.Tensor | None, x: torch.Tensor) -> str | None:
     """``"full"`` for ``[b, s, d]``, ``"flat"`` for ``[b·s, d]``, else ``None``."""
     if tensor is None or tensor.shape[-1] != x.shape[-1]:
@@ -120,15 +115,17 @@ def _post_norms(run: Recording, block: str, source: Call, x: torch.Tensor) -> li
     return found
 
 
-def _contributions(run: Recording, block: str, module: str, x: torch.Tensor) -> list[Candidate]:
+def _contributions(run: Recording, block: str, module: str, x: torch.Tensor, projection: bool = True
+                   ) -> list[Candidate]:
     """The candidate contributions of the block's submodule ``module`` (relative)."""
     call = run.calls[f"{block}.{module}"]
     out: list[Candidate] = []
     if _stream_shaped(call.output, x):
         out.append(Candidate(_site(module, call, x), call.output, f"{module} output"))
         out += _post_norms(run, block, call, x)
-    projection = _last_projection(run, f"{block}.{module}", x)
-    if projection is not None and projection.name != call.name:
+    last = _last_projection(run, f"{block}.{module}", x) if projection else None
+    if last is not None and last.name != call.name:
+        projection = last
         relative = _relative(block, projection.name)
         out.append(Candidate(_site(relative, projection, x), projection.output, f"{relative} output"))
         out += _post_norms(run, block, projection, x)
@@ -165,7 +162,7 @@ def block_parts(run: Recording, block: str) -> BlockParts:
     x = call.input
     softmax = [name for name in run.softmax_in if name.startswith(f"{block}.")]
     if softmax:
-        parts.attention = _child_of(block, softmax[0])
+        parts.attention = _relative(block, softmax[0])
         projection = _last_projection(run, f"{block}.{parts.attention}", x)
         if projection is not None:
             parts.projection = _relative(block, projection.name)
@@ -176,10 +173,15 @@ def block_parts(run: Recording, block: str) -> BlockParts:
                 f"no weight matrix inside {parts.attention} returns the stream's width: no output projection"
             )
         parts.candidates["attention"] = _contributions(run, block, parts.attention, x)
+        outer = parts.attention
+        while "." in outer:  # the modules around it, up to the block's child (a wrapper may add a norm)
+            outer = outer.rpartition(".")[0]
+            parts.candidates["attention"] += _contributions(run, block, outer, x, projection=False)
     else:
         parts.tried["self_attn"] = "no softmax over [batch, heads, queries, keys] scores ran inside the block"
     children = [c for c in run.within(block) if "." not in _relative(block, c.name)]
-    weighted = [c for c in children if _relative(block, c.name) != parts.attention
+    top = parts.attention.split(".")[0] if parts.attention else None
+    weighted = [c for c in children if _relative(block, c.name) != top
                 and has_matrix(run.modules[c.name]) and _stream_shaped(c.output, x)]
     modules = [c for c in weighted if list(run.modules[c.name].children())]
     named = [c for c in modules if _MLP_NAMES.search(_relative(block, c.name))]

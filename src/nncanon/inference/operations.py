@@ -20,9 +20,11 @@ from ..served import Site
 TRIES = 8
 
 
-def _names(model: Any, path: str) -> tuple[str, ...]:
+def _names(model: Any, path: str, inside: str | None = None) -> tuple[str, ...]:
+    """The source operations of the module at ``path`` (of its method call ``inside``, where given)."""
     try:
-        return tuple(model.get(path).source.names)
+        source = model.get(path).source
+        return tuple((getattr(source, inside).source if inside else source).names)
     except Exception:  # a forward nnsight cannot read the source of
         return ()
 
@@ -36,11 +38,20 @@ def _router_candidates(names: tuple[str, ...]) -> list[str]:
     return ([n for n in names if "logit" in n] + [n for n in names if "linear" in n and "logit" not in n])[:TRIES]
 
 
-def _probability_candidates(names: tuple[str, ...]) -> list[str]:
+def _after_softmax(names: tuple[str, ...]) -> list[str]:
     after = next((i for i, n in enumerate(names) if "softmax" in n), None)
     if after is None:
         return []
     return [n for n in names[after + 1:] if not n.startswith(("int_", "range_", "slices_"))][:TRIES]
+
+
+def _probability_candidates(model: Any, path: str) -> list[tuple[str, ...]]:
+    """Operation paths after the softmax: in the module's forward, or in a method it calls (``self__attn_0``)."""
+    names = _names(model, path)
+    found = [(n,) for n in _after_softmax(names)]
+    for method in (n for n in names if n.startswith("self_") and not found):
+        found = [(method, n) for n in _after_softmax(_names(model, path, method))]
+    return found
 
 
 def _decline(fields: dict, reasons: dict) -> None:
@@ -78,9 +89,10 @@ def choose_operations(twin: torch.nn.Module, build: Callable[[dict], Any], field
                     f"tried {', '.join(names) or 'none'}"
                 )
         if block.attention is not None and not _held(verdict, "probabilities", layers):
-            names = _probability_candidates(_names(model, f"{where}.{block.attention}"))
-            for name in names:
-                fields[kind]["probabilities"] = (name,)
+            paths = _probability_candidates(model, f"{where}.{block.attention}")
+            names = [" / ".join(path) for path in paths]
+            for path in paths:
+                fields[kind]["probabilities"] = path
                 if _held(verify(_mounted(twin, build(fields)), [by_name["probabilities"]]), "probabilities", layers):
                     break
             else:

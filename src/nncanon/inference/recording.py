@@ -2,7 +2,7 @@
 
 The inference reads the model's structure from what ran, not from names: which modules ran in
 which order, what each took and returned (``[b, s, d]`` tensors cloned at the hook), which module
-was running when a softmax over ``[b, H, q, k]`` scores ran, and which outputs the model changed in
+was running when a softmax over ``[b, H, q, k]`` (or ``[b·H, q, q]``) scores ran, and which outputs the model changed in
 place after their module returned (Falcon adds attention into the MLP output).
 """
 
@@ -74,7 +74,9 @@ class _SoftmaxWatch(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _SOFTMAX and args and isinstance(args[0], torch.Tensor) and args[0].dim() == 4:
+        scores = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        square = scores is not None and scores.dim() == 3 and scores.shape[-1] == scores.shape[-2]  # (b·H, q, k)
+        if func in _SOFTMAX and scores is not None and (scores.dim() == 4 or square):
             self.seen.append(self.stack[-1] if self.stack else "")
         return func(*args, **kwargs)
 
