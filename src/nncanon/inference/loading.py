@@ -49,7 +49,9 @@ def inferred_provenance(model: Any, verify: str) -> Any:
 
     from ..proof.load import load_provenance
 
-    provenance = load_provenance(model, model._module.config, "always" if verify == "always" else "auto")
+    # The proof cache keys nncanon's code, not a custom-code model's own: such a model is proved afresh.
+    custom = not type(model._module).__module__.startswith("transformers.")
+    provenance = load_provenance(model, model._module.config, "always" if verify == "always" or custom else "auto")
     if provenance.kind != "proved":
         return replace(provenance, text=f"inferred, and not proved: {provenance.text}")
     return replace(provenance, text=f"inferred and {provenance.text}")
