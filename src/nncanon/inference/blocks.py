@@ -49,6 +49,8 @@ class BlockParts:
         router: A mixture of experts' router inside the MLP (relative) returning ``(logits, weights,
             indices)``, or ``None``.
         router_flat: The router runs on the flattened ``(b·s, d)`` tokens.
+        shared: The site of a shared expert whose output is what it adds to the MLP's (the MLP's output is
+            the routed experts' plus it, on the twin), or ``None``.
         extras: How many elements the block returns after the stream (``None``: a tensor).
         x, y: The stream entering and leaving the block.
         tried: Role -> what was looked for, where nothing was found.
@@ -62,6 +64,7 @@ class BlockParts:
     mixer: str | None = None
     router: str | None = None
     router_flat: bool = False
+    shared: Site | None = None
     candidates: dict[str, list[Candidate]] = field(default_factory=dict)
     extras: int | None = None
     x: torch.Tensor | None = None
@@ -143,6 +146,22 @@ def _norm_before(run: Recording, parent: str, projection: Call) -> Call | None:
     return None
 
 
+def _shared_expert(run: Recording, mlp: Call, x: torch.Tensor) -> Call | None:
+    """The MLP's child named as a shared expert whose output plus another child's (the routed experts')
+    is the MLP's output, to `CLOSE`."""
+    from .factors import CLOSE
+
+    children = [c for c in run.within(mlp.name) if "." not in c.name[len(mlp.name) + 1:]
+                and _stream_shaped(c.output, x) and c.output is not None]
+    total = mlp.output.reshape(-1, x.shape[-1]).double()
+    for shared in (c for c in children if "shared" in c.name.rpartition(".")[2]):
+        rest = total - shared.output.reshape(-1, x.shape[-1]).double()
+        for routed in (c for c in children if c is not shared):
+            if ((routed.output.reshape(-1, x.shape[-1]).double() - rest).abs() <= CLOSE * (1 + rest.abs())).all():
+                return shared
+    return None
+
+
 def _router(run: Recording, mlp: str) -> Call | None:
     """The module inside ``mlp`` that returns ``(logits [.., E], weights [.., k], indices [.., k])``."""
     for call in run.within(mlp):
@@ -197,6 +216,9 @@ def block_parts(run: Recording, block: str) -> BlockParts:
         if router is not None:
             parts.router = _relative(block, router.name)
             parts.router_flat = len(router.items[2][0]) == 2
+            shared = _shared_expert(run, mlp_call, x)
+            if shared is not None:
+                parts.shared = Site(_relative(block, shared.name), flat=_stream_shaped(shared.output, x) == "flat")
     else:
         leaves = [c for c in weighted if not list(run.modules[c.name].children())]
         if leaves and parts.attention is not None:

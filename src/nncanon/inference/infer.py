@@ -117,6 +117,7 @@ def _fields(parts: BlockParts, sites: dict | None, note: str) -> dict:
         "mixer_output": None,
         "probabilities": None,
         **dict.fromkeys(_ROUTING),
+        "shared_expert_output": None,
     }
     reasons = dict(parts.tried)
     chosen = sites or {}
@@ -136,6 +137,7 @@ def _fields(parts: BlockParts, sites: dict | None, note: str) -> dict:
     if parts.router is not None:
         fields["expert_weights"] = Site(parts.router, index=1, flat=parts.router_flat)
         fields["expert_indices"] = Site(parts.router, index=2, flat=parts.router_flat)
+        fields["shared_expert_output"] = parts.shared
     if fields["mlp"] is None and fields["mlp_output"] is None:
         reasons.setdefault("mlp", "no submodule with weights besides the token mixer returns the stream's width")
     if sites is None:
@@ -185,7 +187,7 @@ def _in_every_block(model: Any, layers: str, fields: dict) -> dict:
     reasons = dict(fields["declines"].reasons) if fields.get("declines") else {}
     why = "the blocks are of several kinds, no config attribute says which is which, and not every block has {}"
     if not all(everywhere(fields[n].module) for n in _ROUTING if fields.get(n) is not None):
-        fields.update(dict.fromkeys(_ROUTING))
+        fields.update(dict.fromkeys(_ROUTING), shared_expert_output=None)
     for role, sites, value in (("attention", ("attention_output", "head_outputs"), "self_attn"),
                                ("mixer", ("mixer_output",), "linear_attn"), ("mlp", ("mlp_output",), "mlp")):
         paths = [fields.get(role)] + [fields[s].module for s in sites if fields.get(s) is not None]
