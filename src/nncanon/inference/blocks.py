@@ -45,6 +45,7 @@ class BlockParts:
         head_norm: A norm over all heads run right before the projection, on its input (BitNet), or ``None``.
         mlp: The MLP submodule (relative); ``None`` where none was found or the MLP is not a module.
         mixer: A token mixer that is not softmax attention (relative), or ``None``.
+        mixer_projection: The mixer's output projection (relative) and its input width, or ``None``.
         candidates: Role (``"attention"``, ``"mixer"``, ``"mlp"``) -> its candidate contributions.
         router: A mixture of experts' router inside the MLP (relative) returning ``(logits, weights,
             indices)``, or ``None``.
@@ -62,6 +63,7 @@ class BlockParts:
     head_norm: str | None = None
     mlp: str | None = None
     mixer: str | None = None
+    mixer_projection: tuple[str, int] | None = None
     router: str | None = None
     router_flat: bool = False
     shared: Site | None = None
@@ -231,4 +233,7 @@ def block_parts(run: Recording, block: str) -> BlockParts:
     if parts.attention is None and mixers:
         parts.mixer = _relative(block, mixers[0].name)
         parts.candidates["mixer"] = _contributions(run, block, parts.mixer, x)
+        projection = _last_projection(run, mixers[0].name, x)
+        if projection is not None and projection.input is not None:
+            parts.mixer_projection = (_relative(block, projection.name), projection.input.shape[-1])
     return parts

@@ -106,7 +106,16 @@ def _fits(parts: BlockParts, config: Any) -> tuple[list[dict], str]:
     return fitting, "; ".join(note for _, note in notes[:4])
 
 
-def _fields(parts: BlockParts, sites: dict | None, note: str) -> dict:
+def _head_counts(config: Any, width: int) -> list[str]:
+    """The config attributes naming a head count that splits ``width`` into heads of two or more."""
+    from .factors import numbers_of
+
+    return sorted(name for name, value in numbers_of(config).items()
+                  if "head" in name and not any(w in name for w in ("dim", "size", "width"))
+                  and value == int(value) and value >= 1 and width % int(value) == 0 and width // int(value) >= 2)
+
+
+def _fields(parts: BlockParts, sites: dict | None, note: str, config: Any = None) -> dict:
     """The Family fields of a block with the chosen ``sites`` (role -> Site)."""
     fields: dict = {
         "attention": parts.attention,
@@ -115,6 +124,8 @@ def _fields(parts: BlockParts, sites: dict | None, note: str) -> dict:
         "block_extras": parts.extras or 0,
         "block_tuple": parts.extras == 0,
         "mixer_output": None,
+        "mixer_head_outputs": None,
+        "mixer_heads": None,
         "probabilities": None,
         **dict.fromkeys(_ROUTING),
         "shared_expert_output": None,
@@ -133,6 +144,18 @@ def _fields(parts: BlockParts, sites: dict | None, note: str) -> dict:
             fields["head_outputs"] = Site(parts.attention, key="input")
     if parts.mixer is not None:
         fields["mixer_output"] = chosen.get("mixer", first.get("mixer"))
+        fields["mixer_head_outputs"], fields["mixer_heads"] = None, None
+        if parts.mixer_projection is not None:
+            path, width = parts.mixer_projection
+            heads = _head_counts(config, width)
+            if len(heads) == 1:
+                fields["mixer_head_outputs"], fields["mixer_heads"] = Site(path, key="input"), heads[0]
+            else:
+                reasons["linear_attention_head_outputs"] = (
+                    f"inferred: the input of {path} ({width} wide) splits into heads by "
+                    + (f"several config attributes ({', '.join(heads)}): which one is ambiguous" if heads
+                       else "no config attribute naming a head count")
+                )
     fields["mlp_output"] = chosen.get("mlp", first.get("mlp"))
     if parts.router is not None:
         fields["expert_weights"] = Site(parts.router, index=1, flat=parts.router_flat)
@@ -239,7 +262,7 @@ def _search(twin: Any, skeleton: Any, parts: list[BlockParts], name: str, steps:
         for kind, j in first_block.items():
             fitting, note = fits[j]
             chosen = fitting[position[kind]] if position[kind] < len(fitting) else None
-            fields[kind] = _fields(parts[j], chosen, note)
+            fields[kind] = _fields(parts[j], chosen, note, twin.config.get_text_config())
         verdict = verify(_mounted(twin.model, build(fields)), checks)
         failed = {kinds[r.layer] for r in verdict.failed() if r.check == "identity" and r.layer is not None}
         movable = {k for k in failed if position[k] + 1 < len(fits[first_block[k]][0])}
