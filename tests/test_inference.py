@@ -27,6 +27,25 @@ def test_inferred_record_serves_every_value_of_the_record(model_type):
     assert len(row.recovered) >= 2 * 5 + 2  # per layer: the stream in and out, heads, both contributions
 
 
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "mamba2", "phimoe"])
+def test_inferred_moe_and_hybrid_records_serve_every_value_of_the_record(model_type):
+    """Leave-one-out on a sample of MoE and hybrid types: routers, shared experts, mixers and their heads."""
+    row = compare(model_type)
+    assert (row.error, row.different, row.declined) == ("", [], [])
+    served = {name.split(".", 1)[-1] for name in row.recovered}
+    expected = {"linear_attention_head_outputs"} if model_type == "mamba2" else {"router_logits", "expert_indices"}
+    assert expected <= served
+
+
+def test_leave_one_out_declines_rather_than_differs():
+    """Where the inference cannot stand behind a value, it is declined, never served different: Qwen2-MoE's
+    gated shared expert, DiffLlama's differential heads."""
+    for model_type, declined in (("qwen2_moe", "shared_expert_output"), ("diffllama", "attention_head_outputs")):
+        row = compare(model_type)
+        assert row.different == [] and row.error == ""
+        assert {name.split(".", 1)[-1] for name in row.declined} == {declined}
+
+
 def test_residual_inside_the_module_is_read_at_the_projection():
     """BLOOM adds the residual inside its attention and MLP: the inferred sites are their projections."""
     inferred = infer_family(tiny_hf_model("bloom").config)

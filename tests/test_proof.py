@@ -288,11 +288,13 @@ def test_a_failed_model_level_check_declines_it(monkeypatch):
             model.project_on_vocab(model.layers[-1].layer_output).save()
 
 
-def test_a_check_that_raises_declines_what_it_covers_and_the_load_goes_on(monkeypatch):
+def test_a_check_that_raises_declines_what_it_covers_and_the_load_goes_on(monkeypatch, tmp_path):
     """A twin whose forward fails (transformers' own pure-Mamba GraniteMoeHybrid with a cache, in 5.24)
     proves nothing: the load does not crash, every value is declined naming the error."""
     from nncanon.proof import verdict as proof_verdict
     from nncanon.proof.checks import CHECKS, Check
+
+    monkeypatch.setenv("NNCANON_CACHE", str(tmp_path))  # its failed proof must not reach later loads
 
     def boom(model):
         raise RuntimeError("the twin's forward failed")
