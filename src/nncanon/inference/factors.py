@@ -67,7 +67,11 @@ def logit_steps(config: Any, head: torch.Tensor, logits: torch.Tensor) -> tuple[
 
     if close(head):
         return tuple(steps), ""
-    for name, number in sorted(numbers_of(config).items()):
+    # Attributes named for the logits first (Granite's logits_scaling, not an attention_multiplier that
+    # happens to be its inverse), then multipliers and scales.
+    numbers = sorted(numbers_of(config).items(), key=lambda item: (
+        "logit" not in item[0], not any(w in item[0] for w in ("multiplier", "scal", "cap")), item[0]))
+    for name, number in numbers:
         if number == 0:
             continue
         for op, value in (("divide", head / number), ("multiply", head * number),
