@@ -123,7 +123,9 @@ def _post_norms(run: Recording, block: str, source: Call, x: torch.Tensor) -> li
 def _contributions(run: Recording, block: str, module: str, x: torch.Tensor, projection: bool = True
                    ) -> list[Candidate]:
     """The candidate contributions of the block's submodule ``module`` (relative)."""
-    call = run.calls[f"{block}.{module}"]
+    call = run.calls.get(f"{block}.{module}")
+    if call is None:  # a container (a ModuleList of sublayers) that does not run itself
+        return []
     out: list[Candidate] = []
     if _stream_shaped(call.output, x):
         out.append(Candidate(_site(module, call, x), call.output, f"{module} output"))

@@ -85,6 +85,8 @@ def _fits(parts: BlockParts, config: Any) -> tuple[list[dict], str]:
         return [], "the block has no candidate contribution"
     fitting, notes = [], []
     for choice in itertools.product(*(parts.candidates[role] for role in roles)):
+        if any(c.value.numel() != parts.x.numel() for c in choice):
+            continue
         factors, residual = solve_scales(parts.x, parts.y, [c.value for c in choice])
         labels = " + ".join(c.label for c in choice)
         if residual > CLOSE:

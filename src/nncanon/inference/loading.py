@@ -39,6 +39,11 @@ def family_for_load(config: Any, model: Any, kwargs: dict) -> tuple[Family, Infe
             inferred = infer_family(config, model_class_of(model, config, kwargs))
         except UnknownFamilyError as error:
             raise UnknownFamilyError(f"{unknown}\nnncanon then tried to infer it: {error}") from error
+        except Exception as error:  # the inference met a structure it does not know: say so, do not guess
+            raise UnknownFamilyError(
+                f"{unknown}\nnncanon then tried to infer it, and the inference failed on this model's structure "
+                f"({type(error).__name__}: {error}); please report it with the config"
+            ) from error
         return inferred.family, inferred
 
 
