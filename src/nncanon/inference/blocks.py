@@ -45,7 +45,8 @@ class BlockParts:
         head_norm: A norm over all heads run right before the projection, on its input (BitNet), or ``None``.
         mlp: The MLP submodule (relative); ``None`` where none was found or the MLP is not a module.
         mixer: A token mixer that is not softmax attention (relative), or ``None``.
-        mixer_projection: The mixer's output projection (relative) and its input width, or ``None``.
+        mixer_projection: The mixer's output projection (relative), its input width, and the width of one
+            head where a per-head norm runs right before it (``None``: not seen), or ``None``.
         candidates: Role (``"attention"``, ``"mixer"``, ``"mlp"``) -> its candidate contributions.
         router: A mixture of experts' router inside the MLP (relative) returning ``(logits, weights,
             indices)``, or ``None``.
@@ -63,7 +64,7 @@ class BlockParts:
     head_norm: str | None = None
     mlp: str | None = None
     mixer: str | None = None
-    mixer_projection: tuple[str, int] | None = None
+    mixer_projection: tuple[str, int, int | None] | None = None
     router: str | None = None
     router_flat: bool = False
     shared: Site | None = None
@@ -166,6 +167,19 @@ def _shared_expert(run: Recording, mlp: Call, x: torch.Tensor) -> Call | None:
     return None
 
 
+def _head_width(run: Recording, mixer: str, projection: Call, width: int) -> int | None:
+    """The width of one head, where the last module the mixer ran before its projection is a norm over
+    narrower rows (a per-head gated norm: ``[.., head_dim]``)."""
+    before = [c for c in run.within(mixer) if c.end < projection.start and c.input is not None]
+    if not before:
+        return None
+    last = max(before, key=lambda c: c.end)
+    narrow = last.input.shape[-1]
+    if is_norm(run.modules[last.name], last) and narrow < width and width % narrow == 0:
+        return narrow
+    return None
+
+
 def _router(run: Recording, mlp: str) -> Call | None:
     """The module inside ``mlp`` that returns ``(logits [.., E], weights [.., k], indices [.., k])``."""
     for call in run.within(mlp):
@@ -237,5 +251,7 @@ def block_parts(run: Recording, block: str) -> BlockParts:
         parts.candidates["mixer"] = _contributions(run, block, parts.mixer, x)
         projection = _last_projection(run, mixers[0].name, x)
         if projection is not None and projection.input is not None:
-            parts.mixer_projection = (_relative(block, projection.name), projection.input.shape[-1])
+            width = projection.input.shape[-1]
+            parts.mixer_projection = (_relative(block, projection.name), width, _head_width(run, mixers[0].name,
+                                                                                            projection, width))
     return parts

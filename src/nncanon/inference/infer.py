@@ -108,16 +108,22 @@ def _fits(parts: BlockParts, config: Any) -> tuple[list[dict], str]:
     return fitting, "; ".join(note for _, note in notes[:4])
 
 
-def _head_counts(config: Any, width: int) -> list[str]:
-    """The config attributes naming a head count that splits ``width`` into heads of two or more."""
+def _head_counts(config: Any, width: int, head_width: int | None = None, hybrid: bool = False) -> list[str]:
+    """The config attributes naming a count of output heads that splits ``width`` into heads of two or more
+    (of ``head_width`` where a per-head norm shows it). Key heads do not split an output; in a hybrid,
+    ``num_attention_heads`` is the softmax attention's where the mixer has a count of its own."""
     from .factors import numbers_of
 
-    return sorted(name for name, value in numbers_of(config).items()
-                  if "head" in name and not any(w in name for w in ("dim", "size", "width"))
-                  and value == int(value) and value >= 1 and width % int(value) == 0 and width // int(value) >= 2)
+    found = sorted(name for name, value in numbers_of(config).items()
+                   if "head" in name and not any(w in name for w in ("dim", "size", "width", "key"))
+                   and value == int(value) and value >= 1 and width % int(value) == 0 and width // int(value) >= 2
+                   and (head_width is None or width // int(value) == head_width))
+    if hybrid and len(found) > 1 and "num_attention_heads" in found:
+        found.remove("num_attention_heads")
+    return found
 
 
-def _fields(parts: BlockParts, sites: dict | None, note: str, config: Any = None) -> dict:
+def _fields(parts: BlockParts, sites: dict | None, note: str, config: Any = None, hybrid: bool = False) -> dict:
     """The Family fields of a block with the chosen ``sites`` (role -> Site)."""
     fields: dict = {
         "attention": parts.attention,
@@ -148,8 +154,8 @@ def _fields(parts: BlockParts, sites: dict | None, note: str, config: Any = None
         fields["mixer_output"] = chosen.get("mixer", first.get("mixer"))
         fields["mixer_head_outputs"], fields["mixer_heads"] = None, None
         if parts.mixer_projection is not None:
-            path, width = parts.mixer_projection
-            heads = _head_counts(config, width)
+            path, width, head_width = parts.mixer_projection
+            heads = _head_counts(config, width, head_width, hybrid)
             if len(heads) == 1:
                 fields["mixer_head_outputs"], fields["mixer_heads"] = Site(path, key="input"), heads[0]
             else:
@@ -254,6 +260,7 @@ def _search(twin: Any, skeleton: Any, parts: list[BlockParts], name: str, steps:
         tried["layouts"] = (f"the twin's blocks are of {len(first_block)} kinds and no config attribute says "
                             f"which block is which; every block is served as the most common kind")
     checks = [c for c in CHECKS if c.name in ("read", "identity")]
+    hybrid = any(p.attention is not None for p in parts) and any(p.mixer is not None for p in parts)
 
     def build(fields: dict) -> Family:
         base = fields[common] if rule is not None else _in_every_block(twin.model, skeleton.layers, fields[common])
@@ -264,7 +271,7 @@ def _search(twin: Any, skeleton: Any, parts: list[BlockParts], name: str, steps:
         for kind, j in first_block.items():
             fitting, note = fits[j]
             chosen = fitting[position[kind]] if position[kind] < len(fitting) else None
-            fields[kind] = _fields(parts[j], chosen, note, twin.config.get_text_config())
+            fields[kind] = _fields(parts[j], chosen, note, twin.config.get_text_config(), hybrid)
         verdict = verify(_mounted(twin.model, build(fields)), checks)
         failed = {kinds[r.layer] for r in verdict.failed() if r.check == "identity" and r.layer is not None}
         movable = {k for k in failed if position[k] + 1 < len(fits[first_block[k]][0])}
