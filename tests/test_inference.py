@@ -27,13 +27,14 @@ def test_inferred_record_serves_every_value_of_the_record(model_type):
     assert len(row.recovered) >= 2 * 5 + 2  # per layer: the stream in and out, heads, both contributions
 
 
-@pytest.mark.parametrize("model_type", ["deepseek_v3", "mamba2", "phimoe"])
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "mamba2", "qwen3_5_text", "phimoe"])
 def test_inferred_moe_and_hybrid_records_serve_every_value_of_the_record(model_type):
     """Leave-one-out on a sample of MoE and hybrid types: routers, shared experts, mixers and their heads."""
     row = compare(model_type)
     assert (row.error, row.different, row.declined) == ("", [], [])
     served = {name.split(".", 1)[-1] for name in row.recovered}
-    expected = {"linear_attention_head_outputs"} if model_type == "mamba2" else {"router_logits", "expert_indices"}
+    mixers = ("mamba2", "qwen3_5_text")
+    expected = {"linear_attention_head_outputs"} if model_type in mixers else {"router_logits", "expert_indices"}
     assert expected <= served
 
 
