@@ -135,6 +135,8 @@ def _fields(parts: BlockParts, sites: dict | None, note: str, config: Any = None
         "mixer_head_outputs": None,
         "mixer_heads": None,
         "probabilities": None,
+        "head_norm": None,
+        "head_projection": None,
         **dict.fromkeys(_ROUTING),
         "shared_expert_output": None,
     }
@@ -152,7 +154,6 @@ def _fields(parts: BlockParts, sites: dict | None, note: str, config: Any = None
             fields["head_outputs"] = Site(parts.attention, key="input")
     if parts.mixer is not None:
         fields["mixer_output"] = chosen.get("mixer", first.get("mixer"))
-        fields["mixer_head_outputs"], fields["mixer_heads"] = None, None
         if parts.mixer_projection is not None:
             path, width, head_width = parts.mixer_projection
             heads = _head_counts(config, width, head_width, hybrid)
