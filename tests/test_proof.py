@@ -300,9 +300,7 @@ def test_a_check_that_raises_declines_what_it_covers_and_the_load_goes_on(monkey
     from nncanon.proof import verdict as proof_verdict
     from nncanon.proof.checks import CHECKS, Check
 
-    # The cache key does not know the checks were swapped: keep this failed proof out of the process's cache,
-    # where a later load of the same tiny llama config (test_core) would read it.
-    monkeypatch.setenv("NNCANON_CACHE", str(tmp_path))
+    monkeypatch.setenv("NNCANON_CACHE", str(tmp_path))  # its failed proof must not reach later loads
 
     def boom(model):
         raise RuntimeError("the twin's forward failed")

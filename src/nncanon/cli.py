@@ -6,6 +6,9 @@ Commands:
     nncanon support MODEL [--json]    the support() table of a hub id or local folder
     nncanon families [-k FILTER]      build every registered family's tiny model, check it, print a table
     nncanon matrix [-k FILTER]        run the invariant suite on every registered family; write the status matrix
+    nncanon infer MODEL_OR_FOLDER     infer the family record of a model from a twin of its config, prove it, and
+                                      print the proof table, the Family(...) and a model_registry record
+    nncanon infer --leave-one-out     infer every registered model type with its own record unused; compare
 
 Exit codes: 0 success, 1 a check failed, 2 bad usage or a model that cannot be loaded.
 """
@@ -204,6 +207,48 @@ class _HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: {action.default!r})"
 
 
+def _infer(args: argparse.Namespace) -> int:
+    from .errors import UnknownFamilyError
+
+    if args.leave_one_out:
+        from .families import registered_model_types
+        from .inference.leave_one_out import leave_one_out, markdown
+
+        types = [t for t in registered_model_types() if not args.k or args.k in t]
+        rows = leave_one_out(types, progress=not args.quiet)
+        print(markdown(rows))
+        return EXIT_FAILED if any(row.different for row in rows) else EXIT_OK
+    if not args.model:
+        print("nncanon infer needs MODEL_OR_FOLDER (a hub id or a local folder), or --leave-one-out", file=sys.stderr)
+        return EXIT_USAGE
+    from transformers import AutoConfig
+
+    from .inference import infer_family
+    from .inference.loading import model_class_of
+    from .proof.load import prove
+
+    options = {"trust_remote_code": True} if args.trust_remote_code else {}
+    try:
+        config = AutoConfig.from_pretrained(args.model, **options)
+        model_class = model_class_of(args.model, config, options)
+        inferred = infer_family(config, model_class)
+    except (UnknownFamilyError, OSError, ValueError) as error:
+        print(f"cannot infer a family for {args.model!r}: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    proof = prove(config, inferred.family, model_class, "always")
+    print(f"# inferred in {inferred.seconds:.2f} s, proved in {proof.seconds:.2f} s on a twin of this config")
+    print("# the proof (one line per check; a value whose check failed is declined at load):")
+    print("\n".join(f"#   {line}" for line in proof.verdict.table().splitlines()))
+    for what, reason in inferred.tried.items():
+        print(f"# not inferred, {what}: {reason}")
+    print("\n# nncanon/families/<family>.py (FAMILIES = [...] there):")
+    print(inferred.source())
+    model_type = inferred.family.model_types[0]
+    print(f"\n# model_registry/{model_type}.json:")
+    print(json.dumps(inferred.registry_record(), indent=2))
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     formatter = _HelpFormatter
     parser = argparse.ArgumentParser(
@@ -253,6 +298,16 @@ def build_parser() -> argparse.ArgumentParser:
     families.add_argument("-k", default="", help="only variants whose name or model_type contains this (default: all)")
     families.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     families.set_defaults(run=_families)
+
+    infer = command("infer", "infer and prove the family record of an unregistered model; print it as Python and JSON")
+    infer.add_argument("model", nargs="?", help="hub id or local folder")
+    infer.add_argument("--trust-remote-code", action="store_true",
+                       help="run the folder's own modeling code (custom-code models); never set otherwise")
+    infer.add_argument("--leave-one-out", action="store_true",
+                       help="infer every registered model type with its record unused and compare value by value")
+    infer.add_argument("-k", default="", help="with --leave-one-out: only model types containing this")
+    infer.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    infer.set_defaults(run=_infer)
 
     support = command("support", "the support() table of a hub id, a local folder or a demo model")
     support.add_argument("model", help="hub id, local folder or demo model name (gpt2, llama, hybrid)")

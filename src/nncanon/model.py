@@ -8,7 +8,7 @@ import torch
 from nnsight.modeling.transformers import TransformersModel
 
 from .errors import InvalidSkip, ModelUnavailable, SizeNotAvailable, ValueNotAvailable
-from .families import Family, family_for
+from .families import Family
 from .mounting import mount
 from .quiet import kernel_notices_filtered, wrapping_quietly
 from .served import model_value
@@ -118,7 +118,11 @@ class StandardizedTransformer(TransformersModel):
         if verify not in VERIFY_MODES:
             raise ValueError(f"verify={verify!r} is not one of {', '.join(map(repr, VERIFY_MODES))}")
         config = _causal_lm_config(_config_of(model, kwargs))
-        family = family or family_for(config)
+        inferred = None
+        if family is None:
+            from .inference.loading import family_for_load
+
+            family, inferred = family_for_load(config, model, kwargs)
         if not isinstance(model, torch.nn.Module):
             kwargs.setdefault("task", "text-generation")
             if tokenizer is None:
@@ -126,6 +130,7 @@ class StandardizedTransformer(TransformersModel):
         with wrapping_quietly():
             super().__init__(model, *args, tokenizer=tokenizer, **kwargs)
         self._family = family
+        self._inferred = inferred
         self._text_config = self._module.config.get_text_config()
         # Native paths first: a standard name bound below may shadow a native module of that name
         # (ModernBERT-decoder's native ``lm_head`` is the prediction head run before ``decoder``).
@@ -143,7 +148,11 @@ class StandardizedTransformer(TransformersModel):
         from .proof.load import load_provenance
 
         with kernel_notices_filtered():
-            return load_provenance(self, self._module.config, verify)
+            if self._inferred is None:
+                return load_provenance(self, self._module.config, verify)
+            from .inference.loading import inferred_provenance
+
+            return inferred_provenance(self, verify)
 
     def _model_value_check(self, name: str) -> None:
         reason = self.__dict__.get("_model_declines", {}).get(name)
@@ -190,8 +199,14 @@ class StandardizedTransformer(TransformersModel):
 
     @property
     def family(self) -> Family:
-        """The registered family serving this model."""
+        """The family serving this model: the registered one, or the one inferred (see `inferred`)."""
         return self._family
+
+    @property
+    def inferred(self) -> Any:
+        """The `nncanon.inference.InferredFamily` where no family is registered for this model type
+        (its record was inferred from a twin and proved on it); ``None`` for a registered family."""
+        return self._inferred
 
     @property
     def num_layers(self) -> int:
