@@ -29,3 +29,8 @@ class InvalidWrite(NncanonError, ValueError):
 
 class InvalidSkip(NncanonError, ValueError):
     """A ``skip_layers`` call whose layers or replacement cannot work."""
+
+
+class GradientNotAvailable(NncanonError, RuntimeError):
+    """A ``.grad`` asked where no gradient can come: outside ``with loss.backward():``, on a value
+    the backward never reaches, or a standard value first read inside the backward block."""

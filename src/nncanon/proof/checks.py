@@ -233,8 +233,9 @@ def _operation_reference(model: Any, layer: int, site: Any, inputs: dict) -> tor
     return _pick(raw, site).clone()
 
 
-def _finish(tensor: torch.Tensor, binding: Any, inputs: dict) -> torch.Tensor:
-    """A raw site tensor as the binding serves it: token axis restored, heads split, scaled."""
+def _finish(tensor: torch.Tensor, binding: Any, inputs: dict, divide: bool = False) -> torch.Tensor:
+    """A raw site tensor as the binding serves it: token axis restored, heads split, scaled (``divide``:
+    divided by the scale, as a gradient with respect to the served value is)."""
     site = binding.site
     batch, seq = inputs["input_ids"].shape
     if site.flat:
@@ -244,8 +245,82 @@ def _finish(tensor: torch.Tensor, binding: Any, inputs: dict) -> torch.Tensor:
     if binding.heads is not None:
         tensor = tensor.view(batch, seq, binding.heads, -1)
     if site.scale is not None:
-        tensor = tensor * site.factor(binding.config)
+        factor = site.factor(binding.config)
+        tensor = tensor / factor if divide else tensor * factor
     return tensor
+
+
+def gradient_reference(model: Any, layer: int, names: Sequence[str], inputs: dict, target: tuple[int, int, int]
+                       ) -> dict[str, torch.Tensor]:
+    """The gradient of ``logits[target]`` with respect to each value of ``names`` on block ``layer``, by
+    plain PyTorch: a hook at each value's site (a forward hook, or nnsight's source hook on a plain
+    ``NNsight`` for an operation site) registers a tensor hook on the model's own tensor, and
+    ``torch.autograd.grad`` runs the backward. Laid out as the value is served (token axis restored,
+    heads split) and divided by the site's scale (``value = tensor · scale``).
+
+    ``attention_probabilities`` is the tensor the model returns with ``output_attentions=True``.
+    """
+    grads: dict[str, torch.Tensor] = {}
+    handles: list = []
+
+    def keep(name: str, tensor: torch.Tensor) -> None:
+        if tensor.requires_grad:
+            tensor.register_hook(lambda grad, name=name: grads.__setitem__(name, grad))
+
+    sites = {name: host(model, layer, name)._nncanon.bindings[name].site
+             for name in names if name != "attention_probabilities"}
+    operations = {name: site for name, site in sites.items() if site.op is not None}
+    # nnsight's source hooks go on a copy (a plain NNsight must not wrap the served model's modules).
+    root = copy.deepcopy(model._module) if operations else model._module
+    block = root.get_submodule(model.family.layers)[layer]
+    for name, site in sites.items():
+        if site.op is not None:
+            continue
+        module = block.get_submodule(site.module) if site.module else block
+        if site.key == "input":
+            handles.append(module.register_forward_pre_hook(
+                lambda mod, args, kwargs, name=name, site=site: keep(name, _pick((args, kwargs), site)),
+                with_kwargs=True))
+        else:
+            handles.append(module.register_forward_hook(
+                lambda mod, args, output, name=name, site=site: keep(name, _pick(output, site))))
+    attentions = "attention_probabilities" in names
+    try:
+        with torch.enable_grad():
+            if operations:
+                output = _operation_forward(model, root, layer, operations, inputs, keep, attentions)
+            else:
+                output = root(**inputs, output_attentions=attentions)
+            if attentions:
+                keep("attention_probabilities", output.attentions[layer])
+            parameters = [p for p in root.parameters() if p.requires_grad]
+            torch.autograd.grad(output.logits[target], parameters, allow_unused=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    finished = {}
+    for name, grad in grads.items():
+        if name == "attention_probabilities":
+            finished[name] = grad
+            continue
+        binding = host(model, layer, name)._nncanon.bindings[name]
+        finished[name] = _finish(grad, binding, inputs, divide=True)
+    return finished
+
+
+def _operation_forward(model: Any, root: torch.nn.Module, layer: int, operations: dict, inputs: dict,
+                       keep: Callable, attentions: bool) -> Any:
+    """``root``'s forward with a tensor hook on each operation site's tensor (a plain ``NNsight``)."""
+    from nnsight import NNsight
+
+    plain = NNsight(root)
+    with plain.trace(**inputs, output_attentions=attentions):
+        for name, site in operations.items():
+            path = ".".join(part for part in (model.family.layers, str(layer), site.module) if part)
+            operation = getattr(plain.get(path).source, site.op)
+            keep(name, _pick(operation.output if site.key == "output" else operation.inputs, site))
+        output = plain.output.save()
+    return output
 
 
 # -- the checks -------------------------------------------------------------------------------
