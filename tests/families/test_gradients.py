@@ -138,3 +138,46 @@ def test_gradient_errors_are_named(model):
             loss = x.sum()
             with loss.backward():
                 value.grad.save()
+
+
+def _corrupted(model) -> str | None:
+    """A prompt of the clean prompt's token length that names another place (``None`` if none has it)."""
+    length = len(model.tokenizer(PROMPTS[0]).input_ids)
+    for place in ("Berlin", "London", "Madrid", "Tokyo", "Lisbon", "Vienna", "Prague", "Rome"):
+        prompt = PROMPTS[0].replace("Eiffel", place)
+        if len(model.tokenizer(prompt).input_ids) == length:
+            return prompt
+    return None
+
+
+def test_attribution_patching_is_the_first_order_term(model):
+    """Each head's and sublayer's estimate equals ``Σ (a_corrupted - a_clean) · ∂metric/∂a`` computed on the
+    plain model (site hooks, ``torch.autograd.grad``); with no corrupted prompt, ``a_corrupted = 0``."""
+    from nncanon.proof.checks import site_reference
+    from nncanon.tools import attribution_patching, logit_difference
+
+    metric = logit_difference(TOKEN, TOKEN + 1)
+    clean = _inputs(model)
+    corrupted = _corrupted(model)
+    for other in dict.fromkeys([None, corrupted]):
+        result = attribution_patching(model, PROMPTS[0], other, metric)
+        patched = {**encode(model, other), **NO_CACHE} if other is not None else None
+        for layer in range(model.num_layers):
+            names = {item: result.values[item][layer] for item in ("heads", "attention", "mlp")}
+            present = [name for name in names.values() if name]
+            reference = gradient_reference(model, layer, present, clean, lambda logits: metric(logits).sum())
+            for item, name in names.items():
+                estimate = result[item][layer]
+                if name is None:
+                    assert bool(estimate.isnan().all()), f"layers[{layer}] {item}"
+                    continue
+                value = site_reference(model, layer, name, clean)
+                source = site_reference(model, layer, name, patched) if patched else torch.zeros_like(value)
+                grad = reference.get(name, torch.zeros_like(value))
+                product = (source - value).double() * grad.double()
+                expected = product.sum(dim=(1, -1))[0] if item == "heads" else product.sum()
+                if item == "heads":
+                    assert bool(estimate[expected.numel():].isnan().all()), f"layers[{layer}]: heads past its count"
+                    estimate = estimate[: expected.numel()]
+                torch.testing.assert_close(estimate.double(), expected,
+                                           rtol=1e-4, atol=1e-6, msg=f"layers[{layer}] {item} ({name}), {other!r}")

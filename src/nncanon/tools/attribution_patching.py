@@ -101,7 +101,8 @@ def _clean_values_and_gradients(model: Any, prompts: list[str], order: list[tupl
                                 metric: Callable[[torch.Tensor], torch.Tensor]) -> tuple[dict, dict]:
     values: dict = {}
     grads: dict = {}
-    with torch.enable_grad(), _no_weight_gradients(model), model.trace(prompts):
+    # No cache: a recurrent model that updates its cached state in place (RWKV) has no backward then.
+    with torch.enable_grad(), _no_weight_gradients(model), model.trace(prompts, use_cache=False):
         stream = model.layers[0].layer_input
         # The backward starts here: a leaf with the stream's data (the weights take no gradient).
         model.layers[0].layer_input = stream.detach().requires_grad_(True)
