@@ -312,9 +312,11 @@ def _module_gradients(model: Any, layer: int, sites: dict, attentions: bool, inp
 
 
 def _attentions_of(model: Any, attentions: Sequence[Any], layer: int) -> torch.Tensor:
-    """Block ``layer``'s probabilities among those a model returns: for each attention block (every block,
-    or a hybrid's attention blocks) in order, as many as it has attention sublayers (LongCat-Flash: two),
-    the first being ``self_attn``'s."""
+    """Block ``layer``'s probabilities among those a model returns: one per block (MiniMax returns its
+    linear blocks' weights too), or for each attention block (a hybrid's) in order, as many as it has
+    attention sublayers (LongCat-Flash: two), the first being ``self_attn``'s."""
+    if len(attentions) == model.num_layers and attentions[layer] is not None:
+        return attentions[layer]
     report = model.support()
     present = [a for a in attentions if a is not None]
     blocks = [i for i in range(model.num_layers) if report.available("self_attn", layer=i)]
