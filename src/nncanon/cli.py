@@ -135,7 +135,7 @@ def _ablate(args: argparse.Namespace) -> int:
         except (UnknownFamilyError, OSError, ValueError) as error:
             print(f"cannot load {name!r}: {error}", file=sys.stderr)
             return EXIT_USAGE
-        effects[name] = head_effects(model, args.prompt, args.target)
+        effects[name] = head_effects(model, args.prompt, args.target, fast=args.fast)
         layer = args.layer if args.layer is not None else strongest_layer(effects[name])
         if not 0 <= layer < model.num_layers:
             print(f"--layer {layer} is out of range for {name} ({model.num_layers} layers)", file=sys.stderr)
@@ -158,7 +158,8 @@ def _ablate(args: argparse.Namespace) -> int:
     except ImportError:
         print("\n(no heatmap: install matplotlib, pip install 'nncanon[plot]')", file=sys.stderr)
         return EXIT_OK
-    print(f"\nheatmap of every layer x head effect on P(target): {path}")
+    kind = "estimated (attribution patching)" if args.fast else "exact"
+    print(f"\nheatmap of every layer x head {kind} effect on P(target): {path}")
     return EXIT_OK
 
 
@@ -182,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--layer", type=int, default=None, help="the block to ablate (default: the one holding the strongest head)"
     )
     ablate.add_argument("--out", default="nncanon-ablate", help="folder for the heatmap PNG")
+    ablate.add_argument(
+        "--fast", action="store_true",
+        help="heatmap from attribution patching (first-order estimate, one backward) instead of the exact sweep",
+    )
     ablate.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     ablate.set_defaults(run=_ablate)
 
