@@ -70,7 +70,7 @@ def agreement() -> dict:
         row = {}
         for label, metric in _metrics(token).items():
             exact = exact_head_effects(model, PROMPT, metric)
-            estimate = attribution_patching(model, PROMPT, None, lambda logits: metric(logits[:, -1]),
+            estimate = attribution_patching(model, PROMPT, None, lambda logits, metric=metric: metric(logits[:, -1]),
                                             over=("heads",)).heads
             keep = ~exact.isnan()
             signed = spearmanr(exact[keep].numpy(), estimate[keep].numpy()).statistic

@@ -14,8 +14,8 @@ import torch
 
 from nncanon import GradientNotAvailable
 from nncanon.proof.checks import encode, gradient_reference, hf_block, host, served
-from nncanon.support import COMPONENTS, LAYER_VALUES
 from nncanon.served import _pick, _put
+from nncanon.support import COMPONENTS, LAYER_VALUES
 from nncanon.testing import PROMPTS
 
 #: Every value a gradient can reach (``expert_indices`` are integers).
@@ -134,7 +134,7 @@ def test_gradient_errors_are_named(model):
     with pytest.raises(GradientNotAvailable, match="never reached"):
         with model.trace(PROMPTS[0]):
             x = model.layers[0].layer_input
-            value = getattr(host(model, model.num_layers - 1, "layer_output"), "layer_output")
+            value = model.layers[model.num_layers - 1].layer_output
             loss = x.sum()
             with loss.backward():
                 value.grad.save()

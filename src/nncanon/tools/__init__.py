@@ -28,8 +28,8 @@ from .ablation import (
     zero_ablate_heads,
     zero_ablate_mlp,
 )
-from .attribution_patching import OVER, AttributionPatching, attribution_patching
 from .attribution import FrozenNorm, LogitAttribution, direct_logit_attribution, freeze_norm
+from .attribution_patching import OVER, AttributionPatching, attribution_patching
 from .cache import ActivationCache, cache_activations
 from .heads import attention_head_contributions, head_norm, output_projection, projection_input, projection_weights
 from .logit_lens import lens_top_tokens, logit_lens, plot_logit_lens
