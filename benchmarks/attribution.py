@@ -86,15 +86,19 @@ def speed(repeats: int) -> dict:
     config = transformers.GPT2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
     module = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     model = StandardizedTransformer(module, tokenizer=tiny_tokenizer(), verify="never")
-    tokens = len(model.tokenizer(LONG_PROMPT).input_ids)
+    return {str(len(model.tokenizer(p).input_ids)): _speed(model, p, repeats) for p in (PROMPT, LONG_PROMPT)}
+
+
+def _speed(model, prompt: str, repeats: int) -> dict:
+    tokens = len(model.tokenizer(prompt).input_ids)
 
     def metric(logits: torch.Tensor) -> torch.Tensor:
         return logits[:, 5]
 
     runs = {
-        "exact sweep (144 heads)": lambda: head_ablation_sweep(model, LONG_PROMPT, metric=metric),
+        "exact sweep (144 heads)": lambda: head_ablation_sweep(model, prompt, metric=metric),
         "attribution patching (144 heads + 12 attention + 12 MLP)": lambda: attribution_patching(
-            model, LONG_PROMPT, None, lambda logits: metric(logits[:, -1])),
+            model, prompt, None, lambda logits: metric(logits[:, -1])),
     }
     times: dict[str, list[float]] = {name: [] for name in runs}
     for run in runs.values():  # warm-up
@@ -115,13 +119,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--only", choices=("agreement", "speed"), default=None)
     args = parser.parse_args()
     report = {
         "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
         "torch": torch.__version__,
-        "agreement": agreement(),
-        "speed": speed(args.repeats),
     }
+    if args.only != "speed":
+        report["agreement"] = agreement()
+    if args.only != "agreement":
+        report["speed"] = speed(args.repeats)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(report, handle, indent=2)
