@@ -66,6 +66,31 @@ def test_ablate_on_the_demo_models_prints_the_recipe_and_a_heatmap(tmp_path, cap
     assert str(png) in out
 
 
+def test_ablate_fast_plots_the_first_order_estimate(tmp_path, capsys):
+    """``--fast``: the heatmap is attribution patching's estimate of zeroing each head, equal to
+    ``Σ head · ∂P(target)/∂head`` computed with hooks and autograd on the plain model."""
+    from nncanon.proof.checks import encode, gradient_reference, site_reference
+    from nncanon.study import head_effects, target_token
+
+    assert main(["ablate", "--model", "gpt2", "--fast", "--out", str(tmp_path), "--quiet"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "estimated (attribution patching)" in out
+    assert (tmp_path / "head_effects.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    model = nncanon.demo_model("gpt2")
+    token = target_token(model, " Paris")
+    effects = head_effects(model, PROMPT, " Paris", fast=True)
+    inputs = encode(model, PROMPT)
+
+    def probability(logits):
+        return torch.softmax(logits[:, -1], -1)[:, token].sum()
+
+    for layer in range(model.num_layers):
+        heads = site_reference(model, layer, "attention_head_outputs", inputs)
+        grad = gradient_reference(model, layer, ["attention_head_outputs"], inputs, probability)
+        expected = (heads * grad["attention_head_outputs"]).sum(dim=(1, -1))[0]
+        torch.testing.assert_close(effects[layer], expected, rtol=1e-4, atol=1e-7)
+
+
 def test_ablate_refuses_bad_models_and_layers(tmp_path, capsys):
     assert main(["ablate", "--model", str(tmp_path / "missing"), "--quiet"]) == EXIT_USAGE
     assert "cannot load" in capsys.readouterr().err

@@ -4,6 +4,7 @@ import nnsight
 
 from .demo import demo_model
 from .errors import (
+    GradientNotAvailable,
     InvalidSkip,
     InvalidWrite,
     ModelUnavailable,
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 nnsight.register(__name__)
 
 __all__ = [
+    "GradientNotAvailable",
     "InvalidSkip",
     "InvalidWrite",
     "ModelUnavailable",

@@ -160,7 +160,7 @@ def _ablate(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         for note in target_notes(model, args.target):
             print(f"note ({name}): {note}", file=sys.stderr)
-        effects[name] = head_effects(model, args.prompt, args.target)
+        effects[name] = head_effects(model, args.prompt, args.target, fast=args.fast)
         linear[name] = linear_head_layers(model)
         layer = args.layer if args.layer is not None else strongest_layer(effects[name])
         if not 0 <= layer < model.num_layers:
@@ -185,7 +185,8 @@ def _ablate(args: argparse.Namespace) -> int:
     except ImportError:
         print("\n(no heatmap: install matplotlib, pip install 'nncanon[plot]')", file=sys.stderr)
         return EXIT_OK
-    print(f"\nheatmap of every layer x head effect on P(target): {path}")
+    kind = "estimated (attribution patching)" if args.fast else "exact"
+    print(f"\nheatmap of every layer x head {kind} effect on P(target): {path}")
     return EXIT_OK
 
 
@@ -279,6 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
     ablate.add_argument("--out", default="nncanon-ablate", help="folder for the heatmap PNG")
     ablate.add_argument(
         "--shared-scale", action="store_true", help="one colour scale for every model's heatmap (default: one each)"
+    )
+    ablate.add_argument(
+        "--fast", action="store_true",
+        help="heatmap from attribution patching (first-order estimate, one backward) instead of the exact sweep",
     )
     ablate.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     ablate.set_defaults(run=_ablate)

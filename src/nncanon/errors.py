@@ -43,3 +43,8 @@ class ModelUnavailable(NncanonError, OSError):
     An ``OSError``, as transformers raises for a checkpoint it cannot find. The message is one line
     naming the ways in: a local folder, ``HF_HUB_OFFLINE=1`` with a cached checkpoint, the demo models.
     """
+
+
+class GradientNotAvailable(NncanonError, RuntimeError):
+    """A ``.grad`` asked where no gradient can come: outside ``with loss.backward():``, on a value
+    the backward never reaches, or a standard value first read inside the backward block."""

@@ -185,6 +185,13 @@ class StandardizedTransformer(TransformersModel):
                     if binding.prepare is not None:
                         binding.prepare()
 
+    def interleave(self, *args: Any, **kwargs: Any) -> Any:
+        """nnsight's run of a trace, with ``.grad`` of a served value named as an error in the forward."""
+        from .gradients import forward_guard
+
+        with forward_guard():
+            return super().interleave(*args, **kwargs)
+
     # -- remote --------------------------------------------------------------
 
     def _remoteable_class(self) -> type:

@@ -24,6 +24,7 @@ from nnsight.intervention.interleaver import Mediator
 from nnsight.intervention.util import first_input, replace_first_input
 
 from .errors import InvalidWrite
+from .gradients import Through, first_read_in_backward, in_backward, mark, tracks
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,9 @@ class Binding:
         """The bias the caller adds to the site's tensor, where the site names one and it is set."""
         if self.site.bias is None or not isinstance(raw, (tuple, list)):
             return None
-        return raw[self.site.bias]
+        bias = raw[self.site.bias]
+        # The model adds the bias itself later: the served sum takes no second path to it.
+        return bias.detach() if isinstance(bias, torch.Tensor) else bias
 
     def read(self, raw: Any, mediator: Mediator) -> torch.Tensor:
         """What the user reads: ``[b, s, ...]``, this invoke's rows only."""
@@ -195,11 +198,13 @@ class Binding:
             return full
         return value.reshape(tensor.shape)
 
-    def write_back(self, view: torch.Tensor, raw: Any, mediator: Mediator | None = None) -> Any:
+    def write_back(self, view: torch.Tensor, raw: Any, mediator: Mediator | None = None, graph: bool = False) -> Any:
         """Map the user's (possibly edited) view back into the model's raw value.
 
         Only elements the user changed are replaced, so a write at one position leaves
-        every other position of the stream bit-identical, in any dtype.
+        every other position of the stream bit-identical, in any dtype. With ``graph`` (the trace
+        tracks gradients), the model's tensor is handed back so that its gradient reaches ``view``
+        (`nncanon.gradients`), with the same data.
         """
         tensor = _pick(raw, self.site)
         bias = self._bias(raw)
@@ -208,12 +213,15 @@ class Binding:
             factor = self._factor() if self.site.scale is not None else None
             served = current if factor is None else current * factor
             view = self._in_layout(view, served, mediator)
+            kept = Through.apply(view, tensor, 1.0 if factor is None else factor) if graph else tensor
             changed = view != served
             if not bool(changed.any()):
-                return raw
+                return _put(raw, self.site, kept) if graph else raw
             written = view if factor is None else view / factor
             written = written if bias is None else written - bias
-            return _put(raw, self.site, torch.where(changed, written, tensor))
+            return _put(raw, self.site, torch.where(changed, written, kept))
+        if not self.site.needs_writeback:  # a view of the model's tensor, handed back for its gradient
+            return _put(raw, self.site, self._in_layout(view, tensor, mediator))
         return _put(raw, self.site, self._in_layout(view, tensor, mediator).clone())
 
     def assign(self, value: Any, raw: Any, mediator: Mediator) -> Any:
@@ -309,22 +317,27 @@ class served(eproperty):
             return self
         binding: Binding = obj._nncanon_binding(self.name)
         location = binding.location
+        if in_backward():
+            raise first_read_in_backward(f"{binding.where}.{self.name}")
         mediator = Mediator.current(location)
         if binding.prepare is not None:
             binding.prepare()
-        writeback = binding.site.needs_writeback
-        occurrence = None
-        if writeback:
-            occurrence = mediator.wanted(location)
-            waiting = mediator.transform
-            if waiting is not None and waiting.key == (self, location, occurrence):
-                return waiting.view
+        occurrence = mediator.wanted(location)
+        waiting = mediator.transform
+        if waiting is not None and waiting.key == (self, location, occurrence):
+            return waiting.view
         raw = Mediator.value(location)
         view = binding.read(raw, mediator)
-        if writeback:
+        tensor = _pick(raw, binding.site)
+        graph = tracks(tensor)
+        # A value that is not the model's own tensor is handed back to the model: the write-back of
+        # a copy, and, where gradients are tracked, a view (so that its gradient reaches it).
+        if binding.site.needs_writeback or (graph and view is not tensor):
             mediator.transform = WriteBack(
-                partial(binding.write_back, view, raw, mediator), view, self, location, occurrence
+                partial(binding.write_back, view, raw, mediator, graph), view, self, location, occurrence
             )
+        if isinstance(view, torch.Tensor):
+            mark(view, f"{binding.where}.{self.name}")
         return view
 
     def __set__(self, obj: Any, value: Any) -> None:

@@ -246,8 +246,9 @@ def _operation_reference(model: Any, layer: int, site: Any, inputs: dict) -> tor
     return _pick(raw, site).clone()
 
 
-def _finish(tensor: torch.Tensor, binding: Any, inputs: dict) -> torch.Tensor:
-    """A raw site tensor as the binding serves it: token axis restored, heads split, scaled."""
+def _finish(tensor: torch.Tensor, binding: Any, inputs: dict, divide: bool = False) -> torch.Tensor:
+    """A raw site tensor as the binding serves it: token axis restored, heads split, scaled (``divide``:
+    divided by the scale, as a gradient with respect to the served value is)."""
     site = binding.site
     batch, seq = inputs["input_ids"].shape
     if site.flat:
@@ -257,8 +258,99 @@ def _finish(tensor: torch.Tensor, binding: Any, inputs: dict) -> torch.Tensor:
     if binding.heads is not None:
         tensor = tensor.view(batch, seq, binding.heads, -1)
     if site.scale is not None:
-        tensor = tensor * site.factor(binding.config)
+        factor = site.factor(binding.config)
+        tensor = tensor / factor if divide else tensor * factor
     return tensor
+
+
+def gradient_reference(model: Any, layer: int, names: Sequence[str], inputs: dict,
+                       metric: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The gradient of ``metric(logits)`` (a scalar) with respect to each value of ``names`` on block
+    ``layer``, by plain PyTorch: a hook at each value's site (a forward hook, or nnsight's source hook on
+    a plain ``NNsight`` over a copy of the model for an operation site, one forward each) registers a
+    tensor hook on the model's own tensor, and ``torch.autograd.grad`` runs the backward. Laid out as the
+    value is served (token axis restored, heads split) and divided by the site's scale
+    (``value = tensor · scale``). A value the backward does not reach has no entry.
+
+    ``attention_probabilities`` is the tensor the model returns with ``output_attentions=True``.
+    """
+    grads: dict[str, torch.Tensor] = {}
+
+    def keep(name: str, tensor: torch.Tensor) -> None:
+        if tensor.requires_grad:
+            tensor.register_hook(lambda grad, name=name: grads.__setitem__(name, grad))
+
+    sites = {name: host(model, layer, name)._nncanon.bindings[name].site
+             for name in names if name != "attention_probabilities"}
+    modules = {name: site for name, site in sites.items() if site.op is None}
+    _module_gradients(model, layer, modules, "attention_probabilities" in names, inputs, metric, keep)
+    for name, site in sites.items():
+        if site.op is not None:
+            _operation_gradient(model, layer, name, site, inputs, metric, keep)
+    finished = {}
+    for name, grad in grads.items():
+        binding = host(model, layer, name)._nncanon.bindings.get(name)
+        finished[name] = grad if binding is None else _finish(grad, binding, inputs, divide=True)
+    return finished
+
+
+def _backward(root: torch.nn.Module, output: Any, metric: Callable) -> None:
+    parameters = [p for p in root.parameters() if p.requires_grad]
+    torch.autograd.grad(metric(output.logits), parameters, allow_unused=True)
+
+
+def _module_gradients(model: Any, layer: int, sites: dict, attentions: bool, inputs: dict, metric: Callable,
+                      keep: Callable) -> None:
+    """One forward with a hook at each module site (and the probabilities returned), one backward."""
+    block = hf_block(model, layer)
+    handles = []
+    for name, site in sites.items():
+        module = block.get_submodule(site.module) if site.module else block
+        if site.key == "input":
+            handles.append(module.register_forward_pre_hook(
+                lambda mod, args, kwargs, name=name, site=site: keep(name, _pick((args, kwargs), site)),
+                with_kwargs=True))
+        else:
+            handles.append(module.register_forward_hook(
+                lambda mod, args, output, name=name, site=site: keep(name, _pick(output, site))))
+    try:
+        with torch.enable_grad():
+            output = model._module(**inputs, output_attentions=attentions)
+            if attentions:
+                keep("attention_probabilities", _attentions_of(model, output.attentions, layer))
+            _backward(model._module, output, metric)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _attentions_of(model: Any, attentions: Sequence[Any], layer: int) -> torch.Tensor:
+    """Block ``layer``'s probabilities among those a model returns: one per block (MiniMax returns its
+    linear blocks' weights too), or for each attention block (a hybrid's) in order, as many as it has
+    attention sublayers (LongCat-Flash: two), the first being ``self_attn``'s."""
+    if len(attentions) == model.num_layers and attentions[layer] is not None:
+        return attentions[layer]
+    report = model.support()
+    present = [a for a in attentions if a is not None]
+    blocks = [i for i in range(model.num_layers) if report.available("self_attn", layer=i)]
+    each = len(present) // len(blocks)
+    return present[blocks.index(layer) * each]
+
+
+def _operation_gradient(model: Any, layer: int, name: str, site: Any, inputs: dict, metric: Callable,
+                        keep: Callable) -> None:
+    """One forward of a copy of the model as a plain ``NNsight``, a tensor hook on the operation's tensor."""
+    from nnsight import NNsight
+
+    root = copy.deepcopy(model._module)
+    plain = NNsight(root)
+    path = ".".join(part for part in (model.family.layers, str(layer), site.module) if part)
+    with torch.enable_grad():
+        with plain.trace(**inputs):
+            operation = getattr(plain.get(path).source, site.op)
+            keep(name, _pick(operation.output if site.key == "output" else operation.inputs, site))
+            output = plain.output.save()
+        _backward(root, output, metric)
 
 
 # -- the checks -------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ One small module per tool:
 - `resume`: sweeps that run the blocks before a layer once and resume there.
 - `heads`: each head's contribution through its slice of the output projection.
 - `attribution`: direct logit attribution of heads and sublayers.
+- `attribution_patching`: the first-order estimate of patching every head and sublayer, in one backward.
 - `cache`: every standard value of every layer from one forward.
 
 See ``docs/tools.md`` for a runnable example of each.
@@ -28,6 +29,7 @@ from .ablation import (
     zero_ablate_mlp,
 )
 from .attribution import FrozenNorm, LogitAttribution, direct_logit_attribution, freeze_norm
+from .attribution_patching import OVER, AttributionPatching, attribution_patching
 from .cache import ActivationCache, cache_activations
 from .heads import attention_head_contributions, head_norm, output_projection, projection_input, projection_weights
 from .logit_lens import lens_top_tokens, logit_lens, plot_logit_lens
@@ -38,11 +40,14 @@ from .steering import steer
 
 __all__ = [
     "IDENTITY_TARGET",
+    "OVER",
     "ActivationCache",
+    "AttributionPatching",
     "FrozenNorm",
     "LogitAttribution",
     "activation_patching",
     "attention_head_contributions",
+    "attribution_patching",
     "cache_activations",
     "clean_values",
     "direct_logit_attribution",

@@ -1,0 +1,149 @@
+"""Gradients of served values: ``value.grad`` inside ``with loss.backward():`` of a trace.
+
+nnsight serves ``t.grad`` by a hook on the tensor ``t`` itself, so a gradient reaches a value only
+if the model's later computation runs through that very tensor. The model's own tensor at a site
+does; a value we derive from it does not by itself: a per-head view (``unflatten``), a token axis
+restored (``view``), a scaled copy (Granite's ``residual_multiplier``) or a bias added. So when a
+trace tracks gradients, a read puts the served value into the model's graph, with data that is bit
+for bit the model's own:
+
+- a view: the model is handed the view laid out back as its own tensor (same storage, same data);
+- a scaled or biased copy: the model is handed its own tensor through `Through`, an identity whose
+  backward sends ``grad / factor`` to the served value (``value = tensor · factor + bias``), and
+  from there the gradient flows on to the model's tensor (``(grad / factor) · factor``).
+
+A write to ``value.grad`` then changes the gradient that flows on, as on any nnsight tensor.
+
+Named errors (`GradientNotAvailable`): ``.grad`` of a served value asked in the forward part of a
+trace (outside the backward block), a served value first read inside the backward block (the forward
+is over), and a ``.grad`` the backward never reaches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from nnsight.intervention import backward as _backward
+from nnsight.intervention.interleaver import OutOfOrderError
+
+from .errors import GradientNotAvailable
+
+#: The attribute that marks a served tensor with its name (``"layers[0].self_attn.attention_output"``).
+MARK = "_nncanon_value"
+
+_GRAD = torch._C.TensorBase.grad  # torch's own ``.grad``
+
+
+class Through(torch.autograd.Function):
+    """``Through(served, tensor)`` is a copy of ``tensor`` whose gradient goes to ``served`` divided by
+    ``factor`` (``served = tensor · factor (+ bias)``) and not to ``tensor`` directly."""
+
+    @staticmethod
+    def forward(ctx: Any, served: torch.Tensor, tensor: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return tensor.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        return (grad if ctx.factor == 1.0 else grad / ctx.factor), None, None
+
+
+def tracks(tensor: Any) -> bool:
+    """Whether a gradient can reach ``tensor`` (the trace tracks gradients and it is in the graph)."""
+    return isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled()
+
+
+def in_backward() -> bool:
+    """Whether a ``with loss.backward():`` block of nnsight is running (it replaces ``Tensor.grad``)."""
+    current = torch.Tensor.__dict__.get("grad")
+    return current is not None and current is not _FORWARD_GRAD
+
+
+def mark(tensor: torch.Tensor, name: str) -> torch.Tensor:
+    """Label ``tensor`` as the served value ``name`` (for the messages of `GradientNotAvailable`)."""
+    try:
+        setattr(tensor, MARK, name)
+    except (AttributeError, RuntimeError):  # pragma: no cover - a tensor subclass that refuses attributes
+        pass
+    return tensor
+
+
+def first_read_in_backward(name: str) -> GradientNotAvailable:
+    """The error for a served value read for the first time inside a backward block."""
+    return GradientNotAvailable(
+        f"{name} was read inside `with loss.backward():`, where the forward is over. Read it in the forward, "
+        f"before the backward block, and ask its gradient inside: `value = {name}` ... "
+        f"`with loss.backward(): grad = value.grad.save()`."
+    )
+
+
+def _forward_get(tensor: torch.Tensor) -> Any:
+    name = tensor.__dict__.get(MARK) if hasattr(tensor, "__dict__") else None
+    if name is not None:
+        raise GradientNotAvailable(
+            f"{name}.grad was asked in the forward part of the trace, where no gradient exists yet. Ask it "
+            f"inside a backward block of the same trace: `loss = ...` then `with loss.backward(): "
+            f"grad = value.grad.save()`."
+        )
+    return _GRAD.__get__(tensor)
+
+
+def _forward_set(tensor: torch.Tensor, value: Any) -> None:
+    if hasattr(tensor, "__dict__") and tensor.__dict__.get(MARK) is not None:
+        _forward_get(tensor)
+    _GRAD.__set__(tensor, value)
+
+
+_FORWARD_GRAD = property(_forward_get, _forward_set)
+_depth = 0
+_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def forward_guard() -> Iterator[None]:
+    """While a trace's forward runs: ``.grad`` of a served value raises `GradientNotAvailable`.
+
+    Other tensors keep torch's own ``.grad``; nnsight's backward block replaces it for its duration
+    and puts this one back.
+    """
+    global _depth
+    with _lock:
+        if _depth == 0 and "grad" not in torch.Tensor.__dict__:
+            torch.Tensor.grad = _FORWARD_GRAD
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0 and torch.Tensor.__dict__.get("grad") is _FORWARD_GRAD:
+                del torch.Tensor.grad
+
+
+def _named_grad_property(interleaver: Any, seen: set, hooks: list) -> property:
+    """nnsight's backward ``.grad``, with a named error where a served value's gradient never comes."""
+    inner = _nnsight_grad_property(interleaver, seen, hooks)
+
+    def getter(tensor: torch.Tensor) -> Any:
+        try:
+            return inner.fget(tensor)
+        except OutOfOrderError as error:
+            name = tensor.__dict__.get(MARK) if hasattr(tensor, "__dict__") else None
+            if name is None:
+                raise
+            raise GradientNotAvailable(
+                f"{name}.grad: the backward never reached it. Either the loss does not depend on it "
+                f"(a value read after what the loss is computed from, or in another trace), or a gradient "
+                f"of a value the forward computed earlier was asked before it: ask gradients in the reverse "
+                f"of the forward order."
+            ) from error
+
+    return property(getter, inner.fset)
+
+
+_nnsight_grad_property = _backward._grad_property
+_backward._grad_property = _named_grad_property
