@@ -60,7 +60,13 @@ def tracks(tensor: Any) -> bool:
 def in_backward() -> bool:
     """Whether a ``with loss.backward():`` block of nnsight is running (it replaces ``Tensor.grad``)."""
     current = torch.Tensor.__dict__.get("grad")
-    return current is not None and current is not _FORWARD_GRAD
+    return not _torchs_own(current) and current is not _FORWARD_GRAD
+
+
+def _torchs_own(current: Any) -> bool:
+    """Whether ``current`` (``torch.Tensor.__dict__["grad"]``) is torch's ``.grad``: absent, or the base
+    class's descriptor, which nnsight writes back onto ``torch.Tensor`` after a backward block."""
+    return current is None or current is _GRAD
 
 
 def mark(tensor: torch.Tensor, name: str) -> torch.Tensor:
@@ -100,6 +106,7 @@ def _forward_set(tensor: torch.Tensor, value: Any) -> None:
 
 _FORWARD_GRAD = property(_forward_get, _forward_set)
 _depth = 0
+_replaced = False  # whether torch.Tensor held torch's descriptor itself when the guard went up
 _lock = threading.Lock()
 
 
@@ -110,9 +117,10 @@ def forward_guard() -> Iterator[None]:
     Other tensors keep torch's own ``.grad``; nnsight's backward block replaces it for its duration
     and puts this one back.
     """
-    global _depth
+    global _depth, _replaced
     with _lock:
-        if _depth == 0 and "grad" not in torch.Tensor.__dict__:
+        if _depth == 0 and _torchs_own(torch.Tensor.__dict__.get("grad")):
+            _replaced = "grad" in torch.Tensor.__dict__
             torch.Tensor.grad = _FORWARD_GRAD
         _depth += 1
     try:
@@ -121,7 +129,10 @@ def forward_guard() -> Iterator[None]:
         with _lock:
             _depth -= 1
             if _depth == 0 and torch.Tensor.__dict__.get("grad") is _FORWARD_GRAD:
-                del torch.Tensor.grad
+                if _replaced:
+                    torch.Tensor.grad = _GRAD
+                else:
+                    del torch.Tensor.grad
 
 
 def _named_grad_property(interleaver: Any, seen: set, hooks: list) -> property:
