@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
 from nnsight.modeling.transformers import TransformersModel
 
-from .errors import InvalidSkip, SizeNotAvailable, ValueNotAvailable
+from .errors import InvalidSkip, InvalidWrite, SizeNotAvailable, ValueNotAvailable
 from .families import Family, family_for
 from .mounting import mount
-from .served import model_value
+from .served import check_write, model_value
 
 
 def _config_of(model: Any, kwargs: dict) -> Any:
@@ -271,14 +272,42 @@ class StandardizedTransformer(TransformersModel):
 
     @model_value(key="output")
     def logits(self, value: Any) -> torch.Tensor:
-        """The model's logits, ``[batch, seq, vocab]``, after its own post-processing. Writable in place."""
+        """The model's logits, ``[batch, seq, vocab]``, after its own post-processing.
+
+        Writable in place (``model.logits[:, -1] = t``) or by assignment (``model.logits = t``, checked
+        like every value: `InvalidWrite` unless ``t`` broadcasts to ``[batch, seq, vocab]`` with the
+        logits' dtype and device). An assignment replaces the logits inside the model's output; the
+        output keeps its type, so ``generate`` samples from the written logits.
+        """
         self._model_value_check("logits")
         return value.logits if hasattr(value, "logits") else value[0]
 
+    @logits.writer
+    def logits(self, value: Any, raw: Any) -> Any:
+        current = StandardizedTransformer.logits._preprocess(self, raw)
+        check_write(value, current, "model.logits")
+        value = value.expand_as(current)
+        if hasattr(raw, "logits") and not isinstance(raw, tuple):
+            output = copy.copy(raw)  # a ModelOutput: the same type and fields, the logits replaced
+            output.logits = value
+            return output
+        return (value, *raw[1:])
+
     @property
     def next_token_probs(self) -> torch.Tensor:
-        """The next-token distribution at the last position, ``[batch, vocab]`` (softmax of ``logits[:, -1]``)."""
+        """The next-token distribution at the last position, ``[batch, vocab]`` (softmax of ``logits[:, -1]``).
+
+        Read-only: it is computed from the logits. Write ``model.logits[:, -1]`` to change it.
+        """
         return torch.softmax(self.logits[:, -1], dim=-1)
+
+    @next_token_probs.setter
+    def next_token_probs(self, value: Any) -> None:
+        raise InvalidWrite(
+            f"model.next_token_probs is read-only (the softmax of logits[:, -1]); it was assigned a "
+            f"{type(value).__name__}. Write the logits instead: model.logits[:, -1] = ... "
+            "(torch.log of a distribution gives logits whose softmax is that distribution)."
+        )
 
     def project_on_vocab(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits from a residual-stream state, ``[..., hidden]`` to ``[..., vocab]``.

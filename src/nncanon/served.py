@@ -254,21 +254,41 @@ def check_write(value: Any, current: torch.Tensor, what: str) -> None:
 
 
 def _rebuild_eproperty(cls: type, key: str, description: str | None, preprocess: Any, postprocess: Any,
-                      transform: Any) -> eproperty:
+                      transform: Any, put: Any = None) -> eproperty:
     prop = cls.__new__(cls)
     eproperty.__init__(prop, key=key, description=description)
     eproperty.__call__(prop, preprocess)
     prop._postprocess, prop._transform = postprocess, transform
+    prop._put = put
     return prop
 
 
 class model_value(eproperty):
-    """An nnsight ``eproperty`` that pickles (remote requests ship nncanon's classes by value)."""
+    """An nnsight ``eproperty`` that pickles (remote requests ship nncanon's classes by value).
+
+    A model value registers its write with `writer`: ``put(host, value, raw)`` checks the
+    user's ``value`` against the value read from ``raw`` (raising `InvalidWrite`) and returns the
+    raw value to swap in, its container kept. A model value without a writer cannot be written.
+    """
+
+    _put: Callable[[Any, Any, Any], Any] | None = None
+
+    def writer(self, put: Callable[[Any, Any, Any], Any]) -> model_value:
+        """Register ``put(host, value, raw) -> new raw``: the checked write of this value."""
+        self._put = put
+        return self
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        if self._put is None:
+            raise InvalidWrite(f"model.{self.name} is read-only.")
+        location = self._location(obj)
+        Mediator.swap(location, self._put(obj, value, Mediator.value(location)))
 
     def __reduce__(self) -> tuple:
         return (
             _rebuild_eproperty,
-            (type(self), self.key, self.description, self._preprocess, self._postprocess, self._transform),
+            (type(self), self.key, self.description, self._preprocess, self._postprocess, self._transform,
+             self._put),
         )
 
 
