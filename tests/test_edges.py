@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
+from nnsight.intervention.interleaver import OutOfOrderError
 
-from nncanon import InvalidWrite
+from nncanon import (
+    InvalidInput,
+    InvalidLayer,
+    InvalidModel,
+    InvalidSkip,
+    InvalidWrite,
+    ModelNotFound,
+    OutOfOrderRead,
+    StandardizedTransformer,
+)
 from nncanon.testing import PROMPTS, tiny_model
 
 
@@ -75,3 +87,145 @@ def test_next_token_probs_is_read_only(gpt2):
     with pytest.raises(InvalidWrite, match=r"next_token_probs is read-only.*model\.logits\[:, -1\]"):
         with gpt2.trace(PROMPTS[0]):
             gpt2.next_token_probs = torch.zeros(1, gpt2.vocab_size)
+
+
+# -- named errors (point 5) ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama4():
+    """A tiny Llama of 4 blocks."""
+    return tiny_model("llama", num_hidden_layers=4)
+
+
+def test_overlapping_and_repeated_skips_name_both_calls(llama4):
+    with pytest.raises(InvalidSkip, match=r"skip_layers\(1, 2\) overlaps skip_layers\(0, 1\).*blocks 1\.\.1"):
+        with llama4.trace(PROMPTS[0]):
+            llama4.skip_layers(0, 1)
+            llama4.skip_layers(1, 2)
+    with pytest.raises(InvalidSkip, match=r"skip_layers\(2, 2\) overlaps skip_layers\(2, 2\)"):
+        with llama4.trace(PROMPTS[0]):
+            llama4.skip_layers(2)
+            llama4.skip_layers(2)
+    with pytest.raises(InvalidSkip, match=r"skip_layers\(0, 0\) comes after skip_layers\(2, 2\)"):
+        with llama4.trace(PROMPTS[0]):
+            llama4.skip_layers(2)
+            llama4.skip_layers(0)
+
+
+def test_a_read_inside_a_skipped_block_names_the_skip(llama4):
+    with pytest.raises(InvalidSkip, match=r"layers\[1\]\.mlp\.mlp_output was read after skip_layers\(0, 1\)"):
+        with llama4.trace(PROMPTS[0]):
+            llama4.skip_layers(0, 1)
+            llama4.layers[1].mlp.mlp_output.save()
+    # The stream leaving the last skipped block is still served: it is the stream entering the first.
+    with torch.no_grad(), llama4.trace(PROMPTS[0]):
+        entering = llama4.layers[0].layer_input.save()
+        llama4.skip_layers(0, 1)
+        leaving = llama4.layers[1].layer_output.save()
+    assert torch.equal(entering, leaving)
+
+
+@pytest.mark.parametrize("index", [1.0, True, torch.tensor(1)], ids=["float", "bool", "tensor"])
+def test_skip_layers_refuses_an_index_that_is_not_an_int(llama4, index):
+    name = type(index).__name__
+    with pytest.raises(InvalidSkip, match=rf"skip_layers\(.*was given .* \({name}\); a layer index is an int"):
+        with llama4.trace(PROMPTS[0]):
+            llama4.skip_layers(index)
+
+
+def test_negative_indices_count_from_the_end_everywhere(llama4):
+    """One rule: ``layers[-1]``, ``skip_layers(-2, -1)``, ``steer(-1)`` and ``support()`` all index like Python."""
+    direction = torch.ones(llama4.hidden_size)
+    with torch.no_grad(), llama4.trace(PROMPTS[0]):
+        last = llama4.layers[-1].layer_output.save()
+        same = llama4.layers[3].layer_output.save()
+    assert torch.equal(last, same)
+    with torch.no_grad(), llama4.trace(PROMPTS[0]):
+        llama4.skip_layers(-2, -1)
+        skipped_negative = llama4.logits.save()
+    with torch.no_grad(), llama4.trace(PROMPTS[0]):
+        llama4.skip_layers(2, 3)
+        skipped = llama4.logits.save()
+    assert torch.equal(skipped_negative, skipped)
+    with torch.no_grad(), llama4.trace(PROMPTS[0]):
+        llama4.steer(-1, direction)
+        steered_negative = llama4.logits.save()
+    with torch.no_grad(), llama4.trace(PROMPTS[0]):
+        llama4.steer(3, direction)
+        steered = llama4.logits.save()
+    assert torch.equal(steered_negative, steered)
+    assert llama4.support().reason("mlp_output", layer=-1) == llama4.support().reason("mlp_output", layer=3)
+
+
+def test_a_layer_index_out_of_range_is_an_index_error_naming_the_range(llama4):
+    with pytest.raises(IndexError, match=r"layer 4 is out of range for model\.layers: this model has 4 layers.*0\.\.3"):
+        llama4.layers[4]
+    with pytest.raises(InvalidLayer, match=r"layer -5 is out of range"), llama4.trace(PROMPTS[0]):
+        llama4.layers[-5].layer_output.save()
+    with pytest.raises(TypeError, match=r"was given 1\.5 \(float\)"):
+        llama4.layers[1.5]
+    with pytest.raises(InvalidSkip, match=r"skip_layers\(0, 4\) asks for blocks outside 0\.\.3"):
+        with llama4.trace(PROMPTS[0]):
+            llama4.skip_layers(0, 4)
+
+
+def test_a_value_read_out_of_order_names_it_and_the_order(llama4):
+    with pytest.raises(OutOfOrderRead, match=r"layers\[0\]\.layer_output was read, after layers\[1\]\.layer_output,"
+                       r".*block by block, layers\[0\] to layers\[3\]"):
+        with llama4.trace(PROMPTS[0]):
+            llama4.layers[1].layer_output.save()
+            llama4.layers[0].layer_output.save()
+    order = r"inside layers\[0\]: layer_input, then self_attn, then mlp, then layer_output"
+    with pytest.raises(OutOfOrderError, match=rf"layers\[0\]\.self_attn\.attention_output was read.*{order}"):
+        with llama4.trace(PROMPTS[0]):
+            llama4.layers[0].mlp.mlp_output.save()
+            llama4.layers[0].self_attn.attention_output.save()
+
+
+def test_the_order_message_follows_the_family():
+    """Falcon-H1 runs its Mamba mixer before its attention: the message says so."""
+    model = tiny_model("falcon_h1")
+    with pytest.raises(OutOfOrderRead, match=r"then linear_attn, then self_attn, then mlp"):
+        with model.trace(PROMPTS[0]):
+            model.layers[0].mlp.mlp_output.save()
+            model.layers[0].self_attn.attention_output.save()
+
+
+@pytest.mark.parametrize("prompt", [[], None], ids=["empty-list", "none"])
+def test_a_trace_without_a_prompt_is_refused(gpt2, prompt):
+    with pytest.raises(InvalidInput, match=re.escape(f"was given {prompt!r}: there is no prompt")):
+        with gpt2.trace(prompt):
+            gpt2.logits.save()
+
+
+def test_a_missing_local_folder_names_the_path(tmp_path):
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(ModelNotFound, match=re.escape(f"no folder at '{missing}'")):
+        StandardizedTransformer(str(missing))
+    with pytest.raises(FileNotFoundError, match=re.escape("no folder at './not/here'")):
+        StandardizedTransformer("./not/here")
+
+
+def test_a_module_without_a_config_is_refused():
+    with pytest.raises(InvalidModel, match=r"given a Linear with no transformers config"):
+        StandardizedTransformer(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("prompts", ["", ["", PROMPTS[0]]], ids=["alone", "in-a-batch"])
+def test_an_empty_prompt_without_bos_is_refused(gpt2, prompts):
+    assert gpt2.tokenizer("").input_ids == [], "the tiny tokenizer adds no BOS token"
+    with pytest.raises(InvalidInput, match=r"batch row\(s\) \[0\] have no tokens.*padding only"):
+        with gpt2.trace(prompts):
+            gpt2.next_token_probs.save()
+
+
+def test_a_prompt_longer_than_the_positions_names_the_limit(gpt2):
+    limit = gpt2._text_config.n_positions
+    ids = torch.ones(1, limit + 1, dtype=torch.long)
+    with pytest.raises(InvalidInput, match=rf"{limit + 1} tokens long.*gpt2 model has {limit} positions"):
+        with gpt2.trace(ids):
+            gpt2.logits.save()
+    with torch.no_grad(), gpt2.trace(ids[:, :limit]):  # at the limit: runs
+        logits = gpt2.logits.save()
+    assert logits.shape == (1, limit, gpt2.vocab_size)

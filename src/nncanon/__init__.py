@@ -4,9 +4,15 @@ import nnsight
 
 from .demo import demo_model
 from .errors import (
+    InvalidInput,
+    InvalidLayer,
+    InvalidModel,
     InvalidSkip,
+    InvalidUse,
     InvalidWrite,
+    ModelNotFound,
     NncanonError,
+    OutOfOrderRead,
     SizeNotAvailable,
     UnknownFamilyError,
     ValueNotAvailable,
@@ -22,9 +28,15 @@ __version__ = "0.1.0"
 nnsight.register(__name__)
 
 __all__ = [
+    "InvalidInput",
+    "InvalidLayer",
+    "InvalidModel",
     "InvalidSkip",
+    "InvalidUse",
     "InvalidWrite",
+    "ModelNotFound",
     "NncanonError",
+    "OutOfOrderRead",
     "SizeNotAvailable",
     "StandardizedTransformer",
     "SupportReport",

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any
 
 import torch
 from nnsight.modeling.transformers import TransformersModel
 
-from .errors import InvalidSkip, InvalidWrite, SizeNotAvailable, ValueNotAvailable
+from .components.layer import layer_index
+from .errors import (
+    InvalidInput,
+    InvalidLayer,
+    InvalidModel,
+    InvalidSkip,
+    InvalidWrite,
+    ModelNotFound,
+    SizeNotAvailable,
+    ValueNotAvailable,
+)
 from .families import Family, family_for
 from .mounting import mount
 from .served import check_write, model_value
@@ -19,11 +30,38 @@ def _config_of(model: Any, kwargs: dict) -> Any:
     if kwargs.get("config") is not None:
         return kwargs["config"]
     if isinstance(model, torch.nn.Module):
-        return model.config
+        config = getattr(model, "config", None)
+        if config is None or not hasattr(config, "get_text_config"):
+            raise InvalidModel(
+                f"StandardizedTransformer was given a {type(model).__name__} with no transformers config "
+                "(.config): it serves transformers causal LMs. Pass a hub id, a saved folder, or a "
+                "PreTrainedModel (AutoModelForCausalLM...) with tokenizer=."
+            )
+        return config
+    if not isinstance(model, (str, os.PathLike)):
+        raise InvalidModel(
+            f"StandardizedTransformer was given a {type(model).__name__}; pass a hub id, a local folder or "
+            "a transformers PreTrainedModel."
+        )
+    model = os.fspath(model)
+    if _looks_like_path(model) and not os.path.isdir(os.path.expanduser(model)):
+        raise ModelNotFound(
+            f"no folder at {model!r} (resolved: {os.path.abspath(os.path.expanduser(model))}): a local model is "
+            "a folder saved with save_pretrained (config.json, weights and tokenizer files). Check the path, "
+            "or give a hub id ('namespace/name')."
+        )
     from transformers import AutoConfig
 
     options = {k: kwargs[k] for k in ("revision", "trust_remote_code", "token") if k in kwargs}
     return AutoConfig.from_pretrained(model, **options)
+
+
+def _looks_like_path(model: str) -> bool:
+    """Whether ``model`` names a local folder rather than a hub id (``namespace/name``)."""
+    return (
+        os.path.isabs(model) or model.startswith((".", "~")) or model.count("/") > 1 or os.path.exists(model)
+        or (os.sep != "/" and os.sep in model)
+    )
 
 
 def _causal_lm_config(config: Any) -> Any:
@@ -159,6 +197,55 @@ class StandardizedTransformer(TransformersModel):
                 for binding in state.bindings.values() if state is not None else ():
                     if binding.prepare is not None:
                         binding.prepare()
+
+    # -- inputs --------------------------------------------------------------
+
+    def _batch_size(self, *inputs: Any, **kwargs: Any) -> int:
+        """Rows an invoke's input adds; no prompt at all (``None``, ``[]``) is refused by name."""
+        if inputs and (inputs[0] is None or (isinstance(inputs[0], (list, tuple)) and len(inputs[0]) == 0)):
+            raise InvalidInput(
+                f"model.trace / model.generate was given {inputs[0]!r}: there is no prompt to run. Give a "
+                "string, a list of strings, or token ids; to batch with invokes, call model.trace() with "
+                "no input and tracer.invoke(prompt) inside."
+            )
+        return super()._batch_size(*inputs, **kwargs)
+
+    def _batch(self, invokes: list, fn: Any) -> tuple:
+        """The batched forward input; refuses an empty row and a prompt longer than the model's positions."""
+        args, kwargs = super()._batch(invokes, fn)
+        ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
+        if isinstance(ids, torch.Tensor) and ids.dim() == 2:
+            lengths = mask.sum(-1) if isinstance(mask, torch.Tensor) else torch.full(ids.shape[:1], ids.shape[1])
+            empty = [row for row, length in enumerate(lengths.tolist()) if length == 0]
+            if empty:
+                raise InvalidInput(
+                    f"batch row(s) {empty} have no tokens: an empty prompt, and this tokenizer adds no BOS "
+                    "token, so the model would predict from padding only. Give every prompt at least one "
+                    "token (or a tokenizer that adds a BOS token)."
+                )
+            limit = self._position_limit()
+            if limit is not None and ids.shape[1] > limit:
+                raise InvalidInput(
+                    f"the prompt is {ids.shape[1]} tokens long, but this {self._text_config.model_type} model "
+                    f"has {limit} positions (a learned position table of {limit} rows): give at most {limit} "
+                    "tokens, e.g. tokenizer(..., truncation=True, max_length=...)."
+                )
+        return args, kwargs
+
+    def _position_limit(self) -> int | None:
+        """The longest sequence the model can embed, where it has a learned position table (GPT-2's ``n_positions``)."""
+        if "_position_limit_cache" not in self.__dict__:
+            config = self._text_config
+            limit = getattr(config, "n_positions", None)
+            most = getattr(config, "max_position_embeddings", None)
+            if limit is None and isinstance(most, int):
+                token_table = self.embed_tokens._module
+                tables = [m for m in self._module.modules() if isinstance(m, torch.nn.Embedding)]
+                # a learned position table (OPT offsets its rows by 2)
+                if any(m.num_embeddings in (most, most + 2) for m in tables if m is not token_table):
+                    limit = most
+            self.__dict__["_position_limit_cache"] = limit
+        return self.__dict__["_position_limit_cache"]
 
     # -- remote --------------------------------------------------------------
 
@@ -340,18 +427,18 @@ class StandardizedTransformer(TransformersModel):
         they return. A skip must cover every invoke of a batched trace (nnsight raises
         ``ValueError`` otherwise).
 
+        Indices follow Python's rule, as ``model.layers[i]`` does: ``-1`` is the last block.
+        Skips of one trace are made in block order and do not overlap.
+
         Raises:
-            InvalidSkip: for layers out of range, or a replacement whose type, shape, dtype
-                or device does not match the stream at ``layers[start]``.
+            InvalidSkip: for an index that is not an int or is out of range, a skip that overlaps or
+                precedes one already made in the trace, or a replacement whose type, shape, dtype
+                or device does not match the stream at ``layers[start]``; a value of a skipped block
+                read in the same trace.
         """
         self._model_value_check("skip_layers")
-        end = start if end is None else end
-        count = self.num_layers
-        if not (0 <= start <= end < count):
-            raise InvalidSkip(
-                f"skip_layers({start}, {end}) asks for blocks outside 0..{count - 1}; "
-                f"give 0 <= start <= end < {count} (end is inclusive)."
-            )
+        start, end = self._skip_range(start, end)
+        self._record_skip(start, end)
         expected = self.layers[start].layer_input
         replacement = expected if skip_with is None else skip_with
         if skip_with is not None:
@@ -365,6 +452,50 @@ class StandardizedTransformer(TransformersModel):
                 extras = tuple(self.layers[index].inputs[0][1 : 1 + self._family.block_extras])
             tupled = extras or self._family.block_tuple
             self.layers[index].skip((replacement, *extras) if tupled else replacement)
+
+    def _skip_range(self, start: Any, end: Any) -> tuple[int, int]:
+        """``(start, end)`` as block indices by `layer_index`'s rule (negative counts from the end), or raise."""
+        end = start if end is None else end
+        count = self.num_layers
+        try:
+            first, last = layer_index(start, count, "skip_layers"), layer_index(end, count, "skip_layers")
+        except InvalidLayer as error:
+            where = "" if isinstance(error.__cause__, TypeError) else f" asks for blocks outside 0..{count - 1}"
+            raise InvalidSkip(
+                f"skip_layers({start!r}, {end!r}){where}: {error} Give 0 <= start <= end < {count} "
+                "(end is inclusive; negative counts from the end)."
+            ) from None
+        if first > last:
+            raise InvalidSkip(
+                f"skip_layers({start}, {end}) asks for blocks {first}..{last}, which is empty; "
+                f"give start <= end (end is inclusive; both in 0..{count - 1}, or negative from the end)."
+            )
+        return first, last
+
+    def _record_skip(self, start: int, end: int) -> None:
+        """Note the skip on this invoke, refusing one that overlaps or precedes a skip already made."""
+        from nnsight.intervention.interleaver import Mediator
+
+        from .order import SkipRecord, skips
+
+        first = self.layers[0].__dict__["_nncanon"].bindings["layer_input"].location
+        mediator = Mediator.current("skip_layers")
+        record = SkipRecord(start, end, mediator.wanted(first))
+        for made in skips(mediator):
+            if made.step != record.step:
+                continue
+            if made.start <= end and start <= made.end:
+                raise InvalidSkip(
+                    f"{record.call} overlaps {made.call}, made earlier in this trace: blocks "
+                    f"{max(start, made.start)}..{min(end, made.end)} would be skipped twice. Make one call, "
+                    f"skip_layers({min(start, made.start)}, {max(end, made.end)})."
+                )
+            if start < made.start:
+                raise InvalidSkip(
+                    f"{record.call} comes after {made.call} in this trace, but its blocks run first: "
+                    "the model runs blocks in index order, so make skips (and reads) in that order."
+                )
+        skips(mediator).append(record)
 
     @staticmethod
     def _check_replacement(value: Any, expected: torch.Tensor, start: int, end: int) -> None:

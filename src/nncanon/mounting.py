@@ -23,11 +23,13 @@ from .components import (
     AttentionEnvoy,
     ComponentState,
     LayerEnvoy,
+    LayersEnvoy,
     LinearAttentionEnvoy,
     MLPEnvoy,
     VirtualMLP,
 )
 from .families import Family
+from .order import block_order
 from .served import Binding, Site
 
 
@@ -122,6 +124,7 @@ def mount(model: Any, family: Family, config: Any) -> None:
     ``config`` is the text config (heads and scale factors are read from it).
     """
     heads = getattr(config, "num_attention_heads", None)  # SSMs (Mamba) have none
+    adopt(model.layers, LayersEnvoy)
     for index, layer in enumerate(model.layers):
         adopt(layer, LayerEnvoy)
         spec, kind = family.for_layer(config, index)
@@ -215,6 +218,13 @@ def mount(model: Any, family: Family, config: Any) -> None:
         else:
             _route(layer, "mlp", None, None, hidden)
             state.reasons["mlp"] = f"{label}: it has no MLP"
+
+        present = {"self_attn": spec.attention, "linear_attn": spec.mixer, "mlp": spec.mlp_output}
+        order = block_order([c for c in spec.component_order if present.get(c) is not None], index,
+                            len(model.layers), config.model_type)
+        for component in components:
+            for binding in component.bindings.values():
+                binding.order = order
 
         for name, reason in spec.declined(config, index).items():
             decline(layer, name, reason)

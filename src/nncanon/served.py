@@ -20,10 +20,11 @@ from typing import Any
 
 import torch
 from nnsight.intervention.eproperty import WriteBack, eproperty
-from nnsight.intervention.interleaver import Mediator
+from nnsight.intervention.interleaver import Mediator, OutOfOrderError
 from nnsight.intervention.util import first_input, replace_first_input
 
 from .errors import InvalidWrite
+from .order import note_read, translated
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,7 @@ class Binding:
         where: A human label for messages (``"layers[3].self_attn"``).
         heads: When set, the last axis is split into ``(heads, head_dim)``.
         prepare: Called before a read; installs nnsight's source hooks for an operation site.
+        order: The order the model computes this block's values in, for the out-of-order message.
     """
 
     name: str
@@ -139,6 +141,7 @@ class Binding:
     where: str
     heads: int | None = None
     prepare: Any | None = None
+    order: str = ""
 
     def _factor(self) -> float:
         return self.site.factor(self.config)
@@ -339,7 +342,7 @@ class served(eproperty):
             waiting = mediator.transform
             if waiting is not None and waiting.key == (self, location, occurrence):
                 return waiting.view
-        raw = Mediator.value(location)
+        raw = _value(binding, mediator, f"{binding.where}.{self.name}")
         view = binding.read(raw, mediator)
         if writeback:
             mediator.transform = WriteBack(
@@ -352,5 +355,17 @@ class served(eproperty):
         mediator = Mediator.current(binding.location)
         if binding.prepare is not None:
             binding.prepare()
-        raw = Mediator.value(binding.location)
+        raw = _value(binding, mediator, f"{binding.where}.{self.name}")
         Mediator.swap(binding.location, binding.assign(value, raw, mediator))
+
+
+def _value(binding: Binding, mediator: Mediator, label: str) -> Any:
+    """The raw value at ``binding``'s location; nnsight's ``OutOfOrderError`` named (`nncanon.order`)."""
+    try:
+        raw = Mediator.value(binding.location)
+    except OutOfOrderError as error:
+        if mediator.iteration != 0:  # a tracer.iter loop that outran the run: nnsight warns, not an error
+            raise
+        raise translated(error, mediator, label, binding.order) from None
+    note_read(mediator, label)
+    return raw
