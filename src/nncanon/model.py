@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -438,11 +440,12 @@ class StandardizedTransformer(TransformersModel):
         """
         self._model_value_check("skip_layers")
         start, end = self._skip_range(start, end)
-        self._record_skip(start, end)
+        record = self._new_skip(start, end)
         expected = self.layers[start].layer_input
         replacement = expected if skip_with is None else skip_with
         if skip_with is not None:
             self._check_replacement(skip_with, expected, start, end)
+        record()
         extras = (None,) * self._family.block_extras
         for index in range(start, end + 1):
             state = self._family.passes_state
@@ -472,8 +475,8 @@ class StandardizedTransformer(TransformersModel):
             )
         return first, last
 
-    def _record_skip(self, start: int, end: int) -> None:
-        """Note the skip on this invoke, refusing one that overlaps or precedes a skip already made."""
+    def _new_skip(self, start: int, end: int) -> Callable[[], None]:
+        """Refuse a skip that overlaps or precedes one this invoke already made; return what notes it."""
         from nnsight.intervention.interleaver import Mediator
 
         from .order import SkipRecord, skips
@@ -495,7 +498,7 @@ class StandardizedTransformer(TransformersModel):
                     f"{record.call} comes after {made.call} in this trace, but its blocks run first: "
                     "the model runs blocks in index order, so make skips (and reads) in that order."
                 )
-        skips(mediator).append(record)
+        return partial(skips(mediator).append, record)
 
     @staticmethod
     def _check_replacement(value: Any, expected: torch.Tensor, start: int, end: int) -> None:
