@@ -126,6 +126,52 @@ def test_matrix_writes_the_status_of_the_selected_variants(tmp_path):
     assert merged["last_filtered_run"]["selection"] == "ctrl"
 
 
+@pytest.mark.parametrize(
+    "arguments, code, says",
+    [
+        (["-k", "no_such_variant_anywhere"], EXIT_USAGE, "selected no variant's test"),
+        (["-k", "mpt", "-n", "bogus"], EXIT_USAGE, "pytest refused the arguments"),
+    ],
+    ids=["selects-nothing", "usage-error"],
+)
+def test_a_matrix_run_that_did_not_run_writes_nothing(tmp_path, arguments, code, says):
+    before = '{"variants": {"mpt": {"status": "pass"}}}\n'
+    (tmp_path / "status.json").write_text(before)
+    done = subprocess.run([sys.executable, "-m", "nncanon", "matrix", *arguments, "--out", str(tmp_path), "--quiet"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == code, done.stderr[-3000:]
+    assert says in done.stderr and "are unchanged" in done.stderr
+    assert (tmp_path / "status.json").read_text() == before and not (tmp_path / "status.md").exists()
+
+
+def test_an_interrupted_matrix_run_writes_nothing(tmp_path, monkeypatch):
+    """Ctrl-C after some variants ran: pytest returns "interrupted" (2) with partial results; none is written,
+    neither the registry's status files nor the families page."""
+    import nncanon.docs_tables
+    import nncanon.matrix
+
+    registry = tmp_path / "model_registry"
+    (tmp_path / "tests" / "families").mkdir(parents=True)
+    registry.mkdir()
+    (registry / "status.json").write_text("{}\n")
+    written = []
+
+    class Report:
+        nodeid = "tests/families/test_invariants.py::test_contribution_identity[gpt2]"
+        when, outcome = "call", "passed"
+
+    def interrupted(arguments, plugins):
+        plugins[0].pytest_runtest_logreport(Report())
+        return pytest.ExitCode.INTERRUPTED
+
+    monkeypatch.setattr(nncanon.matrix, "registry_dir", lambda: registry)
+    monkeypatch.setattr(pytest, "main", interrupted)
+    monkeypatch.setattr(nncanon.docs_tables, "write", lambda: written.append("families.md"))
+    assert nncanon.matrix.run_matrix(quiet=True) == EXIT_FAILED
+    assert (registry / "status.json").read_text() == "{}\n" and not (registry / "status.md").exists()
+    assert written == []
+
+
 def test_help_everywhere():
     for command in ([], ["ablate"], ["support"], ["families"], ["matrix"]):
         with pytest.raises(SystemExit) as exit_:
