@@ -181,3 +181,62 @@ def test_help_everywhere():
         main(["no-such-command"])
     assert exit_.value.code == EXIT_USAGE
     assert EXIT_FAILED == 1
+
+
+def _cli(*arguments: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nncanon", *arguments], capture_output=True, text=True, timeout=600,
+                          cwd=cwd)
+
+
+def _one_line(stderr: str) -> str:
+    """The nncanon lines of stderr (transformers' loading bars aside): exactly one."""
+    lines = [line for line in stderr.splitlines() if line.startswith("nncanon")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "arguments, says",
+    [
+        (["ablate", "--model", "llama", "--target", ""], r"--target '' encodes to no token for llama"),
+        (["ablate", "--model", "llama", "--layer", "9"], r"--layer 9 is out of range for llama \(4 layers\)"),
+        (["support", "gpt2", "--attn", "bogus"], r"'bogus' is not an attention implementation; one of eager"),
+        (["ablate", "--layer", "one"], r"argument --layer: invalid int value: 'one'"),
+    ],
+    ids=["empty-target", "layer", "attn", "argparse"],
+)
+def test_usage_errors_exit_2_with_one_line(arguments, says, tmp_path):
+    done = _cli(*arguments, cwd=tmp_path)
+    assert done.returncode == EXIT_USAGE
+    assert re.search(says, _one_line(done.stderr))
+    assert not (tmp_path / "nncanon-ablate").exists(), "no work before the usage error"
+
+
+def test_an_unwritable_out_is_refused_before_any_work(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    done = _cli("ablate", "--model", "llama", "--out", str(blocker / "figures"), cwd=tmp_path)
+    assert done.returncode == EXIT_USAGE and done.stdout == "", "refused before the study prints its table"
+    assert re.search(r"--out '.*a-file/figures': cannot create the folder: .*a-file is a file", _one_line(done.stderr))
+
+
+def test_support_on_a_folder_without_tokenizer_files_is_a_usage_error(tmp_path):
+    tiny_hf_model("gpt2").save_pretrained(tmp_path / "no-tokenizer")
+    done = _cli("support", str(tmp_path / "no-tokenizer"))
+    assert done.returncode == EXIT_USAGE
+    assert re.search(r"has no tokenizer files .*tokenizer\.save_pretrained\(folder\)", _one_line(done.stderr))
+    with pytest.raises(nncanon.TokenizerNotFound, match="no tokenizer files"):
+        nncanon.StandardizedTransformer(str(tmp_path / "no-tokenizer"))
+
+
+def test_a_multi_token_target_says_which_token_is_scored(tmp_path, capsys):
+    assert main(["ablate", "--model", "llama", "--target", " Eiffel Tower", "--out", str(tmp_path), "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert "--target ' Eiffel Tower' is 2 tokens for llama [' Eiffel', ' Tower']; P(target) scores its first " \
+           "token ' Eiffel'" in captured.err
+    model = nncanon.demo_model("llama")
+    token = model.tokenizer(" Eiffel", add_special_tokens=False).input_ids[0]
+    with torch.no_grad(), model.trace(PROMPT):
+        probability = model.next_token_probs[0, token].save()
+    _, rows = _table(captured.out)
+    assert float(rows["clean"][0]) == pytest.approx(float(probability), abs=5e-4)

@@ -14,6 +14,7 @@ from .errors import (
     NncanonError,
     OutOfOrderRead,
     SizeNotAvailable,
+    TokenizerNotFound,
     UnknownFamilyError,
     ValueNotAvailable,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "SizeNotAvailable",
     "StandardizedTransformer",
     "SupportReport",
+    "TokenizerNotFound",
     "UnknownFamilyError",
     "ValueNotAvailable",
     "demo_model",

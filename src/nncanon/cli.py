@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -83,18 +85,23 @@ def _families(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
+def _usage(message: str) -> int:
+    """Print a usage error as one line on stderr; the exit code of bad usage."""
+    print("nncanon: " + " ".join(str(message).split()), file=sys.stderr)
+    return EXIT_USAGE
+
+
+#: What loading a model raises for a model that cannot be loaded (bad id or folder, unknown family...).
+_LOAD_ERRORS = (OSError, ValueError, TypeError, KeyError)
+
+
 def _support(args: argparse.Namespace) -> int:
     from . import StandardizedTransformer
-    from .errors import UnknownFamilyError
 
     try:
         model = StandardizedTransformer(args.model, **({"attn_implementation": args.attn} if args.attn else {}))
-    except UnknownFamilyError as error:
-        print(error, file=sys.stderr)
-        return EXIT_USAGE
-    except OSError as error:
-        print(f"cannot load {args.model!r}: {error}", file=sys.stderr)
-        return EXIT_USAGE
+    except _LOAD_ERRORS as error:
+        return _usage(f"cannot load {args.model!r}: {error}")
     report = model.support()
     print(json.dumps(report.to_dict(), indent=2) if args.json else report)
     return EXIT_OK
@@ -118,28 +125,39 @@ def _run_order(run: str) -> tuple[int, int]:
 
 
 def _ablate(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from tqdm import tqdm
 
     from .demo import DEMO_MODELS
-    from .errors import UnknownFamilyError
     from .study import ablation_study, head_effects, mixer_of, plot_head_effects, strongest_layer
 
     names = args.model or list(DEMO_MODELS)
+    out = Path(args.out)
+    problem = _unwritable(out)
+    if problem is not None:
+        return _usage(f"--out {args.out!r}: {problem}; give a folder you can write to")
+    if not args.prompt:
+        return _usage("--prompt is empty: give the text whose next token is scored")
+    models = {}
+    for name in names:  # every model and its target token checked before any study runs
+        try:
+            models[name] = model = _load(name)
+        except _LOAD_ERRORS as error:
+            return _usage(f"cannot load {name!r}: {error}")
+        pieces = model.tokenizer(args.target, add_special_tokens=False).input_ids
+        if not pieces:
+            return _usage(f"--target {args.target!r} encodes to no token for {name}; give the token to score, "
+                          "e.g. --target ' Paris'")
+        if len(pieces) > 1:
+            tokens = [model.tokenizer.decode([piece]) for piece in pieces]
+            print(f"nncanon: --target {args.target!r} is {len(pieces)} tokens for {name} {tokens}; "
+                  f"P(target) scores its first token {tokens[0]!r}", file=sys.stderr)
+        if args.layer is not None and not -model.num_layers <= args.layer < model.num_layers:
+            return _usage(f"--layer {args.layer} is out of range for {name} ({model.num_layers} layers)")
     studies: dict[str, dict[str, float]] = {}
     effects = {}
-    for name in tqdm(names, desc="ablate", unit="model", file=sys.stderr, disable=args.quiet):
-        try:
-            model = _load(name)
-        except (UnknownFamilyError, OSError, ValueError) as error:
-            print(f"cannot load {name!r}: {error}", file=sys.stderr)
-            return EXIT_USAGE
+    for name, model in tqdm(models.items(), desc="ablate", unit="model", file=sys.stderr, disable=args.quiet):
         effects[name] = head_effects(model, args.prompt, args.target)
-        layer = args.layer if args.layer is not None else strongest_layer(effects[name])
-        if not 0 <= layer < model.num_layers:
-            print(f"--layer {layer} is out of range for {name} ({model.num_layers} layers)", file=sys.stderr)
-            return EXIT_USAGE
+        layer = args.layer % model.num_layers if args.layer is not None else strongest_layer(effects[name])
         label = f"{name} (layer {layer}, {'attention' if mixer_of(model, layer)[0] == 'self_attn' else 'linear'})"
         studies[label] = ablation_study(model, args.prompt, args.target, layer)
     runs = sorted(dict.fromkeys(run for study in studies.values() for run in study), key=_run_order)
@@ -151,7 +169,6 @@ def _ablate(args: argparse.Namespace) -> int:
         for label, study in studies.items():
             cells.append(f"{study[run]:>{len(label)}.3f}" if run in study else f"{'-':>{len(label)}}")
         print(f"{run:<{width}}  " + "  ".join(cells))
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     try:
         path = plot_head_effects(effects, args.target, str(out / "head_effects.png"))
@@ -162,6 +179,35 @@ def _ablate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _unwritable(folder: Path) -> str | None:
+    """Why files cannot be written into ``folder``, or ``None`` if they can (nothing is created to find out)."""
+    existing = folder.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"cannot create the folder: {existing} is a file"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"cannot write into {existing}"
+    return None
+
+
+def _attention(value: str) -> str:
+    """``--attn``: an attention implementation transformers knows (or a kernel repo id), else a usage error."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    known = ["eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()]
+    if value in known or "/" in value:
+        return value
+    raise argparse.ArgumentTypeError(f"{value!r} is not an attention implementation; one of {', '.join(known)}")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line on stderr, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def _matrix(args: argparse.Namespace) -> int:
     from .matrix import run_matrix
 
@@ -169,7 +215,7 @@ def _matrix(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nncanon", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="nncanon", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
     ablate = commands.add_parser(
@@ -204,7 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     support = commands.add_parser("support", help="the support() table of a hub id or local folder")
     support.add_argument("model", help="hub id or local folder")
     support.add_argument("--json", action="store_true", help="print the report as JSON")
-    support.add_argument("--attn", default=None, help="attn_implementation to load with (e.g. eager)")
+    support.add_argument("--attn", default=None, type=_attention,
+                         help="attn_implementation to load with (e.g. eager)")
     support.set_defaults(run=_support)
     return parser
 

@@ -20,6 +20,7 @@ from .errors import (
     InvalidWrite,
     ModelNotFound,
     SizeNotAvailable,
+    TokenizerNotFound,
     ValueNotAvailable,
 )
 from .families import Family, family_for
@@ -86,8 +87,19 @@ def _tokenizer_of(model: str, kwargs: dict) -> Any:
     """The checkpoint's tokenizer (transformers 5.24's pipeline no longer infers it for nnsight's meta load)."""
     from transformers import AutoTokenizer
 
+    folder = os.path.expanduser(os.fspath(model))
+    if os.path.isdir(folder) and not any(os.path.exists(os.path.join(folder, name)) for name in _TOKENIZER_FILES):
+        raise TokenizerNotFound(
+            f"the folder {model!r} has no tokenizer files (none of {', '.join(_TOKENIZER_FILES)}): save the "
+            "tokenizer beside the model (tokenizer.save_pretrained(folder)), or pass tokenizer=."
+        )
     options = {k: kwargs[k] for k in ("revision", "trust_remote_code", "token") if k in kwargs}
     return AutoTokenizer.from_pretrained(model, **options)
+
+
+#: Files of which a saved tokenizer has at least one.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                    "spiece.model", "sentencepiece.bpe.model", "tekken.json")
 
 
 def apply_logit_steps(logits: torch.Tensor, family: Family, config: Any) -> torch.Tensor:
