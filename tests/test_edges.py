@@ -229,3 +229,19 @@ def test_a_prompt_longer_than_the_positions_names_the_limit(gpt2):
     with torch.no_grad(), gpt2.trace(ids[:, :limit]):  # at the limit: runs
         logits = gpt2.logits.save()
     assert logits.shape == (1, limit, gpt2.vocab_size)
+
+
+# -- saved values alias the model's tensors (point 7) ----------------------------------------------
+
+
+def test_a_saved_value_is_the_models_tensor_and_clone_keeps_it(llama4):
+    """A save is the model's own tensor: an in-place write later in the trace (to the same stream, read at
+    the next block) changes it too. ``.clone().save()`` keeps the value as it was when read."""
+    with torch.no_grad(), llama4.trace(PROMPTS[0]):
+        clean = llama4.layers[1].layer_output.save()
+    with torch.no_grad(), llama4.trace(PROMPTS[0]):
+        aliased = llama4.layers[1].layer_output.save()
+        kept = llama4.layers[1].layer_output.clone().save()
+        llama4.layers[2].layer_input[:] = 0
+    assert torch.equal(aliased, torch.zeros_like(clean)), "the save aliases the stream the write zeroed"
+    assert torch.equal(kept, clean)
