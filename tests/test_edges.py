@@ -245,3 +245,57 @@ def test_a_saved_value_is_the_models_tensor_and_clone_keeps_it(llama4):
         llama4.layers[2].layer_input[:] = 0
     assert torch.equal(aliased, torch.zeros_like(clean)), "the save aliases the stream the write zeroed"
     assert torch.equal(kept, clean)
+
+
+# -- threads (point 3) ------------------------------------------------------------------------------
+
+
+def test_threads_tracing_one_model_take_turns(gpt2):
+    """Four threads, ten traces each, on one model: every trace returns its own prompt's logits (the
+    model's lock serialises them; unserialised, nnsight fails most of them and can leave a save unbound)."""
+    import threading
+
+    expected = {}
+    for prompt in PROMPTS:
+        with torch.no_grad(), gpt2.trace(prompt):
+            expected[prompt] = gpt2.logits.save()
+    outcomes: list[bool] = []
+    failures: list[str] = []
+
+    def work(prompt: str) -> None:
+        for _ in range(10):
+            try:
+                with torch.no_grad(), gpt2.trace(prompt):
+                    gpt2.layers[0].mlp.mlp_output[:] = gpt2.layers[0].mlp.mlp_output  # a write, too
+                    logits = gpt2.logits.save()
+                outcomes.append(torch.equal(logits, expected[prompt]))
+            except Exception as error:  # collected, not lost in the thread
+                failures.append(f"{type(error).__name__}: {error}")
+
+    threads = [threading.Thread(target=work, args=(PROMPTS[i % 2],)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert failures == [] and outcomes == [True] * 40
+
+
+def test_threads_generating_on_one_model_take_turns(gpt2):
+    import threading
+
+    with torch.no_grad(), gpt2.generate(PROMPTS[0], max_new_tokens=3, do_sample=False) as tracer:
+        expected = tracer.result.save()
+    got: list[torch.Tensor] = []
+
+    def work() -> None:
+        for _ in range(3):
+            with torch.no_grad(), gpt2.generate(PROMPTS[0], max_new_tokens=3, do_sample=False) as tracer:
+                tokens = tracer.result.save()
+            got.append(tokens)
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert len(got) == 9 and all(torch.equal(tokens, expected) for tokens in got)

@@ -59,6 +59,3 @@ class ModelNotFound(NncanonError, FileNotFoundError):
 class TokenizerNotFound(NncanonError, FileNotFoundError):
     """A local folder given as the model has no tokenizer files (and no ``tokenizer=`` was passed)."""
 
-
-class InvalidUse(NncanonError, RuntimeError):
-    """A use the surface cannot honour safely (two threads tracing one model at once)."""

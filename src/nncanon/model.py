@@ -212,6 +212,42 @@ class StandardizedTransformer(TransformersModel):
                     if binding.prepare is not None:
                         binding.prepare()
 
+    # -- one trace at a time -------------------------------------------------
+
+    def trace(self, *inputs: Any, **kwargs: Any) -> Any:
+        """nnsight's trace, run under this model's lock: threads sharing the model take turns (`nncanon.threads`)."""
+        from .threads import SerialTracer
+
+        if not kwargs.get("remote") and kwargs.get("backend") is None:  # a remote request runs on the server
+            kwargs.setdefault("tracer_cls", SerialTracer)
+        return super().trace(*inputs, **kwargs)
+
+    def generate(self, *inputs: Any, **kwargs: Any) -> Any:
+        """nnsight's ``generate`` (a trace of the decoding loop with ``with``, else the token ids), under this
+        model's lock. Called inside a trace of this thread it generates there; another thread's trace running
+        meanwhile is not "inside" (nnsight's own check would take it for one and run the bare method)."""
+        from nnsight.tracing.tracer import WithBlockNotFoundError
+
+        from .threads import trace_lock
+
+        method = TransformersModel.generate.__wrapped__
+        if self.interleaver.interleaving and trace_lock(self)._is_owned():
+            return method(self, *inputs, **kwargs)
+        fn = method.__get__(self, type(self))
+        tracer = self.trace(*inputs, fn=fn, **kwargs)
+        try:
+            tracer.capture()  # finds the caller's ``with`` two frames up, as nnsight's ``traceable`` does
+        except WithBlockNotFoundError:
+            return self.interleave(fn, *inputs, **kwargs)
+        return tracer
+
+    def interleave(self, *args: Any, **kwargs: Any) -> Any:
+        """nnsight's run of the model with the trace's workers, under this model's lock (re-entrant)."""
+        from .threads import trace_lock
+
+        with trace_lock(self):
+            return super().interleave(*args, **kwargs)
+
     # -- inputs --------------------------------------------------------------
 
     def _batch_size(self, *inputs: Any, **kwargs: Any) -> int:
