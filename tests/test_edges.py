@@ -299,3 +299,44 @@ def test_threads_generating_on_one_model_take_turns(gpt2):
     for thread in threads:
         thread.join(timeout=300)
     assert len(got) == 9 and all(torch.equal(tokens, expected) for tokens in got)
+
+
+# -- skip_layers inside generate (point 4) ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3_next"], ids=["attention", "hybrid"])
+def test_a_skip_inside_generate_with_a_cache_is_refused_before_the_forward(name):
+    model = tiny_model(name)
+    forwards = []
+    handle = model._module.register_forward_hook(lambda *args: forwards.append(1))
+    try:
+        refused = r"skip_layers\(0, 0\) inside model\.generate with a cache.*use_cache=False"
+        with pytest.raises(InvalidSkip, match=refused):
+            with torch.no_grad(), model.generate(PROMPTS[0], max_new_tokens=3, min_new_tokens=3) as tracer:
+                for step in tracer.iter[0:3]:
+                    if step == 1:
+                        model.skip_layers(0)
+    finally:
+        handle.remove()
+    assert forwards == [], "refused before the model ran"
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3_next"], ids=["attention", "hybrid"])
+def test_a_skip_inside_generate_without_a_cache_skips_that_step(name):
+    """With ``use_cache=False`` each step runs the whole sequence: the token a skipped step picks is the
+    argmax of a plain trace of the same sequence with the same skip, and the step before it is unchanged."""
+    model = tiny_model(name)
+    with torch.no_grad(), model.generate(PROMPTS[0], max_new_tokens=2, min_new_tokens=2, do_sample=False,
+                                         use_cache=False) as tracer:
+        for step in tracer.iter[0:2]:
+            if step == 1:
+                model.skip_layers(0)
+        tokens = tracer.result.save()
+    prompt = model.tokenizer(PROMPTS[0], return_tensors="pt").input_ids
+    with torch.no_grad(), model.trace(prompt):
+        clean_first = model.logits[:, -1].argmax(-1).save()
+    assert int(tokens[0, prompt.shape[1]]) == int(clean_first)
+    with torch.no_grad(), model.trace(tokens[:, : prompt.shape[1] + 1]):
+        model.skip_layers(0)
+        skipped_second = model.logits[:, -1].argmax(-1).save()
+    assert int(tokens[0, prompt.shape[1] + 1]) == int(skipped_second)

@@ -478,16 +478,18 @@ class StandardizedTransformer(TransformersModel):
         ``ValueError`` otherwise).
 
         Indices follow Python's rule, as ``model.layers[i]`` does: ``-1`` is the last block.
-        Skips of one trace are made in block order and do not overlap.
+        Skips of one trace are made in block order and do not overlap. Inside ``generate`` a skip
+        needs ``use_cache=False`` (a skipped block would leave its cache without that step's tokens).
 
         Raises:
             InvalidSkip: for an index that is not an int or is out of range, a skip that overlaps or
-                precedes one already made in the trace, or a replacement whose type, shape, dtype
-                or device does not match the stream at ``layers[start]``; a value of a skipped block
-                read in the same trace.
+                precedes one already made in the trace, a skip inside ``generate`` with a cache, or a
+                replacement whose type, shape, dtype or device does not match the stream at
+                ``layers[start]``; a value of a skipped block read in the same trace.
         """
         self._model_value_check("skip_layers")
         start, end = self._skip_range(start, end)
+        self._check_not_generating_with_cache(start, end)
         record = self._new_skip(start, end)
         expected = self.layers[start].layer_input
         replacement = expected if skip_with is None else skip_with
@@ -503,6 +505,20 @@ class StandardizedTransformer(TransformersModel):
                 extras = tuple(self.layers[index].inputs[0][1 : 1 + self._family.block_extras])
             tupled = extras or self._family.block_tuple
             self.layers[index].skip((replacement, *extras) if tupled else replacement)
+
+    def _check_not_generating_with_cache(self, start: int, end: int) -> None:
+        """Refuse a skip inside ``generate`` with a cache, before the forward runs (see `skip_layers`)."""
+        from .threads import generation_cache
+
+        if generation_cache(self):
+            raise InvalidSkip(
+                f"skip_layers({start}, {end}) inside model.generate with a cache: a skipped block writes no "
+                "key/value cache (nor a hybrid's recurrent state) for the tokens of that step, so a later "
+                "step would run the block on a cache missing them (transformers crashes on a shape, or a "
+                "hybrid runs on silently without that state). Generate with use_cache=False (each step "
+                "runs the whole sequence, and the skip applies to that step's forward), or skip in "
+                "model.trace."
+            )
 
     def _skip_range(self, start: Any, end: Any) -> tuple[int, int]:
         """``(start, end)`` as block indices by `layer_index`'s rule (negative counts from the end), or raise."""

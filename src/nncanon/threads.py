@@ -34,9 +34,35 @@ def trace_lock(model: Any) -> threading.RLock:
         return lock
 
 
+#: Key, in the model's ``__dict__``, of what the running trace generates with (see `generation_cache`).
+_GENERATING = "_nncanon_generation_cache"
+
+
+def generation_cache(model: Any) -> bool | None:
+    """Whether the trace running on ``model`` is a ``generate`` with a cache (``True``), one without
+    (``use_cache=False``: ``False``), or not a generation (``None``)."""
+    return model.__dict__.get(_GENERATING)
+
+
 class SerialTracer(InterleavingTracer):
-    """nnsight's tracer, running its block under the model's `trace_lock`."""
+    """nnsight's tracer, running its block under the model's `trace_lock`, and noting on the model
+    whether it is a generation with a cache (`generation_cache`) while it runs."""
 
     def execute(self, code: CodeType) -> None:
-        with trace_lock(self.envoy):
-            super().execute(code)
+        model = self.envoy
+        with trace_lock(model):
+            previous = model.__dict__.get(_GENERATING)
+            model.__dict__[_GENERATING] = self._generation_cache()
+            try:
+                super().execute(code)
+            finally:
+                model.__dict__[_GENERATING] = previous
+
+    def _generation_cache(self) -> bool | None:
+        if getattr(self.fn, "__name__", None) != "generate":
+            return None
+        use_cache = self.kwargs.get("use_cache")
+        if use_cache is None:
+            config = self.kwargs.get("generation_config") or getattr(self.envoy._module, "generation_config", None)
+            use_cache = getattr(config, "use_cache", None)
+        return use_cache is not False
