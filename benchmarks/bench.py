@@ -18,7 +18,10 @@ What is compared, per model:
   batched invokes of one trace (reported: on a CPU the forward of 12 rows costs nearly 12 forwards
   of one, so batching alone cannot reach 4x there);
 - memory: peak RSS growth of the read-everything trace, standardized against raw nnsight
-  (target <= 1.05x), each measured in a fresh subprocess.
+  (target <= 1.05x), each measured in a fresh subprocess;
+- proof: the load-time proof of a config nobody proved yet (twin built, every check run), for the
+  full-size default configs of dense families (target <= 2 s) and hybrid / MoE ones (<= 5 s); the
+  `load` figure above is a load whose proof is cached.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -210,6 +214,36 @@ def peak_memory(name: str, which: str) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+#: Full-size default configs whose first proof is timed: dense, then hybrid and MoE.
+PROOF_CONFIGS = {
+    "dense": ("GPT2Config", "LlamaConfig", "Gemma2Config", "Qwen3Config", "OlmoConfig"),
+    "hybrid_moe": ("MixtralConfig", "Qwen3NextConfig", "JambaConfig", "GraniteMoeHybridConfig",
+                   "DeepseekV3Config"),
+}
+
+#: Where a default config is no real checkpoint's: Granite-4's layout (transformers' default has no attention).
+PROOF_SETTINGS = {"GraniteMoeHybridConfig": {
+    "num_hidden_layers": 40,
+    "layer_types": ["full_attention" if i % 6 == 5 else "linear_attention" for i in range(40)]}}
+
+
+def proofs(repeats: int) -> dict:
+    """Seconds of a first (uncached) load-time proof of each config in `PROOF_CONFIGS`, medians."""
+    from nncanon.families import REGISTRY
+    from nncanon.proof.load import prove
+    from nncanon.proof.twin import model_class_for
+
+    result: dict = {}
+    for kind, names in PROOF_CONFIGS.items():
+        for name in names:
+            config = getattr(transformers, name)(**PROOF_SETTINGS.get(name, {}))
+            family, cls = REGISTRY[config.model_type], model_class_for(config)
+            times = [timed(lambda c=config, f=family, k=cls: prove(c, f, k, mode="always"))
+                     for _ in range(max(3, repeats // 3))]
+            result[name] = {"kind": kind, "seconds": statistics.median(times)}
+    return result
+
+
 def run(name: str, repeats: int) -> dict:
     module = build(name)
     ids = inputs(module)
@@ -264,6 +298,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["gpt2", "llama"])
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
+    os.environ.setdefault("NNCANON_CACHE", tempfile.mkdtemp(prefix="nncanon-bench-"))  # start with no proofs
     if args.threads:
         torch.set_num_threads(args.threads)
     machine = {
@@ -276,6 +311,7 @@ def main() -> None:
         "nnsight": __import__("nnsight").__version__,
     }
     results = [run(name, args.repeats) for name in args.models]
+    proof_times = proofs(args.repeats)
     print(json.dumps({"machine": machine}, indent=None))
     header = (f"{'model':6} {'read/raw':>9} {'write/raw':>10} {'read/hooks':>11} {'load/raw':>9} "
               f"{'heads x':>8} {'invokes x':>10} {'mem/raw':>8}")
@@ -287,9 +323,12 @@ def main() -> None:
             f"{r['heads_speedup_invokes_only']:10.2f} "
             f"{r['memory_vs_raw']:8.3f}"
         )
+    print(f"{'first proof of':24} {'kind':10} {'seconds':>8}")
+    for config_name, figure in proof_times.items():
+        print(f"{config_name:24} {figure['kind']:10} {figure['seconds']:8.2f}")
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"machine": machine, "results": results}, handle, indent=2)
+            json.dump({"machine": machine, "results": results, "proofs": proof_times}, handle, indent=2)
 
 
 if __name__ == "__main__":

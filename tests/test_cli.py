@@ -189,8 +189,9 @@ def _cli(*arguments: str, cwd=None) -> subprocess.CompletedProcess:
 
 
 def _one_line(stderr: str) -> str:
-    """The nncanon lines of stderr (transformers' loading bars aside): exactly one."""
-    lines = [line for line in stderr.splitlines() if line.startswith("nncanon")]
+    """The lines of stderr, transformers' loading bars aside: exactly one, and no traceback."""
+    bars = ("Loading weights", "Writing model shards", "it/s]")
+    lines = [line for line in stderr.splitlines() if line.strip() and not any(bar in line for bar in bars)]
     assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
     return lines[0]
 
@@ -232,11 +233,18 @@ def test_support_on_a_folder_without_tokenizer_files_is_a_usage_error(tmp_path):
 def test_a_multi_token_target_says_which_token_is_scored(tmp_path, capsys):
     assert main(["ablate", "--model", "llama", "--target", " Eiffel Tower", "--out", str(tmp_path), "--quiet"]) == 0
     captured = capsys.readouterr()
-    assert "--target ' Eiffel Tower' is 2 tokens for llama [' Eiffel', ' Tower']; P(target) scores its first " \
-           "token ' Eiffel'" in captured.err
+    assert re.search(r"note \(llama\): the target ' Eiffel Tower' is 2 tokens .*P\(target\) is the probability of "
+                     r"the first", captured.err)
     model = nncanon.demo_model("llama")
     token = model.tokenizer(" Eiffel", add_special_tokens=False).input_ids[0]
     with torch.no_grad(), model.trace(PROMPT):
         probability = model.next_token_probs[0, token].save()
     _, rows = _table(captured.out)
     assert float(rows["clean"][0]) == pytest.approx(float(probability), abs=5e-4)
+def test_matrix_reads_the_variant_of_a_test_with_more_parameters():
+    """``test_check_holds[gpt-sw3-heads]`` is variant ``gpt-sw3``'s ``heads`` check, not a variant of its own."""
+    from nncanon.matrix import _split
+
+    assert _split("llama-heads", "test_check_holds") == ("llama", "test_check_holds[heads]")
+    assert _split("gpt-sw3-resume", "test_check_holds") == ("gpt-sw3", "test_check_holds[resume]")
+    assert _split("gpt-sw3", "test_head_shapes") == ("gpt-sw3", "test_head_shapes")

@@ -32,3 +32,11 @@ def test_families_page_is_current():
     from nncanon.docs_tables import families_page
 
     assert (DOCS / "families.md").read_text() == families_page(), "run: python -m nncanon.docs_tables"
+
+
+def test_proofs_page_tables_are_current():
+    from nncanon.docs_tables import checks_table, shrinking_table
+
+    page = (DOCS / "proofs.md").read_text()
+    assert shrinking_table() in page, "the twin's table changed: paste nncanon.docs_tables.shrinking_table()"
+    assert checks_table() in page, "the checks changed: paste nncanon.docs_tables.checks_table()"

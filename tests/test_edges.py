@@ -14,7 +14,7 @@ from nncanon import (
     InvalidModel,
     InvalidSkip,
     InvalidWrite,
-    ModelNotFound,
+    ModelUnavailable,
     OutOfOrderRead,
     StandardizedTransformer,
 )
@@ -201,9 +201,9 @@ def test_a_trace_without_a_prompt_is_refused(gpt2, prompt):
 
 def test_a_missing_local_folder_names_the_path(tmp_path):
     missing = tmp_path / "no-such-model"
-    with pytest.raises(ModelNotFound, match=re.escape(f"no folder at '{missing}'")):
+    with pytest.raises(ModelUnavailable, match=re.escape(f"cannot load '{missing}': no such folder")):
         StandardizedTransformer(str(missing))
-    with pytest.raises(FileNotFoundError, match=re.escape("no folder at './not/here'")):
+    with pytest.raises(OSError, match=re.escape("cannot load './not/here': no such folder")):
         StandardizedTransformer("./not/here")
 
 

@@ -94,9 +94,13 @@ def test_twin_of_the_full_size_default_config(model_type):
     """Every registered type's full-size default config (a real checkpoint's shape) has a twin whose
     blocks have the kinds of the blocks they stand for (checked inside `build_twin`), whose forward
     runs, and whose blocks are the family's."""
+    from nncanon.model import _causal_lm_config
+
     record = records()[model_type]
-    config = getattr(transformers, record["config_class"])()
-    cls = getattr(transformers, record["model_class"]) if record.get("model_class") else model_class_for(config)
+    # the config the causal LM is built from (a multimodal checkpoint whose causal LM is its text model: that)
+    full = getattr(transformers, record["config_class"])()
+    config = _causal_lm_config(full)
+    cls = getattr(transformers, record["model_class"]) if record.get("model_class") else model_class_for(full)
     family = REGISTRY[model_type]
     if model_type in UNBUILDABLE_DEFAULTS:
         with pytest.raises(TwinError, match=r"cannot build .* at full size either"):
@@ -286,3 +290,36 @@ def test_a_failed_model_level_check_declines_it(monkeypatch):
     with pytest.raises(nncanon.ValueNotAvailable, match="lens"):
         with model.trace(PROMPTS[0]):
             model.project_on_vocab(model.layers[-1].layer_output).save()
+
+
+def test_a_check_that_raises_declines_what_it_covers_and_the_load_goes_on(monkeypatch, tmp_path):
+    """A twin whose forward fails (transformers' own pure-Mamba GraniteMoeHybrid with a cache, in 5.24)
+    proves nothing: the load does not crash, every value is declined naming the error."""
+    from nncanon.proof import verdict as proof_verdict
+    from nncanon.proof.checks import CHECKS, Check
+
+    # The cache key does not know the checks were swapped: keep this failed proof out of the process's cache,
+    # where a later load of the same tiny llama config (test_core) would read it.
+    monkeypatch.setenv("NNCANON_CACHE", str(tmp_path))
+
+    def boom(model):
+        raise RuntimeError("the twin's forward failed")
+
+    monkeypatch.setattr(proof_verdict, "CHECKS", (Check("boom", boom), *CHECKS[1:]))
+    model = _load(tiny_hf_model("llama"))
+    report = model.support()
+    for index in range(model.num_layers):
+        assert "attention_output" in report.declined(index)
+        assert "boom on layers" in report.reason("attention_output", index)
+        assert "RuntimeError: the twin's forward failed" in report.reason("mlp_output", index)
+    assert "RuntimeError" in report.model_declines["logits"]
+
+
+def test_the_key_follows_the_checks_run(monkeypatch):
+    """A proof made by other checks (fewer, or replaced) is never read as this one."""
+    from nncanon.proof import verdict as proof_verdict
+
+    config = transformers.LlamaConfig()
+    key = proof_load.cache_key(config, REGISTRY["llama"], transformers.LlamaForCausalLM)
+    monkeypatch.setattr(proof_verdict, "CHECKS", proof_verdict.CHECKS[1:])
+    assert proof_load.cache_key(config, REGISTRY["llama"], transformers.LlamaForCausalLM) != key

@@ -76,6 +76,8 @@ def _contributions(model, remote):
 def test_key_is_the_plain_transformers_model(tmp_path, monkeypatch):
     model = _hosted("llama", tmp_path, monkeypatch)
     assert model.to_model_key().startswith("nnsight.modeling.transformers.TransformersModel:")
+    # the proof of a model used remotely runs here, on the local config, before any request
+    assert model.support().provenance.startswith("proved on a twin of this config")
 
 
 @pytest.mark.parametrize("name", ["gemma2", "bloom", "granite", "qwen3_next"])

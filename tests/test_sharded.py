@@ -58,6 +58,10 @@ def test_disk_offload_serves_identical_values(folder, tmp_path):
     for a, b in zip(_values(whole), _values(offloaded), strict=True):
         assert a.device == b.device == torch.device("cpu")
         assert torch.equal(a, b)
+    # the load-time proof ran on the config, not on the offloaded weights: the same proof, nothing declined
+    assert offloaded.support().provenance == whole.support().provenance
+    assert offloaded.support().provenance.startswith("proved on a twin of this config")
+    assert offloaded.support().declined() == []
     assert hasattr(offloaded._module.model.layers[1], "_hf_hook"), "block 1 really is offloaded"
 
     with torch.no_grad(), offloaded.trace(PROMPTS[0]):

@@ -91,29 +91,38 @@ def _usage(message: str) -> int:
     return EXIT_USAGE
 
 
-#: What loading a model raises for a model that cannot be loaded (bad id or folder, unknown family...).
-_LOAD_ERRORS = (OSError, ValueError, TypeError, KeyError)
-
-
 def _support(args: argparse.Namespace) -> int:
-    from . import StandardizedTransformer
-
     try:
-        model = StandardizedTransformer(args.model, **({"attn_implementation": args.attn} if args.attn else {}))
-    except _LOAD_ERRORS as error:
-        return _usage(f"cannot load {args.model!r}: {error}")
+        model = _load(args.model, args.attn)
+    except CANNOT_LOAD as error:
+        _cannot_load(args.model, error)
+        return EXIT_USAGE
     report = model.support()
     print(json.dumps(report.to_dict(), indent=2) if args.json else report)
     return EXIT_OK
 
 
-def _load(model: str) -> Any:
+#: What loading a model the user named raises when it cannot be loaded (bad id, no network, no family).
+CANNOT_LOAD = (OSError, ValueError)
+
+
+def _cannot_load(model: str, error: Exception) -> None:
+    """One line on stderr: nncanon's own errors already name the model and the way out."""
+    from .errors import NncanonError
+
+    message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    print(message if isinstance(error, NncanonError) else f"cannot load {model!r}: {message}", file=sys.stderr)
+
+
+def _load(model: str, attn: str | None = "eager") -> Any:
+    """A demo model by name (``gpt2``, ``llama``, ``hybrid``), else a hub id or local folder."""
     from . import StandardizedTransformer
     from .demo import DEMO_MODELS, demo_model
 
+    options = {"attn_implementation": attn} if attn else {}
     if model in DEMO_MODELS:
-        return demo_model(model)
-    return StandardizedTransformer(model, attn_implementation="eager")
+        return demo_model(model, **options)
+    return StandardizedTransformer(model, **options)
 
 
 def _run_order(run: str) -> tuple[int, int]:
@@ -128,7 +137,15 @@ def _ablate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from .demo import DEMO_MODELS
-    from .study import ablation_study, head_effects, mixer_of, plot_head_effects, strongest_layer
+    from .study import (
+        ablation_study,
+        head_effects,
+        linear_head_layers,
+        mixer_of,
+        plot_head_effects,
+        strongest_layer,
+        target_notes,
+    )
 
     names = args.model or list(DEMO_MODELS)
     out = Path(args.out)
@@ -141,22 +158,21 @@ def _ablate(args: argparse.Namespace) -> int:
     for name in names:  # every model and its target token checked before any study runs
         try:
             models[name] = model = _load(name)
-        except _LOAD_ERRORS as error:
-            return _usage(f"cannot load {name!r}: {error}")
-        pieces = model.tokenizer(args.target, add_special_tokens=False).input_ids
-        if not pieces:
+        except CANNOT_LOAD as error:
+            _cannot_load(name, error)
+            return EXIT_USAGE
+        if not model.tokenizer(args.target, add_special_tokens=False).input_ids:
             return _usage(f"--target {args.target!r} encodes to no token for {name}; give the token to score, "
                           "e.g. --target ' Paris'")
-        if len(pieces) > 1:
-            tokens = [model.tokenizer.decode([piece]) for piece in pieces]
-            print(f"nncanon: --target {args.target!r} is {len(pieces)} tokens for {name} {tokens}; "
-                  f"P(target) scores its first token {tokens[0]!r}", file=sys.stderr)
+        for note in target_notes(model, args.target):  # a multi-token target: which token is scored
+            print(f"note ({name}): {note}", file=sys.stderr)
         if args.layer is not None and not -model.num_layers <= args.layer < model.num_layers:
             return _usage(f"--layer {args.layer} is out of range for {name} ({model.num_layers} layers)")
     studies: dict[str, dict[str, float]] = {}
-    effects = {}
+    effects, linear = {}, {}
     for name, model in tqdm(models.items(), desc="ablate", unit="model", file=sys.stderr, disable=args.quiet):
         effects[name] = head_effects(model, args.prompt, args.target)
+        linear[name] = linear_head_layers(model)
         layer = args.layer % model.num_layers if args.layer is not None else strongest_layer(effects[name])
         label = f"{name} (layer {layer}, {'attention' if mixer_of(model, layer)[0] == 'self_attn' else 'linear'})"
         studies[label] = ablation_study(model, args.prompt, args.target, layer)
@@ -171,7 +187,8 @@ def _ablate(args: argparse.Namespace) -> int:
         print(f"{run:<{width}}  " + "  ".join(cells))
     out.mkdir(parents=True, exist_ok=True)
     try:
-        path = plot_head_effects(effects, args.target, str(out / "head_effects.png"))
+        path = plot_head_effects(effects, args.target, str(out / "head_effects.png"), prompt=args.prompt,
+                                 shared_scale=args.shared_scale, linear_layers=linear)
     except ImportError:
         print("\n(no heatmap: install matplotlib, pip install 'nncanon[plot]')", file=sys.stderr)
         return EXIT_OK
@@ -214,52 +231,86 @@ def _matrix(args: argparse.Namespace) -> int:
     return run_matrix(args.k, quiet=args.quiet, workers=args.workers, out=args.out)
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, written as Python would (``' Paris'``, leading space kept)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, argparse.SUPPRESS) or isinstance(action, argparse._HelpAction):
+            return text
+        if isinstance(action, argparse._StoreTrueAction):
+            return f"{text} (default: off)"
+        return f"{text} (default: {action.default!r})"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="nncanon", description=__doc__.split("\n\n")[0])
+    formatter = _HelpFormatter
+    parser = _Parser(
+        prog="nncanon", formatter_class=formatter,
+        description="The nncanon command line (also: python -m nncanon). Exit codes: 0 success, 1 a check "
+                    "failed, 2 bad usage or a model that cannot be loaded.",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    ablate = commands.add_parser(
-        "ablate", help="the ablation study as a table, and a layer x head heatmap (default: the three demo models)"
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=help, description=help, formatter_class=formatter)
+
+    ablate = command(
+        "ablate", "the ablation study as a table, and a layer x head heatmap (default: the three demo models)"
     )
-    ablate.add_argument("--model", action="append", help="hub id, local folder or demo model name (repeatable)")
-    ablate.add_argument("--prompt", default="The Eiffel Tower is in the city of")
-    ablate.add_argument("--target", default=" Paris", help="the token whose probability is measured")
+    ablate.add_argument(
+        "--model", action="append",
+        help="hub id, local folder or demo model (gpt2, llama, hybrid); repeatable (default: the three demo models)",
+    )
+    ablate.add_argument("--prompt", default="The Eiffel Tower is in the city of", help="the prompt to run")
+    ablate.add_argument(
+        "--target", default=" Paris",
+        help="the token whose probability is measured (its first token; mind the leading space)",
+    )
     ablate.add_argument(
         "--layer", type=int, default=None, help="the block to ablate (default: the one holding the strongest head)"
     )
     ablate.add_argument("--out", default="nncanon-ablate", help="folder for the heatmap PNG")
+    ablate.add_argument(
+        "--shared-scale", action="store_true", help="one colour scale for every model's heatmap (default: one each)"
+    )
     ablate.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     ablate.set_defaults(run=_ablate)
 
-    matrix = commands.add_parser(
-        "matrix", help="run the invariant suite on every registered family and write model_registry/status.*"
+    matrix = command("matrix", "run the invariant suite on every registered family and write model_registry/status.*")
+    matrix.add_argument(
+        "-k", default="", help="only variants whose name contains this, a pytest -k expression (default: all)"
     )
-    matrix.add_argument("-k", default="", help="only variants whose name contains this (a pytest -k expression)")
     matrix.add_argument("-n", "--workers", default="0", help="pytest-xdist workers (default 0: in process)")
     matrix.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     matrix.add_argument("--out", default=None, help="write status.json/status.md here (default: model_registry/)")
     matrix.set_defaults(run=_matrix)
 
-    families = commands.add_parser(
-        "families", help="build every registered family's tiny model, run support() and the contribution identity"
+    families = command(
+        "families", "build every registered family's tiny model, run support() and the contribution identity"
     )
-    families.add_argument("-k", default="", help="only variants whose name or model_type contains this")
+    families.add_argument("-k", default="", help="only variants whose name or model_type contains this (default: all)")
     families.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     families.set_defaults(run=_families)
 
-    support = commands.add_parser("support", help="the support() table of a hub id or local folder")
-    support.add_argument("model", help="hub id or local folder")
+    support = command("support", "the support() table of a hub id, a local folder or a demo model")
+    support.add_argument("model", help="hub id, local folder or demo model name (gpt2, llama, hybrid)")
     support.add_argument("--json", action="store_true", help="print the report as JSON")
-    support.add_argument("--attn", default=None, type=_attention,
-                         help="attn_implementation to load with (e.g. eager)")
+    support.add_argument(
+        "--attn", default=None, type=_attention,
+        help="attn_implementation to load with, eager or sdpa (default: eager for a demo model, else the checkpoint's)",
+    )
     support.set_defaults(run=_support)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``nncanon``; returns the exit code."""
+    from .quiet import kernel_notices_filtered
+
     args = build_parser().parse_args(argv)
-    return args.run(args)
+    with kernel_notices_filtered():  # the CLI's forwards are nncanon's, not the user's
+        return args.run(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

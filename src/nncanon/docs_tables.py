@@ -84,6 +84,24 @@ def matrix_table() -> str:
     return "\n".join(rows)
 
 
+def shrinking_table() -> str:
+    """The twin's shrinking rules (`nncanon.proof.twin.RULES`): what each size becomes."""
+    from .proof.twin import RULES
+
+    rows = ["| size | config attributes | in the twin |", "|---|---|---|"]
+    rows += [f"| {rule.what} | {', '.join(f'`{name}`' for name in rule.names)} | {rule.becomes} |" for rule in RULES]
+    return "\n".join(rows)
+
+
+def checks_table() -> str:
+    """The verifier's checks (`nncanon.proof.checks.CHECKS`), in the order they run."""
+    from .proof.checks import CHECKS
+
+    rows = ["| check | what it asserts |", "|---|---|"]
+    rows += [f"| `{check.name}` | {check.doc} |" for check in CHECKS]
+    return "\n".join(rows)
+
+
 def _declined(values: list | dict) -> str:
     """A record's declines: ``a, b`` (every layer that has them) or ``layers[0]: a, b``."""
     if isinstance(values, dict):

@@ -13,6 +13,11 @@ class UnknownFamilyError(NncanonError, ValueError):
     """The model's ``config.model_type`` has no registered family."""
 
 
+class OutOfScopeModel(UnknownFamilyError):
+    """The model's type is one nncanon does not serve by design (an encoder, an encoder-decoder's decoder,
+    a decoder whose stream is not a residual sum); the message says which and why."""
+
+
 class ValueNotAvailable(NncanonError, AttributeError):
     """A standard value that this layer of this model does not have.
 
@@ -33,6 +38,15 @@ class InvalidSkip(NncanonError, ValueError):
     """A ``skip_layers`` call whose layers or replacement cannot work."""
 
 
+class ModelUnavailable(NncanonError, OSError):
+    """A model that cannot be loaded from here: a hub id while the hub is unreachable (or ``HF_HUB_OFFLINE``
+    is set) and the checkpoint is not in the local cache, or a local path that does not exist.
+
+    An ``OSError``, as transformers raises for a checkpoint it cannot find. The message is one line
+    naming the ways in: a local folder, ``HF_HUB_OFFLINE=1`` with a cached checkpoint, the demo models.
+    """
+
+
 class InvalidLayer(NncanonError, IndexError, TypeError):
     """A layer index that is not an int, or is outside the model's blocks (an ``IndexError`` and a ``TypeError``)."""
 
@@ -50,10 +64,6 @@ class InvalidInput(NncanonError, ValueError):
 
 class InvalidModel(NncanonError, TypeError):
     """What was passed as the model is not a transformers causal LM (no ``.config``)."""
-
-
-class ModelNotFound(NncanonError, FileNotFoundError):
-    """A local folder given as the model does not exist."""
 
 
 class TokenizerNotFound(NncanonError, FileNotFoundError):

@@ -19,6 +19,20 @@ from .registry import STATUS_FILE, registry_dir, variants
 _ID = re.compile(r"::(?P<test>[^\[]+)\[(?P<variant>[^\]]+)\]")
 
 
+def _split(test_id: str, test: str) -> tuple[str, str]:
+    """The variant of a test id's parameters, and the test's name with the other parameters
+    (``test_check_holds[llama-heads]`` -> ``("llama", "test_check_holds[heads]")``)."""
+    from .registry import variants
+
+    names = sorted((v.name for v in variants()), key=len, reverse=True)  # gpt_neox_parallel before gpt_neox
+    for name in names:
+        if test_id == name:
+            return name, test
+        if test_id.startswith(name + "-"):
+            return name, f"{test}[{test_id[len(name) + 1:]}]"
+    return test_id, test
+
+
 class _Collector:
     """A pytest plugin recording ``{variant: {test: outcome}}`` with a progress bar."""
 
@@ -36,8 +50,8 @@ class _Collector:
         match = _ID.search(report.nodeid)
         if match is None:
             return
-        outcomes = self.results.setdefault(match["variant"], {})
-        test = match["test"]
+        variant, test = _split(match["variant"], match["test"])
+        outcomes = self.results.setdefault(variant, {})
         if report.when == "call" or report.outcome != "passed":
             if outcomes.get(test) != "failed":
                 outcomes[test] = report.outcome

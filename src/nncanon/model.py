@@ -18,13 +18,14 @@ from .errors import (
     InvalidModel,
     InvalidSkip,
     InvalidWrite,
-    ModelNotFound,
+    ModelUnavailable,
     SizeNotAvailable,
     TokenizerNotFound,
     ValueNotAvailable,
 )
 from .families import Family, family_for
 from .mounting import mount
+from .quiet import kernel_notices_filtered, wrapping_quietly
 from .served import check_write, model_value
 
 
@@ -47,24 +48,24 @@ def _config_of(model: Any, kwargs: dict) -> Any:
             "a transformers PreTrainedModel."
         )
     model = os.fspath(model)
-    if _looks_like_path(model) and not os.path.isdir(os.path.expanduser(model)):
-        raise ModelNotFound(
-            f"no folder at {model!r} (resolved: {os.path.abspath(os.path.expanduser(model))}): a local model is "
-            "a folder saved with save_pretrained (config.json, weights and tokenizer files). Check the path, "
-            "or give a hub id ('namespace/name')."
-        )
     from transformers import AutoConfig
 
+    from .hub import alternatives, check_reachable
+
     options = {k: kwargs[k] for k in ("revision", "trust_remote_code", "token") if k in kwargs}
-    return AutoConfig.from_pretrained(model, **options)
+    check_reachable(model, options)
+    try:
+        return AutoConfig.from_pretrained(model, **options)
+    except OSError as error:
+        if _offline_miss(error):
+            raise ModelUnavailable(alternatives(model)) from error
+        raise
 
 
-def _looks_like_path(model: str) -> bool:
-    """Whether ``model`` names a local folder rather than a hub id (``namespace/name``)."""
-    return (
-        os.path.isabs(model) or model.startswith((".", "~")) or model.count("/") > 1 or os.path.exists(model)
-        or (os.sep != "/" and os.sep in model)
-    )
+def _offline_miss(error: OSError) -> bool:
+    """Whether transformers' error says the files are neither reachable nor cached (``HF_HUB_OFFLINE=1``...)."""
+    text = str(error)
+    return "couldn't connect" in text or "offline mode" in text or "local_files_only" in text
 
 
 def _causal_lm_config(config: Any) -> Any:
@@ -161,7 +162,8 @@ class StandardizedTransformer(TransformersModel):
             kwargs.setdefault("task", "text-generation")
             if tokenizer is None:
                 tokenizer = _tokenizer_of(model, kwargs)
-        super().__init__(model, *args, tokenizer=tokenizer, **kwargs)
+        with wrapping_quietly():
+            super().__init__(model, *args, tokenizer=tokenizer, **kwargs)
         self._family = family
         self._text_config = self._module.config.get_text_config()
         # Native paths first: a standard name bound below may shadow a native module of that name
@@ -171,7 +173,7 @@ class StandardizedTransformer(TransformersModel):
         self.embed_tokens = self.get(family.embed_tokens)
         self.norm = self._optional(family.norm)
         self.lm_head = self.get(family.lm_head)
-        self._model_declines: dict[str, str] = {}
+        self._model_declines: dict[str, str] = dict(family.model_declines)
         mount(self, family, self._text_config)
         self._provenance = self._prove(verify)
 
@@ -179,7 +181,8 @@ class StandardizedTransformer(TransformersModel):
         """Prove this model's values on a twin of its config (see ``verify``); decline what fails."""
         from .proof.load import load_provenance
 
-        return load_provenance(self, self._module.config, verify)
+        with kernel_notices_filtered():
+            return load_provenance(self, self._module.config, verify)
 
     def _model_value_check(self, name: str) -> None:
         reason = self.__dict__.get("_model_declines", {}).get(name)

@@ -123,7 +123,9 @@ def mount(model: Any, family: Family, config: Any) -> None:
 
     ``config`` is the text config (heads and scale factors are read from it).
     """
-    heads = getattr(config, "num_attention_heads", None)  # SSMs (Mamba) have none
+    # SSMs (Mamba) have none; a family with ``head_shape`` reads each block's own (a per-layer config may
+    # refuse the global attribute)
+    heads = None if family.head_shape is not None else getattr(config, "num_attention_heads", None)
     adopt(model.layers, LayersEnvoy)
     for index, layer in enumerate(model.layers):
         adopt(layer, LayerEnvoy)

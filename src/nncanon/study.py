@@ -31,6 +31,33 @@ def target_token(model: Any, target: str) -> int:
     return ids[0]
 
 
+def target_notes(model: Any, target: str) -> list[str]:
+    """What a user should know about the token `target_token` scores for ``target`` (empty: nothing).
+
+    ``"Paris"`` without its leading space is usually another token than the word after a space
+    (``" Paris"``), and a target of several tokens is scored by its first only.
+    """
+    tokenizer = model.tokenizer
+    ids = tokenizer(target, add_special_tokens=False).input_ids
+    if not ids:
+        return []
+    shown = tokenizer.convert_ids_to_tokens(ids[0])
+    notes = []
+    if not target.startswith(" "):
+        spaced = tokenizer(" " + target, add_special_tokens=False).input_ids
+        if spaced and spaced[0] != ids[0]:
+            notes.append(
+                f"the target {target!r} has no leading space: its first token is {shown!r} (id {ids[0]}), a different "
+                f"token from the first of {' ' + target!r}, {tokenizer.convert_ids_to_tokens(spaced[0])!r} "
+                f"(id {spaced[0]}); scoring {shown!r}. Pass --target {' ' + target!r} for the word after a space."
+            )
+    if len(ids) > 1:
+        pieces = tokenizer.convert_ids_to_tokens(ids)
+        notes.append(f"the target {target!r} is {len(ids)} tokens {pieces}: P(target) is the probability of the "
+                     f"first, {shown!r} (id {ids[0]})")
+    return notes
+
+
 def mixer_of(model: Any, layer: int) -> tuple[str, str, str | None]:
     """Block ``layer``'s token mixer: (component, contribution value, head value or ``None``)."""
     report = model.support()
@@ -108,23 +135,70 @@ def strongest_layer(effects: torch.Tensor) -> int:
     return int(magnitude.argmax())
 
 
-def plot_head_effects(effects: dict[str, torch.Tensor], target: str, path: str) -> str:
-    """Save one heatmap per model (layers x heads, effect on P(target)) side by side as a PNG."""
+def linear_head_layers(model: Any) -> set[int]:
+    """The layers whose row in `head_effects` holds a linear mixer's heads (not softmax attention heads)."""
+    report = model.support()
+    attention = set(report.layers_with(MIXERS[0][2]))
+    return set(report.layers_with(MIXERS[1][2])) - attention
+
+
+def color_limits(effects: dict[str, torch.Tensor], shared_scale: bool = False) -> dict[str, float]:
+    """Each heatmap's colour limit: its own largest ``|effect|``, or the largest of all with ``shared_scale``."""
+    own = {name: float(torch.nan_to_num(grid.abs(), nan=0.0).max()) or 1.0 for name, grid in effects.items()}
+    if shared_scale:
+        top = max(own.values(), default=1.0)
+        return dict.fromkeys(own, top)
+    return own
+
+
+def layer_labels(num_layers: int, linear_layers: set[int]) -> list[str]:
+    """The heatmap's row labels: the layer number, ``"3 (linear)"`` where the heads are a linear mixer's."""
+    return [f"{layer} (linear)" if layer in linear_layers else str(layer) for layer in range(num_layers)]
+
+
+def plot_head_effects(
+    effects: dict[str, torch.Tensor],
+    target: str,
+    path: str,
+    prompt: str | None = None,
+    shared_scale: bool = False,
+    linear_layers: dict[str, set[int]] | None = None,
+) -> str:
+    """Save one heatmap per model (layers x heads, effect on P(target)) side by side as a PNG.
+
+    Args:
+        effects: ``{model name: [num_layers, max_heads]}`` from `head_effects`.
+        target: The target, for the titles.
+        path: Where to write the PNG.
+        prompt: Shown above the heatmaps.
+        shared_scale: One colour scale for every model (compare models), instead of one each.
+        linear_layers: ``{model name: layers}`` whose heads are a linear mixer's (`linear_head_layers`):
+            their rows are labelled ``(linear)`` and drawn hatched, apart from softmax attention heads.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
 
-    figure, axes = plt.subplots(1, len(effects), figsize=(4.5 * len(effects), 3.8), squeeze=False)
+    limits = color_limits(effects, shared_scale)
+    linear_layers = linear_layers or {}
+    figure, axes = plt.subplots(1, len(effects), figsize=(4.5 * len(effects), 4.2), squeeze=False)
     for axis, (name, grid) in zip(axes[0], effects.items(), strict=True):
-        limit = float(torch.nan_to_num(grid.abs(), nan=0.0).max()) or 1.0
+        limit = limits[name]
         image = axis.imshow(grid.numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
         axis.set_title(f"{name}: drop in P({target.strip()})")
         axis.set_xlabel("head")
         axis.set_ylabel("layer")
         axis.set_xticks(range(grid.shape[1]))
-        axis.set_yticks(range(grid.shape[0]))
+        axis.set_yticks(range(grid.shape[0]), layer_labels(grid.shape[0], linear_layers.get(name, set())))
+        for layer in sorted(linear_layers.get(name, set())):
+            axis.add_patch(Rectangle((-0.5, layer - 0.5), grid.shape[1], 1, fill=False, hatch="//", linewidth=0,
+                                   edgecolor="0.6", alpha=0.6))
         figure.colorbar(image, ax=axis, fraction=0.046)
+    if prompt is not None:
+        scale = "one colour scale for all" if shared_scale else "one colour scale per model"
+        figure.suptitle(f"prompt {prompt!r} ({scale}; hatched rows: linear-mixer heads)")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

@@ -42,8 +42,10 @@ def test_sdpa_heads_equal_hooks_and_eager_and_probabilities_decline(variant, mod
     with torch.no_grad():
         agree = torch.allclose(model._module(**inputs).logits, sdpa._module(**inputs).logits, rtol=1e-4, atol=1e-5)
     if agree:
+        # a record may widen atol where transformers' own eager and sdpa kernels differ more (its sdpa_atol_why)
+        atol = records()[variant.model_type].get("sdpa_atol", 1e-5)
         for eager_value, sdpa_value in zip(eager_heads, sdpa_heads, strict=True):
-            torch.testing.assert_close(sdpa_value, eager_value, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(sdpa_value, eager_value, rtol=1e-4, atol=atol)
     else:
         assert "upstream_issues" in records()[variant.model_type], "eager and sdpa differ in transformers itself"
     for index in attention_layers:

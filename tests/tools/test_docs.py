@@ -1,4 +1,4 @@
-"""Every example of docs/tools.md runs as written (offline, on the tiny Llama)."""
+"""Every example of docs/tools.md runs as written (offline, on the trained demo Llama)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def test_every_section_has_an_example():
     assert len(EXAMPLES) >= 9
     for title, blocks in EXAMPLES:
         assert len(blocks) == 1, title
-        assert 'tiny_model("llama"' in blocks[0] or 'tiny_hf_model("llama")' in blocks[0], title
+        assert 'demo_model("llama"' in blocks[0] or "demo_path(\"llama\")" in blocks[0], title
 
 
 @pytest.mark.parametrize("title, blocks", EXAMPLES, ids=[title for title, _ in EXAMPLES])

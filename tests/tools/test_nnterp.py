@@ -146,3 +146,73 @@ def test_token_embeddings_and_topk(compat):
     top = model.get_topk_closest_tokens(hidden, k=2)
     assert list(top.values()) == pytest.approx(probs[0].topk(2).values.tolist(), rel=1e-5)
     assert len(model.get_topk_closest_tokens(hidden[None].expand(3, -1), k=2)) == 3
+
+
+def test_nnterp_module_tree_is_the_standard_one(compat):
+    model = compat
+    assert model.model.layers is model.layers and model.model.ln_final is model.norm
+    assert model.model.embed_tokens is model.embed_tokens and model._model is model._module
+    native = model.layers.path.rpartition(".")[2]
+    assert getattr(model.model, native) is model.layers  # the native names stay
+
+
+def test_nnsight_utils_read_the_standard_values(compat):
+    from nncanon.nnterp import nnsight_utils as utils
+
+    model = compat
+    getters = [(utils.get_layer_input, "layer_input"), (utils.get_attention_output, "self_attn.attention_output"),
+               (utils.get_mlp_output, "mlp.mlp_output"), (utils.get_layer_output, "layer_output")]
+    ours, standard = [], []
+    with torch.no_grad(), model.trace(PROMPTS):
+        for getter, path in getters:  # nnsight reads values in forward order: each pair together
+            ours.append(getter(model, 1).save())
+            value = model.layers[1]
+            for name in path.split("."):
+                value = getattr(value, name)
+            standard.append(value.save())
+        probs = utils.get_next_token_probs(model).save()
+        projected = utils.project_on_vocab(model, standard[3]).save()
+    for mine, theirs in zip(ours, standard, strict=True):
+        assert torch.equal(mine, theirs)
+    torch.testing.assert_close(probs, model_probs(model))
+    acts = utils.get_token_activations(model, PROMPTS, layers=[1, 0])
+    torch.testing.assert_close(acts[0], standard[3][:, -1])
+    batched = utils.collect_token_activations_batched(model, PROMPTS, batch_size=1, layers=[1, 0])
+    torch.testing.assert_close(batched, acts, rtol=1e-5, atol=1e-5)  # one prompt at a time: no padding
+    assert projected.shape[-1] == model.vocab_size
+
+
+def model_probs(model):
+    with torch.no_grad(), model.trace(PROMPTS):
+        probs = model.logits[:, -1].softmax(-1).save()
+    return probs
+
+
+def test_run_prompts_sums_the_targets_probabilities(compat):
+    from nncanon.nnterp.prompt_utils import Prompt, get_first_tokens, run_prompts
+
+    model = compat
+    prompts = [Prompt.from_strings(text, {"city": ["Paris", "Rome"]}, model) for text in PROMPTS]
+    tokens = get_first_tokens(["Paris", "Rome"], model)
+    assert prompts[0].target_tokens["city"] == tokens and len(set(tokens)) == len(tokens)
+    result = run_prompts(model, prompts, batch_size=1)["city"]  # [prompts, 1]
+    expected = torch.stack([model_probs_of(model, text)[tokens].sum() for text in PROMPTS])
+    torch.testing.assert_close(result[:, 0], expected)
+
+
+def model_probs_of(model, text):
+    with torch.no_grad(), model.trace(text):
+        probs = model.next_token_probs[0].save()
+    return probs
+
+
+def test_module_accessor_finds_the_models_modules(compat):
+    from nncanon.nnterp import ModuleAccessor
+
+    model = compat
+    accessor = ModuleAccessor(model._module)
+    assert accessor.get_layers() is model.layers._module
+    assert accessor.get_embed_tokens() is model.embed_tokens._module
+    assert accessor.get_unembed() is model.lm_head._module
+    layer = next(i for i, block in enumerate(model.layers) if "self_attn" in block.__dict__)
+    assert accessor.get_attention(layer) is model.layers[layer].self_attn._module

@@ -11,7 +11,8 @@ import pkgutil
 from importlib import import_module
 from typing import Any
 
-from ..errors import UnknownFamilyError
+from ..errors import OutOfScopeModel, UnknownFamilyError
+from ..scope import not_yet_reason, out_of_scope_reason
 from .base import Family, LogitStep
 
 ADDING_A_FAMILY = "docs/adding-a-family.md"
@@ -38,9 +39,20 @@ def registered_model_types() -> list[str]:
 
 
 def family_for(config: Any) -> Family:
-    """The family serving a model with ``config``; `UnknownFamilyError` if none does."""
+    """The family serving a model with ``config``; `UnknownFamilyError` if none does (`OutOfScopeModel`,
+    naming why, for a type nncanon does not serve by design: see `nncanon.scope`)."""
     model_type = getattr(config, "model_type", None)
     family = REGISTRY.get(model_type)
+    if family is None and (reason := out_of_scope_reason(model_type)) is not None:
+        raise OutOfScopeModel(
+            f"nncanon does not serve model_type {model_type!r} ({type(config).__name__}): {reason}. "
+            f"nncanon serves decoder-only language models whose blocks add to a residual stream; the "
+            f"served types are listed on docs/families.md."
+        )
+    if family is None and (reason := not_yet_reason(model_type)) is not None:
+        raise UnknownFamilyError(
+            f"nncanon does not serve model_type {model_type!r} ({type(config).__name__}) yet: {reason}."
+        )
     if family is None:
         raise UnknownFamilyError(
             f"nncanon has no family for model_type {model_type!r} "

@@ -109,6 +109,8 @@ class Family:
             tokenized ``inputs`` the heads were read on, where the heads do
             not reach the stream through one output projection (JetMoE's mixture of attention heads):
             the heads check compares these instead of the heads through the projection.
+        model_declines: Model-level values (``"resume"``) the family cannot serve exactly, with the reason
+            (ZAYA's router state flows from block to block: a forward resumed at a later block lacks it).
     """
 
     name: str
@@ -147,6 +149,7 @@ class Family:
     layout_of: Callable[[Any, int], str] | None = field(default=None, compare=False)
     token_shift_after: tuple[str, ...] = ()
     head_totals: Callable[[Any, int, Any, dict], tuple[Any, Any]] | None = field(default=None, compare=False)
+    model_declines: dict[str, str] = field(default_factory=dict, compare=False)
 
     def for_layer(self, config: Any, layer: int) -> tuple[Family, str | None]:
         """The layout of block ``layer`` (this record with its kind's fields), and the kind's name."""

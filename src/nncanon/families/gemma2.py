@@ -18,7 +18,8 @@ multimodal (``Gemma4ForConditionalGeneration``, blocks under ``model.language_mo
 with the text config's value). Its full-attention
 layers may use another head width (``global_head_dim``) than its sliding ones: the per-head values
 follow each layer's own width; where the widths differ, transformers' config has no one ``head_dim``
-and ``model.head_dim`` raises ``SizeNotAvailable`` naming each layer's.
+and ``model.head_dim`` raises ``SizeNotAvailable`` naming each layer's. Gemma-4-unified (encoder-free
+multimodal: its images and audio are embedded by linear maps, no tower) has the same text blocks.
 """
 
 from dataclasses import replace
@@ -75,7 +76,7 @@ def _gemma4_declines(config, layer):
 
 GEMMA4_TEXT = Family(
     name="gemma4_text",
-    model_types=("gemma4_text",),
+    model_types=("gemma4_text", "gemma4_unified_text"),
     logit_steps=_SOFTCAP,
     declines=_gemma4_declines,
     residual=f"{_SANDWICH} [+ per-layer-input term]; y = y · layer_scalar",
@@ -85,7 +86,7 @@ GEMMA4_TEXT = Family(
 GEMMA4_MULTIMODAL = replace(
     GEMMA4_TEXT,
     name="gemma4",
-    model_types=("gemma4",),
+    model_types=("gemma4", "gemma4_unified"),
     layers="model.language_model.layers",
     embed_tokens="model.language_model.embed_tokens",
     norm="model.language_model.norm",

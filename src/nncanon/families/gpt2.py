@@ -1,4 +1,7 @@
-"""GPT-2 and GPT-BigCode: ``transformer.h`` blocks, ``attn`` and ``mlp`` modules, Conv1D or Linear.
+"""GPT-2, GPT-BigCode and GPT-SW3: ``transformer.h`` blocks, ``attn`` and ``mlp`` modules, Conv1D or Linear.
+
+GPT-SW3 is ``GPT2LMHeadModel`` (``gpt-sw3`` maps to ``GPT2Config``, whose ``model_type`` reads ``gpt2``);
+only its tokenizer differs.
 
 Under eager attention, a GPT-2 config with ``reorder_and_upcast_attn`` computes its probabilities in
 the module's own ``_upcast_and_reordered_attn`` (in fp32), not in transformers' attention function.
@@ -17,7 +20,7 @@ def _probabilities(config) -> tuple[str, ...] | None:
 
 GPT2 = Family(
     name="gpt2",
-    model_types=("gpt2", "gpt_bigcode"),
+    model_types=("gpt2", "gpt_bigcode", "gpt-sw3"),
     layers="transformer.h",
     embed_tokens="transformer.wte",
     norm="transformer.ln_f",

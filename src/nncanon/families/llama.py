@@ -8,6 +8,9 @@ Apertus' ``attention_layernorm``), the MLP (Apertus' xIELU without gate, Phi-3's
 q/k norms, partial or NoPE rotary (SmolLM3), sliding windows, OLMo's ``clip_qkv`` (in place on
 q/k/v, upstream of ``o_proj``), and Youtu's multi-head latent attention (``o_proj`` still takes
 the heads, ``v_head_dim`` wide). EXAONE-3, InternLM3 and IQuest-Coder are ``LlamaForCausalLM``.
+Emu3's causal LM is its text model (``emu3_text_model``), and Phi-4-multimodal's text path is a
+Phi-3 block whose residual dropouts are identities in eval (on text alone, its image and audio
+embedding ``embed_tokens_extend`` passes the token embeddings through).
 """
 
 from .base import Family
@@ -41,6 +44,9 @@ LLAMA = Family(
         "jais2",
         "cwm",
         "youtu",
+        "emu3_text_model",
+        "emu3",
+        "phi4_multimodal",
     ),
 )
 

@@ -29,7 +29,7 @@ def _declines(config, layer: int) -> dict:
 
 LLAMA4 = Family(
     name="llama4",
-    model_types=("llama4_text",),
+    model_types=("llama4_text", "llama4"),
     mlp="feed_forward",
     mlp_output=Site("feed_forward"),
     residual="h = x + attn(input_layernorm(x)); y = h + feed_forward(post_attention_layernorm(h))",

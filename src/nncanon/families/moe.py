@@ -66,6 +66,12 @@ def _laguna_heads(config, layer: int) -> tuple[int, int]:
     return config.num_attention_heads_per_layer[layer], head_dim
 
 
+def _per_layer_heads(config, layer: int) -> tuple[int, int]:
+    """``(num_attention_heads, v_head_dim)`` of block ``layer``'s own config (``per_layer_config[layer]``)"""
+    own = config.per_layer_config[layer]
+    return own.num_attention_heads, own.v_head_dim
+
+
 def _axk1_declines(config, layer: int) -> dict:
     if _mlp_layer_types(config, layer) == "dense":
         return {}
@@ -137,6 +143,11 @@ FAMILIES = [
         dict(TOPK_ROUTER, shared_expert_output=Site("mlp.shared_experts", flat=True)),
         _mlp_layer_types,
         head_shape=_laguna_heads,
+    ),
+    # dots.llm3-note: DeepSeek-style MoE and gated multi-head latent attention, with per-layer configs
+    # (`per_layer_config`: its sliding-window layers have their own head counts and widths).
+    _family(
+        "dots3_note", ("dots3_note_text", "dots3_note"), DEEPSEEK_MOE, _mlp_layer_types, head_shape=_per_layer_heads
     ),
     # A.X K1: the MoE returns post_mlp_layernorm(routed + shared).
     _family(

@@ -47,14 +47,14 @@ QWEN3_NEXT = Family(
 
 QWEN3_5 = Family(
     name="qwen3_5",
-    model_types=("qwen3_5_text",),
+    model_types=("qwen3_5_text", "qwen3_5"),
     layouts={"linear_attention": DELTANET, "full_attention": {}},
     layout_of=lambda config, layer: config.layer_types[layer],
 )
 
 QWEN3_5_MOE = Family(
     name="qwen3_5_moe",
-    model_types=("qwen3_5_moe_text",),
+    model_types=("qwen3_5_moe_text", "qwen3_5_moe"),
     layouts={"linear_attention": DELTANET, "full_attention": {}, "moe": QWEN_MOE},
     layout_of=lambda config, layer: (config.layer_types[layer], "moe"),
 )

@@ -25,6 +25,14 @@ writable inside a trace: ``layers_input[i]``, ``layers_output[i]``, ``attentions
 - ``attentions_input[i]`` and ``mlps_input[i]`` are the modules' first inputs, as in nnterp 1.3
   (the normed stream the sublayer reads). ``attention_probabilities[i]`` are nncanon's (load with
   ``enable_attention_probs=True`` or ``attn_implementation="eager"``).
+- nnterp's other modules are here under the same names: ``nncanon.nnterp.nnsight_utils``,
+  ``nncanon.nnterp.prompt_utils``, ``nncanon.nnterp.rename_utils`` (`RenameConfig`,
+  `get_rename_dict`, `ModuleAccessor`), and ``it_repeat_prompt``, ``patchscope_generate``,
+  ``patch_object_attn_lens`` in ``nncanon.nnterp.interventions``. nnterp's renamed module tree is
+  there as aliases of the same envoys: ``model.model.layers`` (also GPT-2's ``transformer.h``),
+  ``model.model.ln_final``, ``model.model.embed_tokens``; ``model._model`` is the transformers model.
+- nnterp 1.3.0's own test suite runs against this module (``tests/nnterp_upstream/``); the items
+  that differ on purpose are listed, with the figure, in the docs ("Migrating from nnterp 1.3").
 - Loading: ``check_renaming``, ``allow_dispatch``, ``check_attn_probs_with_trace``,
   ``allow_multimodal`` and ``rename_config`` are accepted and unused (the family registry does
   that work); ``rename=`` is not supported (an unregistered model raises
@@ -40,7 +48,18 @@ import torch
 
 from ..model import StandardizedTransformer as _Standardized
 from ..tools.steering import steer as _steer
-from .interventions import TargetPrompt, TargetPromptBatch, logit_lens, patchscope_lens, repeat_prompt
+from .interventions import (
+    TargetPrompt,
+    TargetPromptBatch,
+    it_repeat_prompt,
+    logit_lens,
+    patch_object_attn_lens,
+    patchscope_generate,
+    patchscope_lens,
+    repeat_prompt,
+)
+from .nnsight_utils import ModuleAccessor
+from .rename_utils import RenameConfig, get_rename_dict
 
 _LAYER_VALUES = {"layer_input", "layer_output"}
 
@@ -101,6 +120,42 @@ class AttentionProbabilitiesAccessor:
     def enabled(self) -> bool:
         return self.model.attn_implementation == "eager"
 
+    def print_source(self, layer: int = 0, allow_dispatch: bool = True) -> None:
+        """Print the operation of block ``layer``'s attention whose input is served, then the module's source.
+
+        ``allow_dispatch`` is accepted and unused (reading the source loads no weights).
+        """
+        attention = self.model.layers[layer].self_attn
+        with self.model.scan("Hello"):  # the operation inside a nested call is found while a forward runs
+            print("Accessing attention probabilities from:")
+            print(attention._probability_operation())
+        print("\n\nFull module source:")
+        print(attention.source)
+
+
+def _alias(host: Any, name: str, target: Any) -> None:
+    """Bind ``host.<name>`` to the envoy ``target`` unless ``host`` already answers to ``name``."""
+    if target is None or name in host.__dict__ or hasattr(type(host), name) or hasattr(host._module, name):
+        return
+    object.__setattr__(host, name, target)
+    host._aliases[name] = target.path[len(host.path) + 1:] if host.path else target.path
+
+
+def _bind_nnterp_names(model: Any) -> None:
+    """nnterp 1.3's renamed module tree, as aliases of the same envoys.
+
+    ``model.model`` is the backbone (GPT-2's ``transformer``...), and it holds ``layers``,
+    ``ln_final`` and ``embed_tokens``; each block already has ``self_attn`` and ``mlp`` (nncanon's
+    standard names). Native names stay.
+    """
+    backbone = model.layers.path.rpartition(".")[0]
+    host = model.get(backbone.partition(".")[2]) if "." in backbone else model
+    if host is not model:
+        _alias(model, "model", host)
+    _alias(host, "layers", model.layers)
+    _alias(host, "ln_final", model.norm)
+    _alias(host, "embed_tokens", model.embed_tokens)
+
 
 class StandardizedTransformer(_Standardized):
     """nncanon's `StandardizedTransformer` with nnterp 1.3's loading arguments and accessors.
@@ -155,8 +210,14 @@ class StandardizedTransformer(_Standardized):
         self.mlps_output = LayerAccessor(self, "mlp", "mlp_output")
         self.attention_probabilities = AttentionProbabilitiesAccessor(self)
         self._add_prefix_false_tokenizer = None
+        _bind_nnterp_names(self)
 
     # -- nnterp 1.3 properties -----------------------------------------------
+
+    @property
+    def _model(self) -> Any:
+        """The wrapped transformers model (nnterp 1.3 and nnsight 0.5 spell it ``_model``)."""
+        return self._module
 
     @property
     def ln_final(self) -> Any:
@@ -275,10 +336,16 @@ class StandardizedTransformer(_Standardized):
 __all__ = [
     "AttentionProbabilitiesAccessor",
     "LayerAccessor",
+    "ModuleAccessor",
+    "RenameConfig",
     "StandardizedTransformer",
     "TargetPrompt",
     "TargetPromptBatch",
+    "get_rename_dict",
+    "it_repeat_prompt",
     "logit_lens",
+    "patch_object_attn_lens",
+    "patchscope_generate",
     "patchscope_lens",
     "repeat_prompt",
 ]

@@ -56,6 +56,43 @@ def repeat_prompt(
     return TargetPrompt(sep.join([w + rel + w for w in words]) + sep + placeholder, index_to_patch)
 
 
+def it_repeat_prompt(
+    tokenizer: Any,
+    words: list[str] | None = None,
+    rel: str = " ",
+    sep: str = "\n",
+    placeholder: str = "?",
+    complete_prompt: bool = True,
+    add_user_instr: bool = True,
+    use_system_prompt: bool = True,
+) -> TargetPrompt:
+    """`repeat_prompt` in the tokenizer's chat template, for instruction-tuned models (patch the last token)."""
+    prompt = repeat_prompt(words, rel, sep, placeholder).prompt
+    answer = {"role": "assistant", "content": prompt if complete_prompt else ""}
+    chat = []
+    if add_user_instr:
+        if use_system_prompt:
+            chat.append({"role": "system", "content": "You are a helpful assistant."})
+        chat += [
+            {"role": "user", "content": "I will provide you with a series of sentences. Your task is to guess the "
+             "next word in the sentence. You must answer with the next word only."},
+            {"role": "assistant", "content": "Ok."},
+            {"role": "user", "content": prompt},
+        ]
+    elif use_system_prompt:
+        chat += [
+            {"role": "system", "content": "The user will provide you with a sentence. Your task is to guess the "
+             "next word in the sentence. You must answer with the next word only."},
+            {"role": "user", "content": prompt},
+        ]
+    else:
+        chat.append({"role": "user", "content": "Guess the next word in the following sentence (answer only the "
+                     f"next word): {prompt}"})
+    chat.append(answer)
+    text = tokenizer.apply_chat_template(chat, tokenize=False, continue_final_message=True, add_special_tokens=False)
+    return TargetPrompt(text, -1)
+
+
 @dataclass
 class TargetPromptBatch:
     """Several target prompts, each with its index to patch."""
@@ -140,5 +177,68 @@ def patchscope_lens(
         with nn_model.trace(targets.prompts):
             output = nn_model.layers[layer].layer_output
             output[torch.arange(num_sources), targets.index_to_patch] = latents[index].to(output)
+            probs.append(nn_model.next_token_probs.cpu().save())
+    return torch.stack(probs, dim=1)
+
+
+@torch.no_grad()
+def patchscope_generate(
+    nn_model: Any,
+    prompts: list[str] | str,
+    target_patch_prompt: TargetPrompt,
+    max_length: int = 50,
+    layers: list[int] | None = None,
+    remote: bool = False,
+    max_batch_size: int = 32,
+) -> dict[int, torch.Tensor]:
+    """Patch each prompt's last-token ``layer_output`` into the target prompt at that layer, then generate.
+
+    Returns:
+        ``{layer: token ids [num_prompts, target_length + new_tokens]}`` on the CPU.
+    """
+    from .nnsight_utils import get_token_activations
+
+    if remote:
+        raise NotImplementedError("nncanon.nnterp does not run on NDIF (remote=True)")
+    prompts = [prompts] if isinstance(prompts, str) else prompts
+    layers = list(range(nn_model.num_layers)) if layers is None else layers
+    hiddens = get_token_activations(nn_model, prompts, layers=layers)
+    generations: dict[int, torch.Tensor] = {}
+    for index, layer in enumerate(layers):
+        with nn_model.generate([target_patch_prompt.prompt] * len(prompts), max_new_tokens=max_length) as tracer:
+            output = nn_model.layers[layer].layer_output
+            output[:, target_patch_prompt.index_to_patch] = hiddens[index].to(output)
+            ids = tracer.result.save()
+        generations[layer] = ids.cpu()
+    return generations
+
+
+@torch.no_grad()
+def patch_object_attn_lens(
+    nn_model: Any,
+    source_prompts: list[str] | str,
+    target_prompts: list[str] | str,
+    attn_idx_patch: int,
+    num_patches: int = 5,
+) -> torch.Tensor:
+    """For each layer ``l``, the attention input at ``attn_idx_patch`` of layers ``l..l+num_patches-1`` of the
+    targets replaced by the sources' last-token attention input; the targets' next-token probabilities.
+
+    Returns:
+        ``[num_target_prompts, num_layers, vocab]`` on the CPU.
+    """
+    from .nnsight_utils import get_token_activations
+
+    source_prompts = [source_prompts] if isinstance(source_prompts, str) else source_prompts
+    target_prompts = [target_prompts] if isinstance(target_prompts, str) else target_prompts
+    num_layers = nn_model.num_layers
+    sources = get_token_activations(nn_model, source_prompts,
+                                    get_activations=lambda model, layer: model.layers[layer].self_attn.input)
+    probs: list[torch.Tensor] = []
+    for layer in range(num_layers):
+        with nn_model.trace(target_prompts):
+            for patched in range(layer, min(num_layers, layer + num_patches)):
+                attention_input = nn_model.layers[patched].self_attn.input
+                attention_input[:, attn_idx_patch] = sources[patched].to(attention_input)
             probs.append(nn_model.next_token_probs.cpu().save())
     return torch.stack(probs, dim=1)

@@ -132,6 +132,19 @@ def _guarded(check: str, layer: int | None, values: Sequence[str], run: Callable
         return [_failure(check, layer, values, error)]
 
 
+def raised(model: Any, check: str, error: Exception) -> list[CheckResult]:
+    """A check that raised outside its own guards (the model's forward itself fails, say): one failed
+    result per layer over every value the layer serves, and one over the model-level values."""
+    from ..support import COMPONENTS, LAYER_VALUES
+
+    report = model.support()
+    results = []
+    for layer in range(model.num_layers):
+        values = [v for v in LAYER_VALUES if v not in COMPONENTS and report.available(v, layer=layer)]
+        results.append(_failure(check, layer, values, error))
+    return [*results, _failure(check, None, MODEL_VALUES, error)]
+
+
 # -- reading the surface ------------------------------------------------------------------------
 
 
@@ -591,6 +604,9 @@ def check_resume(model: Any) -> list[CheckResult]:
     logits bit for bit; last-position-only logits equal the last row."""
     from ..tools.resume import next_token_only, resume_at, streams_entering
 
+    if "resume" in model._model_declines:  # the family says why a resumed forward is not the forward
+        return []
+
     def run() -> list[CheckResult]:
         middle = model.num_layers // 2 or 1 if model.num_layers > 1 else 0
         streams = streams_entering(model, PROMPTS[0], [0, middle])
@@ -622,7 +638,8 @@ class Check:
 
 #: Every check, in the order `verify` runs them.
 CHECKS: tuple[Check, ...] = tuple(
-    Check(function.__name__.removeprefix("check_"), function, (function.__doc__ or "").strip().splitlines()[0])
+    Check(function.__name__.removeprefix("check_"), function,
+          " ".join((function.__doc__ or "").split("\n\n")[0].split()))
     for function in (
         check_read, check_identity, check_ablation, check_invokes, check_locality, check_heads,
         check_probabilities, check_routing, check_lens, check_skip, check_resume,

@@ -162,10 +162,14 @@ class Proof:
 
 
 def cache_key(config: Any, family: Any, model_class: type) -> str:
-    """The cache key of a proof of ``config``: the versions, the family record, the class and the
-    fingerprint."""
+    """The cache key of a proof of ``config``: the versions, the checks run, the family record, the class
+    and the fingerprint."""
+    from . import verdict
+
     versions = json.dumps(_versions(), sort_keys=True)
-    return hashlib.sha256(f"{versions}|{fingerprint(config, family, model_class)}".encode()).hexdigest()[:32]
+    checks = hashlib.sha256(json.dumps(_stable(verdict.CHECKS), default=str).encode()).hexdigest()[:16]
+    text = f"{versions}|{checks}|{fingerprint(config, family, model_class)}"
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def read_cached(key: str) -> Proof | None:

@@ -113,6 +113,8 @@ _EXPERT_NAMES = ("num_experts", "num_local_experts", "n_routed_experts", "moe_nu
 RULES: tuple[Rule, ...] = (
     Rule("stream width", ("hidden_size", "n_embd", "d_model", "embedding_dim", "dim"), f"{WIDTH}",
          _at_most(WIDTH)),
+    Rule("tower channels", ("ext_pw_out_channel", "depthwise_separable_out_channel", "nemo_conv_channels"),
+         f"≤ {WIDTH}", _at_most(WIDTH)),
     Rule("query heads", ("num_attention_heads", "n_head", "n_heads", "num_heads_attention"), f"≤ {HEADS}",
          _at_most(HEADS)),
     Rule("key/value heads", ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num"),
@@ -158,6 +160,8 @@ LAYER_COUNT = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_bl
 _INDEX_LIST = re.compile(r"(idxs|_ids|indices|_layers)$")
 #: Attributes that are token ids.
 _TOKEN_ID = re.compile(r"(_token_id|_token_index|_token_ids)$")
+#: Each block's own sizes, by layer index (a heterogeneous config: Dots3-Note, Gemma-4).
+_PER_LAYER = "per_layer_config"
 #: Sub-configs shrunk with the same table (a multimodal checkpoint's towers).
 _NESTED = re.compile(r"_config$")
 
@@ -179,6 +183,8 @@ def _shrink_sizes(config: dict, path: str, changes: list[Change]) -> None:
         if isinstance(value, dict) and _NESTED.search(name) and "model_type" in value:
             _shrink_sizes(value, f"{path}{name}.", changes)
             continue
+        if name == _PER_LAYER and isinstance(value, dict):  # each block's own sizes: after the global ones
+            continue
         rule = _RULE_OF.get(name)
         if rule is None or isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             continue
@@ -187,6 +193,13 @@ def _shrink_sizes(config: dict, path: str, changes: list[Change]) -> None:
             config[name] = new
             changes.append(Change(path + name, value, new, rule.what))
     _keep_relations(config, original, path, changes)
+    for layer, own in (config.get(_PER_LAYER) or {}).items():
+        if isinstance(own, dict):  # a block's own sizes override the global ones: its relations read both
+            before = dict(own)
+            _shrink_sizes(own, f"{path}{_PER_LAYER}.{layer}.", changes)
+            merged = {**config, **own}
+            _keep_relations(merged, {**original, **before}, f"{path}{_PER_LAYER}.{layer}.", changes)
+            own.update({k: v for k, v in merged.items() if k in own or merged[k] != config.get(k)})
 
 
 def _set(config: dict, name: str, value: Any, path: str, changes: list[Change], why: str) -> None:
@@ -206,6 +219,8 @@ def _keep_relations(config: dict, original: dict, path: str, changes: list[Chang
         rope, nope = config["qk_rope_head_dim"], config.get("qk_nope_head_dim") or 0
         if original.get("head_dim") == original["qk_rope_head_dim"]:  # the rotary part is the head width
             _set(config, "head_dim", rope, path, changes, "head width = latent rotary part")
+        elif original.get("head_dim") == original["qk_rope_head_dim"] + (original.get("qk_nope_head_dim") or 0):
+            _set(config, "head_dim", rope + nope, path, changes, "head width = rotary + non-rotary part")
         if isinstance(config.get("qk_head_dim"), int):
             _set(config, "qk_head_dim", rope + nope, path, changes, "latent head = rotary + non-rotary part")
     experts = _first(config, _EXPERT_NAMES)
@@ -277,6 +292,8 @@ def _keep_layers(config: dict, keep: list[int], count: int, path: str, changes: 
         value = config[name]
         if name in LAYER_COUNT and value == count:
             config[name] = len(keep)
+        elif name == _PER_LAYER and isinstance(value, dict):
+            config[name] = {str(position[int(i)]): own for i, own in value.items() if int(i) in position}
         elif isinstance(value, str) and len(value) == count and count > 1:
             config[name] = "".join(value[i] for i in keep)
         elif isinstance(value, (list, tuple)) and value and _is_index_list(name, value, count):

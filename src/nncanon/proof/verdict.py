@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .checks import CHECKS, Check, CheckResult
+from .checks import CHECKS, Check, CheckResult, raised
 
 
 @dataclass
@@ -17,7 +17,8 @@ class Verdict:
     held. A failed check that covers several values (the identity covers all of a block's
     contributions; the probabilities check, the probabilities and the heads) puts in doubt those of
     them that failed a check of their own; where none did, those that no check that held covers;
-    where every one is covered by a check that held, all of them.
+    where every one is covered by a check that held, all of them. A check that raised (measured
+    nothing) puts all its values in doubt.
     """
 
     results: list[CheckResult]
@@ -32,7 +33,8 @@ class Verdict:
                 self._covered.add((result.layer, value))
             if result.passed:
                 continue
-            doubted = (
+            raised = result.error is None and result.tolerance is None  # nothing measured: all in doubt
+            doubted = list(result.values) if raised else (
                 [v for v in result.values if (result.layer, v) in alone]
                 or [v for v in result.values if (result.layer, v) not in held]
                 or list(result.values)
@@ -98,5 +100,8 @@ def verify(model: Any, checks: Sequence[Check] | None = None) -> Verdict:
     """
     results: list[CheckResult] = []
     for check in checks if checks is not None else CHECKS:
-        results += check.run(model)
+        try:
+            results += check.run(model)
+        except Exception as error:  # a check that cannot run proves nothing: its values are declined
+            results += raised(model, check.name, error)
     return Verdict(results)

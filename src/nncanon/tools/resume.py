@@ -43,7 +43,11 @@ def resume_at(model: Any, layer: int, stream: torch.Tensor) -> None:
 
     ``stream`` is `streams_entering`'s ``[batch, seq, hidden]`` for this invoke's prompts. Every
     invoke of the trace must resume at the same layer (a skip covers every row).
+
+    Raises:
+        ValueNotAvailable: where the family declines ``resume`` (``model.support().model_declines``).
     """
+    model._model_value_check("resume")
     if layer > 0:
         # A copy (a block may update its input in place, and the stream serves every invoke), on the device
         # the first block's input is on: the skip hands it to the blocks there (models split over devices).

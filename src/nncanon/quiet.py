@@ -1,0 +1,64 @@
+"""Silence the notices nncanon's own work triggers, only while it runs: never the user's.
+
+Two notices a user did not cause:
+
+* transformers' kernel fallback notice (``causal_conv1d_fn is falling back to its reference PyTorch
+  implementation``...) when nncanon runs a forward on the CPU: the load-time proof on a twin, the
+  CLI's studies. A forward the user runs still shows it (it is about their run).
+* nnsight's warning that RWKV's attention has a submodule named ``output`` (nnsight renames it
+  ``E_output``), printed for every block when nncanon wraps the model. nncanon reads that module
+  by its path, so the rename changes nothing for the user.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+#: The transformers logger of the kernel fallback notice, and the notice's words.
+KERNEL_LOGGER = "transformers.integrations.hub_kernels"
+KERNEL_NOTICE = "is falling back to its reference PyTorch implementation"
+#: nnsight's warning for a submodule named like an Envoy attribute (RWKV's ``attention.output``).
+SUBMODULE_WARNING = r"Module '.*' has a submodule named '.*', which nnsight already serves on every module"
+
+
+class _KernelNoticeFilter(logging.Filter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropped = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if KERNEL_NOTICE in record.getMessage():
+            self.dropped = True
+            return False
+        return True
+
+
+@contextmanager
+def kernel_notices_filtered() -> Iterator[None]:
+    """Drop transformers' kernel fallback notices logged inside the block.
+
+    transformers logs each notice once per process (``warning_once``); one dropped here is
+    forgotten on exit, so the user's own forward still shows it.
+    """
+    logger = logging.getLogger(KERNEL_LOGGER)
+    notices = _KernelNoticeFilter()
+    logger.addFilter(notices)
+    try:
+        yield
+    finally:
+        logger.removeFilter(notices)
+        if notices.dropped:
+            from transformers.utils import logging as transformers_logging
+
+            transformers_logging.warning_once.cache_clear()
+
+
+@contextmanager
+def wrapping_quietly() -> Iterator[None]:
+    """Ignore nnsight's renamed-submodule warning while nncanon wraps a model."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=SUBMODULE_WARNING, category=UserWarning)
+        yield
