@@ -268,8 +268,12 @@ class StandardizedTransformer(TransformersModel):
         args, kwargs = super()._batch(invokes, fn)
         ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
         if isinstance(ids, torch.Tensor) and ids.dim() == 2:
-            lengths = mask.sum(-1) if isinstance(mask, torch.Tensor) else torch.full(ids.shape[:1], ids.shape[1])
-            empty = [row for row, length in enumerate(lengths.tolist()) if length == 0]
+            from torch._guards import detect_fake_mode
+
+            # Under nnsight's scan (fake tensors) there are no values to check; the real trace checks them.
+            masked = isinstance(mask, torch.Tensor) and detect_fake_mode() is None
+            lengths = mask.sum(-1).tolist() if masked else [ids.shape[1]] * ids.shape[0]
+            empty = [row for row, length in enumerate(lengths) if length == 0]
             if empty:
                 raise InvalidInput(
                     f"batch row(s) {empty} have no tokens: an empty prompt, and this tokenizer adds no BOS "
