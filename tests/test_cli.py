@@ -162,6 +162,52 @@ def test_matrix_writes_the_status_of_the_selected_variants(tmp_path):
     assert merged["last_filtered_run"]["selection"] == "ctrl"
 
 
+@pytest.mark.parametrize(
+    "arguments, code, says",
+    [
+        (["-k", "no_such_variant_anywhere"], EXIT_USAGE, "selected no variant's test"),
+        (["-k", "mpt", "-n", "bogus"], EXIT_USAGE, "pytest refused the arguments"),
+    ],
+    ids=["selects-nothing", "usage-error"],
+)
+def test_a_matrix_run_that_did_not_run_writes_nothing(tmp_path, arguments, code, says):
+    before = '{"variants": {"mpt": {"status": "pass"}}}\n'
+    (tmp_path / "status.json").write_text(before)
+    done = subprocess.run([sys.executable, "-m", "nncanon", "matrix", *arguments, "--out", str(tmp_path), "--quiet"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == code, done.stderr[-3000:]
+    assert says in done.stderr and "are unchanged" in done.stderr
+    assert (tmp_path / "status.json").read_text() == before and not (tmp_path / "status.md").exists()
+
+
+def test_an_interrupted_matrix_run_writes_nothing(tmp_path, monkeypatch):
+    """Ctrl-C after some variants ran: pytest returns "interrupted" (2) with partial results; none is written,
+    neither the registry's status files nor the families page."""
+    import nncanon.docs_tables
+    import nncanon.matrix
+
+    registry = tmp_path / "model_registry"
+    (tmp_path / "tests" / "families").mkdir(parents=True)
+    registry.mkdir()
+    (registry / "status.json").write_text("{}\n")
+    written = []
+
+    class Report:
+        nodeid = "tests/families/test_invariants.py::test_contribution_identity[gpt2]"
+        when, outcome = "call", "passed"
+
+    def interrupted(arguments, plugins):
+        plugins[0].pytest_runtest_logreport(Report())
+        return pytest.ExitCode.INTERRUPTED
+
+    monkeypatch.setattr(nncanon.matrix, "registry_dir", lambda: registry)
+    monkeypatch.setattr(pytest, "main", interrupted)
+    monkeypatch.setattr(nncanon.docs_tables, "write", lambda: written.append("families.md"))
+    assert nncanon.matrix.run_matrix(quiet=True) == EXIT_FAILED
+    assert (registry / "status.json").read_text() == "{}\n" and not (registry / "status.md").exists()
+    assert written == []
+
+
 def test_help_everywhere():
     for command in ([], ["ablate"], ["support"], ["families"], ["matrix"]):
         with pytest.raises(SystemExit) as exit_:
@@ -173,6 +219,64 @@ def test_help_everywhere():
     assert EXIT_FAILED == 1
 
 
+def _cli(*arguments: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nncanon", *arguments], capture_output=True, text=True, timeout=600,
+                          cwd=cwd)
+
+
+def _one_line(stderr: str) -> str:
+    """The lines of stderr, transformers' loading bars aside: exactly one, and no traceback."""
+    bars = ("Loading weights", "Writing model shards", "it/s]")
+    lines = [line for line in stderr.splitlines() if line.strip() and not any(bar in line for bar in bars)]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "arguments, says",
+    [
+        (["ablate", "--model", "llama", "--target", ""], r"--target '' encodes to no token for llama"),
+        (["ablate", "--model", "llama", "--layer", "9"], r"--layer 9 is out of range for llama \(4 layers\)"),
+        (["support", "gpt2", "--attn", "bogus"], r"'bogus' is not an attention implementation; one of eager"),
+        (["ablate", "--layer", "one"], r"argument --layer: invalid int value: 'one'"),
+    ],
+    ids=["empty-target", "layer", "attn", "argparse"],
+)
+def test_usage_errors_exit_2_with_one_line(arguments, says, tmp_path):
+    done = _cli(*arguments, cwd=tmp_path)
+    assert done.returncode == EXIT_USAGE
+    assert re.search(says, _one_line(done.stderr))
+    assert not (tmp_path / "nncanon-ablate").exists(), "no work before the usage error"
+
+
+def test_an_unwritable_out_is_refused_before_any_work(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    done = _cli("ablate", "--model", "llama", "--out", str(blocker / "figures"), cwd=tmp_path)
+    assert done.returncode == EXIT_USAGE and done.stdout == "", "refused before the study prints its table"
+    assert re.search(r"--out '.*a-file/figures': cannot create the folder: .*a-file is a file", _one_line(done.stderr))
+
+
+def test_support_on_a_folder_without_tokenizer_files_is_a_usage_error(tmp_path):
+    tiny_hf_model("gpt2").save_pretrained(tmp_path / "no-tokenizer")
+    done = _cli("support", str(tmp_path / "no-tokenizer"))
+    assert done.returncode == EXIT_USAGE
+    assert re.search(r"has no tokenizer files .*tokenizer\.save_pretrained\(folder\)", _one_line(done.stderr))
+    with pytest.raises(nncanon.TokenizerNotFound, match="no tokenizer files"):
+        nncanon.StandardizedTransformer(str(tmp_path / "no-tokenizer"))
+
+
+def test_a_multi_token_target_says_which_token_is_scored(tmp_path, capsys):
+    assert main(["ablate", "--model", "llama", "--target", " Eiffel Tower", "--out", str(tmp_path), "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert re.search(r"note \(llama\): the target ' Eiffel Tower' is 2 tokens .*P\(target\) is the probability of "
+                     r"the first", captured.err)
+    model = nncanon.demo_model("llama")
+    token = model.tokenizer(" Eiffel", add_special_tokens=False).input_ids[0]
+    with torch.no_grad(), model.trace(PROMPT):
+        probability = model.next_token_probs[0, token].save()
+    _, rows = _table(captured.out)
+    assert float(rows["clean"][0]) == pytest.approx(float(probability), abs=5e-4)
 def test_matrix_reads_the_variant_of_a_test_with_more_parameters():
     """``test_check_holds[gpt-sw3-heads]`` is variant ``gpt-sw3``'s ``heads`` check, not a variant of its own."""
     from nncanon.matrix import _split

@@ -5,12 +5,17 @@ import nnsight
 from .demo import demo_model
 from .errors import (
     GradientNotAvailable,
+    InvalidInput,
+    InvalidLayer,
+    InvalidModel,
     InvalidSkip,
     InvalidWrite,
     ModelUnavailable,
     NncanonError,
+    OutOfOrderRead,
     OutOfScopeModel,
     SizeNotAvailable,
+    TokenizerNotFound,
     UnknownFamilyError,
     ValueNotAvailable,
 )
@@ -26,14 +31,19 @@ nnsight.register(__name__)
 
 __all__ = [
     "GradientNotAvailable",
+    "InvalidInput",
+    "InvalidLayer",
+    "InvalidModel",
     "InvalidSkip",
     "InvalidWrite",
     "ModelUnavailable",
     "NncanonError",
+    "OutOfOrderRead",
     "OutOfScopeModel",
     "SizeNotAvailable",
     "StandardizedTransformer",
     "SupportReport",
+    "TokenizerNotFound",
     "UnknownFamilyError",
     "ValueNotAvailable",
     "demo_model",

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -91,6 +93,12 @@ def _families(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
+def _usage(message: str) -> int:
+    """Print a usage error as one line on stderr; the exit code of bad usage."""
+    print("nncanon: " + " ".join(str(message).split()), file=sys.stderr)
+    return EXIT_USAGE
+
+
 def _support(args: argparse.Namespace) -> int:
     try:
         model = _load(args.model, args.attn)
@@ -134,8 +142,6 @@ def _run_order(run: str) -> tuple[int, int]:
 
 
 def _ablate(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from tqdm import tqdm
 
     from .demo import DEMO_MODELS
@@ -150,22 +156,32 @@ def _ablate(args: argparse.Namespace) -> int:
     )
 
     names = args.model or list(DEMO_MODELS)
-    studies: dict[str, dict[str, float]] = {}
-    effects, linear = {}, {}
-    for name in tqdm(names, desc="ablate", unit="model", file=sys.stderr, disable=args.quiet):
+    out = Path(args.out)
+    problem = _unwritable(out)
+    if problem is not None:
+        return _usage(f"--out {args.out!r}: {problem}; give a folder you can write to")
+    if not args.prompt:
+        return _usage("--prompt is empty: give the text whose next token is scored")
+    models = {}
+    for name in names:  # every model and its target token checked before any study runs
         try:
-            model = _load(name)
+            models[name] = model = _load(name)
         except CANNOT_LOAD as error:
             _cannot_load(name, error)
             return EXIT_USAGE
-        for note in target_notes(model, args.target):
+        if not model.tokenizer(args.target, add_special_tokens=False).input_ids:
+            return _usage(f"--target {args.target!r} encodes to no token for {name}; give the token to score, "
+                          "e.g. --target ' Paris'")
+        for note in target_notes(model, args.target):  # a multi-token target: which token is scored
             print(f"note ({name}): {note}", file=sys.stderr)
+        if args.layer is not None and not -model.num_layers <= args.layer < model.num_layers:
+            return _usage(f"--layer {args.layer} is out of range for {name} ({model.num_layers} layers)")
+    studies: dict[str, dict[str, float]] = {}
+    effects, linear = {}, {}
+    for name, model in tqdm(models.items(), desc="ablate", unit="model", file=sys.stderr, disable=args.quiet):
         effects[name] = head_effects(model, args.prompt, args.target, fast=args.fast)
         linear[name] = linear_head_layers(model)
-        layer = args.layer if args.layer is not None else strongest_layer(effects[name])
-        if not 0 <= layer < model.num_layers:
-            print(f"--layer {layer} is out of range for {name} ({model.num_layers} layers)", file=sys.stderr)
-            return EXIT_USAGE
+        layer = args.layer % model.num_layers if args.layer is not None else strongest_layer(effects[name])
         label = f"{name} (layer {layer}, {'attention' if mixer_of(model, layer)[0] == 'self_attn' else 'linear'})"
         studies[label] = ablation_study(model, args.prompt, args.target, layer)
     runs = sorted(dict.fromkeys(run for study in studies.values() for run in study), key=_run_order)
@@ -177,7 +193,6 @@ def _ablate(args: argparse.Namespace) -> int:
         for label, study in studies.items():
             cells.append(f"{study[run]:>{len(label)}.3f}" if run in study else f"{'-':>{len(label)}}")
         print(f"{run:<{width}}  " + "  ".join(cells))
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     try:
         path = plot_head_effects(effects, args.target, str(out / "head_effects.png"), prompt=args.prompt,
@@ -188,6 +203,35 @@ def _ablate(args: argparse.Namespace) -> int:
     kind = "estimated (attribution patching)" if args.fast else "exact"
     print(f"\nheatmap of every layer x head {kind} effect on P(target): {path}")
     return EXIT_OK
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why files cannot be written into ``folder``, or ``None`` if they can (nothing is created to find out)."""
+    existing = folder.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"cannot create the folder: {existing} is a file"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"cannot write into {existing}"
+    return None
+
+
+def _attention(value: str) -> str:
+    """``--attn``: an attention implementation transformers knows (or a kernel repo id), else a usage error."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    known = ["eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()]
+    if value in known or "/" in value:
+        return value
+    raise argparse.ArgumentTypeError(f"{value!r} is not an attention implementation; one of {', '.join(known)}")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line on stderr, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def _matrix(args: argparse.Namespace) -> int:
@@ -252,7 +296,7 @@ def _infer(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     formatter = _HelpFormatter
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="nncanon", formatter_class=formatter,
         description="The nncanon command line (also: python -m nncanon). Exit codes: 0 success, 1 a check "
                     "failed, 2 bad usage or a model that cannot be loaded.",
@@ -318,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     support.add_argument("model", help="hub id, local folder or demo model name (gpt2, llama, hybrid)")
     support.add_argument("--json", action="store_true", help="print the report as JSON")
     support.add_argument(
-        "--attn", default=None,
+        "--attn", default=None, type=_attention,
         help="attn_implementation to load with, eager or sdpa (default: eager for a demo model, else the checkpoint's)",
     )
     support.set_defaults(run=_support)

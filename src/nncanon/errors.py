@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from nnsight.intervention.interleaver import OutOfOrderError
+
 
 class NncanonError(Exception):
     """Base class of every error nncanon raises on purpose."""
@@ -48,3 +50,27 @@ class ModelUnavailable(NncanonError, OSError):
 class GradientNotAvailable(NncanonError, RuntimeError):
     """A ``.grad`` asked where no gradient can come: outside ``with loss.backward():``, on a value
     the backward never reaches, or a standard value first read inside the backward block."""
+
+
+class InvalidLayer(NncanonError, IndexError, TypeError):
+    """A layer index that is not an int, or is outside the model's blocks (an ``IndexError`` and a ``TypeError``)."""
+
+
+class OutOfOrderRead(NncanonError, OutOfOrderError):
+    """A value read after the model had run past it: nnsight's ``OutOfOrderError``, naming the value and the order."""
+
+
+class InvalidInput(NncanonError, ValueError):
+    """An input a trace or ``generate`` cannot run.
+
+    No prompt, an empty prompt, a prompt longer than the model's positions.
+    """
+
+
+class InvalidModel(NncanonError, TypeError):
+    """What was passed as the model is not a transformers causal LM (no ``.config``)."""
+
+
+class TokenizerNotFound(NncanonError, FileNotFoundError):
+    """A local folder given as the model has no tokenizer files (and no ``tokenizer=`` was passed)."""
+

@@ -3,6 +3,7 @@
 Runs ``tests/families`` (from a source checkout) with pytest, collects each test's outcome per
 registry variant, and writes ``model_registry/status.json`` and ``model_registry/status.md`` with the
 versions of torch, transformers and nnsight it ran against. The families docs page shows it.
+A run that did not go to its end (interrupted, refused by pytest, or selecting nothing) writes nothing.
 """
 
 from __future__ import annotations
@@ -83,6 +84,12 @@ def run_matrix(selection: str = "", quiet: bool = False, workers: str = "0", out
     start = time.time()
     code = pytest.main(arguments, plugins=[collector])
     elapsed = time.time() - start
+    refusal = _incomplete(int(code), collector, selection)
+    if refusal is not None:
+        reason, exit_code = refusal
+        print(f"\nnncanon matrix: {reason}; status.json, status.md and docs/families.md are unchanged.",
+              file=sys.stderr)
+        return exit_code
     known = {v.name: v.model_type for v in variants()}
     rows = {}
     for name, outcomes in sorted(collector.results.items()):
@@ -118,6 +125,27 @@ def run_matrix(selection: str = "", quiet: bool = False, workers: str = "0", out
     passed = sum(r["status"] == "pass" for r in rows.values())
     print(f"\n{passed} of {len(rows)} variants pass in {elapsed:.0f}s; wrote {previous} and status.md")
     return 0 if code == 0 else 1
+
+
+#: pytest's exit codes that mean the suite ran to its end: all passed, or some failed.
+_RAN = (0, 1)
+
+
+def _incomplete(code: int, collector: _Collector, selection: str) -> tuple[str, int] | None:
+    """Why this pytest run cannot stand as a status matrix, with the exit code to return; ``None`` if it can.
+
+    Only a run that collected variants and ran them to the end is written: not one pytest refused (a usage
+    error such as ``-n bogus``), one interrupted (Ctrl-C), one that crashed, or a ``-k`` that selected nothing.
+    """
+    if code == 5 or (code in _RAN and not collector.results):
+        return f"-k {selection!r} selected no variant's test, so there is nothing to write", 2
+    if code == 4:
+        return f"pytest refused the arguments (exit code {code}: a usage error; see above)", 2
+    if code == 2:
+        return "the run was interrupted before the end (exit code 2)", 1
+    if code not in _RAN:
+        return f"pytest did not run the suite to the end (exit code {code}: an internal error; see above)", 1
+    return None
 
 
 def _markdown(status: dict) -> str:

@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
+import copy
+import os
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
 from nnsight.modeling.transformers import TransformersModel
 
-from .errors import InvalidSkip, ModelUnavailable, SizeNotAvailable, ValueNotAvailable
+from .components.layer import layer_index
+from .errors import (
+    InvalidInput,
+    InvalidLayer,
+    InvalidModel,
+    InvalidSkip,
+    InvalidWrite,
+    ModelUnavailable,
+    SizeNotAvailable,
+    TokenizerNotFound,
+    ValueNotAvailable,
+)
 from .families import Family
 from .mounting import mount
 from .quiet import kernel_notices_filtered, wrapping_quietly
-from .served import model_value
+from .served import check_write, model_value
 
 
 def _config_of(model: Any, kwargs: dict) -> Any:
@@ -19,7 +34,20 @@ def _config_of(model: Any, kwargs: dict) -> Any:
     if kwargs.get("config") is not None:
         return kwargs["config"]
     if isinstance(model, torch.nn.Module):
-        return model.config
+        config = getattr(model, "config", None)
+        if config is None or not hasattr(config, "get_text_config"):
+            raise InvalidModel(
+                f"StandardizedTransformer was given a {type(model).__name__} with no transformers config "
+                "(.config): it serves transformers causal LMs. Pass a hub id, a saved folder, or a "
+                "PreTrainedModel (AutoModelForCausalLM...) with tokenizer=."
+            )
+        return config
+    if not isinstance(model, (str, os.PathLike)):
+        raise InvalidModel(
+            f"StandardizedTransformer was given a {type(model).__name__}; pass a hub id, a local folder or "
+            "a transformers PreTrainedModel."
+        )
+    model = os.fspath(model)
     from transformers import AutoConfig
 
     from .hub import alternatives, check_reachable
@@ -60,8 +88,19 @@ def _tokenizer_of(model: str, kwargs: dict) -> Any:
     """The checkpoint's tokenizer (transformers 5.24's pipeline no longer infers it for nnsight's meta load)."""
     from transformers import AutoTokenizer
 
+    folder = os.path.expanduser(os.fspath(model))
+    if os.path.isdir(folder) and not any(os.path.exists(os.path.join(folder, name)) for name in _TOKENIZER_FILES):
+        raise TokenizerNotFound(
+            f"the folder {model!r} has no tokenizer files (none of {', '.join(_TOKENIZER_FILES)}): save the "
+            "tokenizer beside the model (tokenizer.save_pretrained(folder)), or pass tokenizer=."
+        )
     options = {k: kwargs[k] for k in ("revision", "trust_remote_code", "token") if k in kwargs}
     return AutoTokenizer.from_pretrained(model, **options)
+
+
+#: Files of which a saved tokenizer has at least one.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                    "spiece.model", "sentencepiece.bpe.model", "tekken.json")
 
 
 def apply_logit_steps(logits: torch.Tensor, family: Family, config: Any) -> torch.Tensor:
@@ -185,12 +224,96 @@ class StandardizedTransformer(TransformersModel):
                     if binding.prepare is not None:
                         binding.prepare()
 
-    def interleave(self, *args: Any, **kwargs: Any) -> Any:
-        """nnsight's run of a trace, with ``.grad`` of a served value named as an error in the forward."""
-        from .gradients import forward_guard
+    # -- one trace at a time -------------------------------------------------
 
-        with forward_guard():
+    def trace(self, *inputs: Any, **kwargs: Any) -> Any:
+        """nnsight's trace, run under this model's lock: threads sharing the model take turns (`nncanon.threads`)."""
+        from .threads import SerialTracer
+
+        if not kwargs.get("remote") and kwargs.get("backend") is None:  # a remote request runs on the server
+            kwargs.setdefault("tracer_cls", SerialTracer)
+        return super().trace(*inputs, **kwargs)
+
+    def generate(self, *inputs: Any, **kwargs: Any) -> Any:
+        """nnsight's ``generate`` (a trace of the decoding loop with ``with``, else the token ids), under this
+        model's lock. Called inside a trace of this thread it generates there; another thread's trace running
+        meanwhile is not "inside" (nnsight's own check would take it for one and run the bare method)."""
+        from nnsight.tracing.tracer import WithBlockNotFoundError
+
+        from .threads import trace_lock
+
+        method = TransformersModel.generate.__wrapped__
+        if self.interleaver.interleaving and trace_lock(self)._is_owned():
+            return method(self, *inputs, **kwargs)
+        fn = method.__get__(self, type(self))
+        tracer = self.trace(*inputs, fn=fn, **kwargs)
+        try:
+            tracer.capture()  # finds the caller's ``with`` two frames up, as nnsight's ``traceable`` does
+        except WithBlockNotFoundError:
+            return self.interleave(fn, *inputs, **kwargs)
+        return tracer
+
+    def interleave(self, *args: Any, **kwargs: Any) -> Any:
+        """nnsight's run of the model with the trace's workers, under this model's lock (re-entrant), with
+        ``.grad`` of a served value named as an error in the forward."""
+        from .gradients import forward_guard
+        from .threads import trace_lock
+
+        with trace_lock(self), forward_guard():
             return super().interleave(*args, **kwargs)
+
+    # -- inputs --------------------------------------------------------------
+
+    def _batch_size(self, *inputs: Any, **kwargs: Any) -> int:
+        """Rows an invoke's input adds; no prompt at all (``None``, ``[]``) is refused by name."""
+        if inputs and (inputs[0] is None or (isinstance(inputs[0], (list, tuple)) and len(inputs[0]) == 0)):
+            raise InvalidInput(
+                f"model.trace / model.generate was given {inputs[0]!r}: there is no prompt to run. Give a "
+                "string, a list of strings, or token ids; to batch with invokes, call model.trace() with "
+                "no input and tracer.invoke(prompt) inside."
+            )
+        return super()._batch_size(*inputs, **kwargs)
+
+    def _batch(self, invokes: list, fn: Any) -> tuple:
+        """The batched forward input; refuses an empty row and a prompt longer than the model's positions."""
+        args, kwargs = super()._batch(invokes, fn)
+        ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
+        if isinstance(ids, torch.Tensor) and ids.dim() == 2:
+            from torch._guards import detect_fake_mode
+
+            # Under nnsight's scan (fake tensors) there are no values to check; the real trace checks them.
+            masked = isinstance(mask, torch.Tensor) and detect_fake_mode() is None
+            lengths = mask.sum(-1).tolist() if masked else [ids.shape[1]] * ids.shape[0]
+            empty = [row for row, length in enumerate(lengths) if length == 0]
+            if empty:
+                raise InvalidInput(
+                    f"batch row(s) {empty} have no tokens: an empty prompt, and this tokenizer adds no BOS "
+                    "token, so the model would predict from padding only. Give every prompt at least one "
+                    "token (or a tokenizer that adds a BOS token)."
+                )
+            limit = self._position_limit()
+            if limit is not None and ids.shape[1] > limit:
+                raise InvalidInput(
+                    f"the prompt is {ids.shape[1]} tokens long, but this {self._text_config.model_type} model "
+                    f"has {limit} positions (a learned position table of {limit} rows): give at most {limit} "
+                    "tokens, e.g. tokenizer(..., truncation=True, max_length=...)."
+                )
+        return args, kwargs
+
+    def _position_limit(self) -> int | None:
+        """The longest sequence the model can embed, where it has a learned position table (GPT-2's ``n_positions``)."""
+        if "_position_limit_cache" not in self.__dict__:
+            config = self._text_config
+            limit = getattr(config, "n_positions", None)
+            most = getattr(config, "max_position_embeddings", None)
+            if limit is None and isinstance(most, int):
+                token_table = self.embed_tokens._module
+                tables = [m for m in self._module.modules() if isinstance(m, torch.nn.Embedding)]
+                # a learned position table (OPT offsets its rows by 2)
+                if any(m.num_embeddings in (most, most + 2) for m in tables if m is not token_table):
+                    limit = most
+            self.__dict__["_position_limit_cache"] = limit
+        return self.__dict__["_position_limit_cache"]
 
     # -- remote --------------------------------------------------------------
 
@@ -310,14 +433,42 @@ class StandardizedTransformer(TransformersModel):
 
     @model_value(key="output")
     def logits(self, value: Any) -> torch.Tensor:
-        """The model's logits, ``[batch, seq, vocab]``, after its own post-processing. Writable in place."""
+        """The model's logits, ``[batch, seq, vocab]``, after its own post-processing.
+
+        Writable in place (``model.logits[:, -1] = t``) or by assignment (``model.logits = t``, checked
+        like every value: `InvalidWrite` unless ``t`` broadcasts to ``[batch, seq, vocab]`` with the
+        logits' dtype and device). An assignment replaces the logits inside the model's output; the
+        output keeps its type, so ``generate`` samples from the written logits.
+        """
         self._model_value_check("logits")
         return value.logits if hasattr(value, "logits") else value[0]
 
+    @logits.writer
+    def logits(self, value: Any, raw: Any) -> Any:
+        current = StandardizedTransformer.logits._preprocess(self, raw)
+        check_write(value, current, "model.logits")
+        value = value.expand_as(current)
+        if hasattr(raw, "logits") and not isinstance(raw, tuple):
+            output = copy.copy(raw)  # a ModelOutput: the same type and fields, the logits replaced
+            output.logits = value
+            return output
+        return (value, *raw[1:])
+
     @property
     def next_token_probs(self) -> torch.Tensor:
-        """The next-token distribution at the last position, ``[batch, vocab]`` (softmax of ``logits[:, -1]``)."""
+        """The next-token distribution at the last position, ``[batch, vocab]`` (softmax of ``logits[:, -1]``).
+
+        Read-only: it is computed from the logits. Write ``model.logits[:, -1]`` to change it.
+        """
         return torch.softmax(self.logits[:, -1], dim=-1)
+
+    @next_token_probs.setter
+    def next_token_probs(self, value: Any) -> None:
+        raise InvalidWrite(
+            f"model.next_token_probs is read-only (the softmax of logits[:, -1]); it was assigned a "
+            f"{type(value).__name__}. Write the logits instead: model.logits[:, -1] = ... "
+            "(torch.log of a distribution gives logits whose softmax is that distribution)."
+        )
 
     def project_on_vocab(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits from a residual-stream state, ``[..., hidden]`` to ``[..., vocab]``.
@@ -350,22 +501,25 @@ class StandardizedTransformer(TransformersModel):
         they return. A skip must cover every invoke of a batched trace (nnsight raises
         ``ValueError`` otherwise).
 
+        Indices follow Python's rule, as ``model.layers[i]`` does: ``-1`` is the last block.
+        Skips of one trace are made in block order and do not overlap. Inside ``generate`` a skip
+        needs ``use_cache=False`` (a skipped block would leave its cache without that step's tokens).
+
         Raises:
-            InvalidSkip: for layers out of range, or a replacement whose type, shape, dtype
-                or device does not match the stream at ``layers[start]``.
+            InvalidSkip: for an index that is not an int or is out of range, a skip that overlaps or
+                precedes one already made in the trace, a skip inside ``generate`` with a cache, or a
+                replacement whose type, shape, dtype or device does not match the stream at
+                ``layers[start]``; a value of a skipped block read in the same trace.
         """
         self._model_value_check("skip_layers")
-        end = start if end is None else end
-        count = self.num_layers
-        if not (0 <= start <= end < count):
-            raise InvalidSkip(
-                f"skip_layers({start}, {end}) asks for blocks outside 0..{count - 1}; "
-                f"give 0 <= start <= end < {count} (end is inclusive)."
-            )
+        start, end = self._skip_range(start, end)
+        self._check_not_generating_with_cache(start, end)
+        record = self._new_skip(start, end)
         expected = self.layers[start].layer_input
         replacement = expected if skip_with is None else skip_with
         if skip_with is not None:
             self._check_replacement(skip_with, expected, start, end)
+        record()
         extras = (None,) * self._family.block_extras
         for index in range(start, end + 1):
             state = self._family.passes_state
@@ -375,6 +529,64 @@ class StandardizedTransformer(TransformersModel):
                 extras = tuple(self.layers[index].inputs[0][1 : 1 + self._family.block_extras])
             tupled = extras or self._family.block_tuple
             self.layers[index].skip((replacement, *extras) if tupled else replacement)
+
+    def _check_not_generating_with_cache(self, start: int, end: int) -> None:
+        """Refuse a skip inside ``generate`` with a cache, before the forward runs (see `skip_layers`)."""
+        from .threads import generation_cache
+
+        if generation_cache(self):
+            raise InvalidSkip(
+                f"skip_layers({start}, {end}) inside model.generate with a cache: a skipped block writes no "
+                "key/value cache (nor a hybrid's recurrent state) for the tokens of that step, so a later "
+                "step would run the block on a cache missing them (transformers crashes on a shape, or a "
+                "hybrid runs on silently without that state). Generate with use_cache=False (each step "
+                "runs the whole sequence, and the skip applies to that step's forward), or skip in "
+                "model.trace."
+            )
+
+    def _skip_range(self, start: Any, end: Any) -> tuple[int, int]:
+        """``(start, end)`` as block indices by `layer_index`'s rule (negative counts from the end), or raise."""
+        end = start if end is None else end
+        count = self.num_layers
+        try:
+            first, last = layer_index(start, count, "skip_layers"), layer_index(end, count, "skip_layers")
+        except InvalidLayer as error:
+            where = "" if isinstance(error.__cause__, TypeError) else f" asks for blocks outside 0..{count - 1}"
+            raise InvalidSkip(
+                f"skip_layers({start!r}, {end!r}){where}: {error} Give 0 <= start <= end < {count} "
+                "(end is inclusive; negative counts from the end)."
+            ) from None
+        if first > last:
+            raise InvalidSkip(
+                f"skip_layers({start}, {end}) asks for blocks {first}..{last}, which is empty; "
+                f"give start <= end (end is inclusive; both in 0..{count - 1}, or negative from the end)."
+            )
+        return first, last
+
+    def _new_skip(self, start: int, end: int) -> Callable[[], None]:
+        """Refuse a skip that overlaps or precedes one this invoke already made; return what notes it."""
+        from nnsight.intervention.interleaver import Mediator
+
+        from .order import SkipRecord, skips
+
+        first = self.layers[0].__dict__["_nncanon"].bindings["layer_input"].location
+        mediator = Mediator.current("skip_layers")
+        record = SkipRecord(start, end, mediator.wanted(first))
+        for made in skips(mediator):
+            if made.step != record.step:
+                continue
+            if made.start <= end and start <= made.end:
+                raise InvalidSkip(
+                    f"{record.call} overlaps {made.call}, made earlier in this trace: blocks "
+                    f"{max(start, made.start)}..{min(end, made.end)} would be skipped twice. Make one call, "
+                    f"skip_layers({min(start, made.start)}, {max(end, made.end)})."
+                )
+            if start < made.start:
+                raise InvalidSkip(
+                    f"{record.call} comes after {made.call} in this trace, but its blocks run first: "
+                    "the model runs blocks in index order, so make skips (and reads) in that order."
+                )
+        return partial(skips(mediator).append, record)
 
     @staticmethod
     def _check_replacement(value: Any, expected: torch.Tensor, start: int, end: int) -> None:

@@ -23,11 +23,13 @@ from .components import (
     AttentionEnvoy,
     ComponentState,
     LayerEnvoy,
+    LayersEnvoy,
     LinearAttentionEnvoy,
     MLPEnvoy,
     VirtualMLP,
 )
 from .families import Family
+from .order import block_order
 from .served import Binding, Site
 
 
@@ -124,6 +126,7 @@ def mount(model: Any, family: Family, config: Any) -> None:
     # SSMs (Mamba) have none; a family with ``head_shape`` reads each block's own (a per-layer config may
     # refuse the global attribute)
     heads = None if family.head_shape is not None else getattr(config, "num_attention_heads", None)
+    adopt(model.layers, LayersEnvoy)
     for index, layer in enumerate(model.layers):
         adopt(layer, LayerEnvoy)
         spec, kind = family.for_layer(config, index)
@@ -217,6 +220,13 @@ def mount(model: Any, family: Family, config: Any) -> None:
         else:
             _route(layer, "mlp", None, None, hidden)
             state.reasons["mlp"] = f"{label}: it has no MLP"
+
+        present = {"self_attn": spec.attention, "linear_attn": spec.mixer, "mlp": spec.mlp_output}
+        order = block_order([c for c in spec.component_order if present.get(c) is not None], index,
+                            len(model.layers), config.model_type)
+        for component in components:
+            for binding in component.bindings.values():
+                binding.order = order
 
         for name, reason in spec.declined(config, index).items():
             decline(layer, name, reason)

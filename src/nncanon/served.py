@@ -20,11 +20,12 @@ from typing import Any
 
 import torch
 from nnsight.intervention.eproperty import WriteBack, eproperty
-from nnsight.intervention.interleaver import Mediator
+from nnsight.intervention.interleaver import Mediator, OutOfOrderError
 from nnsight.intervention.util import first_input, replace_first_input
 
 from .errors import InvalidWrite
 from .gradients import Through, first_read_in_backward, in_backward, mark, tracks
+from .order import note_read, translated
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,7 @@ class Binding:
         where: A human label for messages (``"layers[3].self_attn"``).
         heads: When set, the last axis is split into ``(heads, head_dim)``.
         prepare: Called before a read; installs nnsight's source hooks for an operation site.
+        order: The order the model computes this block's values in, for the out-of-order message.
     """
 
     name: str
@@ -140,6 +142,7 @@ class Binding:
     where: str
     heads: int | None = None
     prepare: Any | None = None
+    order: str = ""
 
     def _factor(self) -> float:
         return self.site.factor(self.config)
@@ -262,21 +265,41 @@ def check_write(value: Any, current: torch.Tensor, what: str) -> None:
 
 
 def _rebuild_eproperty(cls: type, key: str, description: str | None, preprocess: Any, postprocess: Any,
-                      transform: Any) -> eproperty:
+                      transform: Any, put: Any = None) -> eproperty:
     prop = cls.__new__(cls)
     eproperty.__init__(prop, key=key, description=description)
     eproperty.__call__(prop, preprocess)
     prop._postprocess, prop._transform = postprocess, transform
+    prop._put = put
     return prop
 
 
 class model_value(eproperty):
-    """An nnsight ``eproperty`` that pickles (remote requests ship nncanon's classes by value)."""
+    """An nnsight ``eproperty`` that pickles (remote requests ship nncanon's classes by value).
+
+    A model value registers its write with `writer`: ``put(host, value, raw)`` checks the
+    user's ``value`` against the value read from ``raw`` (raising `InvalidWrite`) and returns the
+    raw value to swap in, its container kept. A model value without a writer cannot be written.
+    """
+
+    _put: Callable[[Any, Any, Any], Any] | None = None
+
+    def writer(self, put: Callable[[Any, Any, Any], Any]) -> model_value:
+        """Register ``put(host, value, raw) -> new raw``: the checked write of this value."""
+        self._put = put
+        return self
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        if self._put is None:
+            raise InvalidWrite(f"model.{self.name} is read-only.")
+        location = self._location(obj)
+        Mediator.swap(location, self._put(obj, value, Mediator.value(location)))
 
     def __reduce__(self) -> tuple:
         return (
             _rebuild_eproperty,
-            (type(self), self.key, self.description, self._preprocess, self._postprocess, self._transform),
+            (type(self), self.key, self.description, self._preprocess, self._postprocess, self._transform,
+             self._put),
         )
 
 
@@ -326,7 +349,7 @@ class served(eproperty):
         waiting = mediator.transform
         if waiting is not None and waiting.key == (self, location, occurrence):
             return waiting.view
-        raw = Mediator.value(location)
+        raw = _value(binding, mediator, f"{binding.where}.{self.name}")
         view = binding.read(raw, mediator)
         tensor = _pick(raw, binding.site)
         graph = tracks(tensor)
@@ -345,5 +368,17 @@ class served(eproperty):
         mediator = Mediator.current(binding.location)
         if binding.prepare is not None:
             binding.prepare()
-        raw = Mediator.value(binding.location)
+        raw = _value(binding, mediator, f"{binding.where}.{self.name}")
         Mediator.swap(binding.location, binding.assign(value, raw, mediator))
+
+
+def _value(binding: Binding, mediator: Mediator, label: str) -> Any:
+    """The raw value at ``binding``'s location; nnsight's ``OutOfOrderError`` named (`nncanon.order`)."""
+    try:
+        raw = Mediator.value(binding.location)
+    except OutOfOrderError as error:
+        if mediator.iteration != 0:  # a tracer.iter loop that outran the run: nnsight warns, not an error
+            raise
+        raise translated(error, mediator, label, binding.order) from None
+    note_read(mediator, label)
+    return raw

@@ -109,9 +109,9 @@ class SupportReport:
                    provenance.text if provenance is not None else "", model.__dict__.get("_model_declines"))
 
     def _row(self, layer: int) -> LayerSupport:
-        if not -len(self.layers) <= layer < len(self.layers):
-            raise IndexError(f"layer {layer} is out of range: the model has {len(self.layers)} layers")
-        return self.layers[layer]
+        from .components.layer import layer_index
+
+        return self.layers[layer_index(layer, len(self.layers), "support()")]
 
     def _check(self, value: str) -> None:
         if value not in LAYER_VALUES:

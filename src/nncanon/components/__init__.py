@@ -2,7 +2,7 @@
 
 from .attention import AttentionEnvoy
 from .base import Component, ComponentState
-from .layer import COMPONENT_NAMES, LayerEnvoy
+from .layer import COMPONENT_NAMES, LayerEnvoy, LayersEnvoy, layer_index
 from .linear_attention import LinearAttentionEnvoy
 from .mlp import MLPEnvoy, VirtualMLP
 
@@ -12,7 +12,9 @@ __all__ = [
     "Component",
     "ComponentState",
     "LayerEnvoy",
+    "LayersEnvoy",
     "LinearAttentionEnvoy",
     "MLPEnvoy",
     "VirtualMLP",
+    "layer_index",
 ]

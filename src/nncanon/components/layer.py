@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 from nnsight.intervention.envoy import Envoy
 
-from ..errors import ValueNotAvailable
+from ..errors import InvalidLayer, ValueNotAvailable
 from ..served import served
 from .base import Component
 
@@ -43,3 +44,35 @@ class LayerEnvoy(Component, Envoy):
             reason = state.reason(name) or "this block has no such component"
             raise ValueNotAvailable(f"{state.where}.{name} is not available: {reason}")
         return super().__getattr__(name)
+
+
+def layer_index(value: Any, count: int, what: str = "model.layers") -> int:
+    """``value`` as a block index in ``0..count-1``: the one rule for layer indices.
+
+    An int (not a bool, a float or a tensor); a negative one counts from the end, as in Python
+    (``-1`` is the last block). Used by ``model.layers[i]``, ``skip_layers`` and every tool.
+
+    Raises:
+        InvalidLayer: (an ``IndexError`` and a ``TypeError``) naming ``what`` and the valid range.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InvalidLayer(
+            f"{what} was given {value!r} ({type(value).__name__}); a layer index is an int in "
+            f"{-count}..{count - 1} (negative counts from the end)."
+        ) from TypeError(type(value).__name__)
+    index = int(value)
+    if not -count <= index < count:
+        raise InvalidLayer(
+            f"layer {index} is out of range for {what}: this model has {count} layers, so an index is in "
+            f"0..{count - 1} (or {-count}..-1 from the end)."
+        )
+    return index % count
+
+
+class LayersEnvoy(Envoy):
+    """``model.layers``: the blocks, indexed by `layer_index`'s rule (or sliced)."""
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, (slice, str)):
+            return super().__getitem__(key)
+        return super().__getitem__(layer_index(key, len(self)))

@@ -8,6 +8,7 @@ from typing import Any, Union
 
 import torch
 
+from ..components.layer import layer_index
 from ..errors import ValueNotAvailable
 from ..support import COMPONENT_OF
 
@@ -120,19 +121,13 @@ def serving(model: Any, name: str, layers: int | Sequence[int] | None) -> list[i
 
 
 def layer_list(model: Any, layers: int | Sequence[int] | None) -> list[int]:
-    """``layers`` as a list of non-negative indices (``None``: every layer)."""
+    """``layers`` as a list of non-negative indices (``None``: every layer), by `layer_index`'s rule."""
     count = model.num_layers
     if layers is None:
         return list(range(count))
-    if isinstance(layers, int):
+    if not isinstance(layers, (Sequence, set, frozenset)) or isinstance(layers, str):
         layers = [layers]
-    out = []
-    for layer in layers:
-        index = int(layer)
-        if not -count <= index < count:
-            raise IndexError(f"layer {index} is outside the model's {count} layers")
-        out.append(index % count)
-    return out
+    return [layer_index(layer, count, "layers") for layer in layers]
 
 
 def prompt_list(prompts: str | Sequence[str]) -> list[str]:

@@ -1,0 +1,68 @@
+"""One trace at a time on one model: threads that share a model take turns.
+
+nnsight keeps a model's run state (its interleaver: the workers of the trace, the batch, the counts)
+on the model, and runs a trace's code in greenlets bound to the thread that started them. Two threads
+tracing one model at once would share that state; nnsight then fails at random
+(``parent cannot be on a different thread``) or, worse, hands a trace back with its saves unbound.
+So every trace, ``generate`` and one-shot forward of a `StandardizedTransformer` runs under the
+model's lock (`trace_lock`): from the moment the trace's code starts to the moment its saves are back.
+
+The lock is re-entrant (a trace inside a trace, in one thread, is nnsight's own business) and is per
+model: two models trace in parallel. A trace body that starts another thread which traces the same
+model and waits for it would wait forever: run that second trace after the first.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from types import CodeType
+from typing import Any
+
+from nnsight.intervention.tracer import InterleavingTracer
+
+_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_GUARD = threading.Lock()
+
+
+def trace_lock(model: Any) -> threading.RLock:
+    """The lock that serialises the traces of ``model``."""
+    with _GUARD:
+        lock = _LOCKS.get(model)
+        if lock is None:
+            lock = _LOCKS[model] = threading.RLock()
+        return lock
+
+
+#: Key, in the model's ``__dict__``, of what the running trace generates with (see `generation_cache`).
+_GENERATING = "_nncanon_generation_cache"
+
+
+def generation_cache(model: Any) -> bool | None:
+    """Whether the trace running on ``model`` is a ``generate`` with a cache (``True``), one without
+    (``use_cache=False``: ``False``), or not a generation (``None``)."""
+    return model.__dict__.get(_GENERATING)
+
+
+class SerialTracer(InterleavingTracer):
+    """nnsight's tracer, running its block under the model's `trace_lock`, and noting on the model
+    whether it is a generation with a cache (`generation_cache`) while it runs."""
+
+    def execute(self, code: CodeType) -> None:
+        model = self.envoy
+        with trace_lock(model):
+            previous = model.__dict__.get(_GENERATING)
+            model.__dict__[_GENERATING] = self._generation_cache()
+            try:
+                super().execute(code)
+            finally:
+                model.__dict__[_GENERATING] = previous
+
+    def _generation_cache(self) -> bool | None:
+        if getattr(self.fn, "__name__", None) != "generate":
+            return None
+        use_cache = self.kwargs.get("use_cache")
+        if use_cache is None:
+            config = self.kwargs.get("generation_config") or getattr(self.envoy._module, "generation_config", None)
+            use_cache = getattr(config, "use_cache", None)
+        return use_cache is not False
