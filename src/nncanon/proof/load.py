@@ -99,7 +99,20 @@ def _stable(value: Any) -> Any:
 def record_digest(family: Any) -> str:
     """A digest of the family record itself: a record changed at run time (or a family passed as
     ``family=``) is proved again rather than read from a proof of another record."""
-    return hashlib.sha256(json.dumps(_stable(family), default=str).encode()).hexdigest()[:16]
+    return _digest_of(family)
+
+
+#: Digests of immutable objects (frozen records, the checks' tuple), by identity; the object is kept
+#: with its digest so that its id is never reused by another.
+_DIGESTS: dict[int, tuple[Any, str]] = {}
+
+
+def _digest_of(value: Any) -> str:
+    known = _DIGESTS.get(id(value))
+    if known is None or known[0] is not value:
+        known = _DIGESTS[id(value)] = (value, hashlib.sha256(json.dumps(_stable(value), default=str).encode())
+                                       .hexdigest()[:16])
+    return known[1]
 
 
 def fingerprint(config: Any, family: Any, model_class: type) -> str:
@@ -167,7 +180,7 @@ def cache_key(config: Any, family: Any, model_class: type) -> str:
     from . import verdict
 
     versions = json.dumps(_versions(), sort_keys=True)
-    checks = hashlib.sha256(json.dumps(_stable(verdict.CHECKS), default=str).encode()).hexdigest()[:16]
+    checks = _digest_of(verdict.CHECKS)
     text = f"{versions}|{checks}|{fingerprint(config, family, model_class)}"
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
@@ -177,12 +190,21 @@ def read_cached(key: str) -> Proof | None:
     versions: never a stale proof)."""
     path = cache_dir() / f"{key}.json"
     try:
+        stat = path.stat()
+        stamp = (str(path), stat.st_mtime_ns, stat.st_size)
+        if stamp in _READ:
+            return _READ[stamp]
         data = json.loads(path.read_text())
         if data.get("schema") != SCHEMA or data.get("key") != key or data.get("versions") != _versions():
             return None
-        return Proof.from_dict(data)
+        proof = _READ[stamp] = Proof.from_dict(data)
+        return proof
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+#: Proofs read in this process, by file and its modification stamp (a file written since is read again).
+_READ: dict[tuple[str, int, int], Proof] = {}
 
 
 def write_cached(proof: Proof) -> None:
@@ -257,10 +279,11 @@ def apply_proof(model: Any, proof: Proof) -> Provenance:
     from ..support import COMPONENTS, LAYER_VALUES
 
     report = model.support()
-    for index in range(model.num_layers):
+    measured = [value for value in LAYER_VALUES if value not in COMPONENTS]
+    for index, row in enumerate(report.layers):
         twin = proof.layer_map[index] if index < len(proof.layer_map) else None
-        for value in LAYER_VALUES:
-            if value in COMPONENTS or not report.available(value, layer=index):
+        for value in measured:
+            if row.reasons[value] is not None:
                 continue
             reason = _not_proved(proof, twin, value, report.layers[index].block_type)
             if reason is not None:
