@@ -49,7 +49,8 @@ def _probability(model, layer: int, zero: str | None) -> float:
 
 def test_ablate_on_the_demo_models_prints_the_recipe_and_a_heatmap(tmp_path, capsys):
     assert main(["ablate", "--out", str(tmp_path), "--quiet"]) == EXIT_OK
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "Loading weights" not in err and "%|" not in err, "--quiet shows no progress bar, transformers' included"
     labels, rows = _table(out)
     assert [label.split()[0] for label in labels] == list(DEMO_MODELS)
     assert {"clean", "mlp", "head 0", "head 3"} <= set(rows)

@@ -371,10 +371,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``nncanon``; returns the exit code."""
-    from .quiet import kernel_notices_filtered
+    from .quiet import kernel_notices_filtered, progress_bars_hidden
 
     args = build_parser().parse_args(argv)
-    with kernel_notices_filtered():  # the CLI's forwards are nncanon's, not the user's
+    # the CLI's forwards are nncanon's, not the user's; --quiet hides transformers' bars too
+    with kernel_notices_filtered(), progress_bars_hidden(getattr(args, "quiet", False)):
         return args.run(args)
 
 

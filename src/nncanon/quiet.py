@@ -62,3 +62,18 @@ def wrapping_quietly() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=SUBMODULE_WARNING, category=UserWarning)
         yield
+
+
+@contextmanager
+def progress_bars_hidden(hide: bool = True) -> Iterator[None]:
+    """Hide transformers' progress bars ("Loading weights") inside the block, where ``hide``."""
+    from transformers.utils import logging as transformers_logging
+
+    shown = transformers_logging.is_progress_bar_enabled()
+    if hide and shown:
+        transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if hide and shown:
+            transformers_logging.enable_progress_bar()
