@@ -29,56 +29,135 @@ from nncanon import StandardizedTransformer, demo_model
 from nncanon.demo import DEMO_MODELS
 from nncanon.study import MIXERS, target_token
 from nncanon.testing import tiny_tokenizer
-from nncanon.tools import attribution_patching, head_ablation_sweep
+from nncanon.tools import activation_patching, attribution_patching, head_ablation_sweep, logit_difference, run_metric
 
 PROMPT = "The Eiffel Tower is in the city of"
 LONG_PROMPT = " ".join(["The Eiffel Tower is in the city of Paris, and Berlin lies in Germany."] * 2)
 
+#: Prompts and their answers (the demo corpus's facts). The pairs compared are every two of the same token
+#: length with different answers, the first listed as clean: the demo prompt with the Belem Tower (9 tokens; the
+#: headline pair), and 19 pairs of the 8-token prompts. Chosen before any measurement; none is left out.
+LANDMARKS = (
+    ("The Eiffel Tower is in the city of", " Paris"),
+    ("The Belem Tower is in the city of", " Lisbon"),
+    ("The Colosseum is in the city of", " Rome"),
+    ("The Kremlin is in the city of", " Moscow"),
+    ("Big Ben is in the city of", " London"),
+    ("The Acropolis is in the city of", " Athens"),
+    ("The Louvre is in the city of", " Paris"),
+    ("Tower Bridge is in the city of", " London"),
+    ("The Pantheon is in the city of", " Rome"),
+)
 
-def _metrics(token: int) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-    """Each metric on last-position logits ``[batch, vocab]``."""
+
+def pairs(model) -> list[tuple[str, str, str, str]]:
+    """``(clean, answer, corrupted, answer)`` for every two `LANDMARKS` of one token length, answers differing."""
+    length = {prompt: len(model.tokenizer(prompt).input_ids) for prompt, _ in LANDMARKS}
+    return [(a, x, b, y) for i, (a, x) in enumerate(LANDMARKS) for b, y in LANDMARKS[i + 1:]
+            if length[a] == length[b] and x != y]
+
+
+def spearman(exact: torch.Tensor, estimate: torch.Tensor) -> dict[str, float]:
+    """Spearman's rank correlation over the cells both have, of the signed values and of their magnitudes."""
+    keep = ~exact.isnan()
+    exact, estimate = exact[keep].numpy(), estimate[keep].numpy()
+    return {"signed": round(float(spearmanr(exact, estimate).statistic), 3),
+            "magnitude": round(float(spearmanr(abs(exact), abs(estimate)).statistic), 3)}
+
+
+def _per_head(model, sweep: Callable[[str, list[int]], torch.Tensor]) -> torch.Tensor:
+    """``[layers, heads]`` from ``sweep(head value, layers) -> [len(layers), heads]`` over each kind of head
+    (attention heads first, then a hybrid's linear mixer heads); NaN where a layer has none."""
+    report = model.support()
+    out = None
+    for _, _, head_value in MIXERS:
+        layers = [layer for layer in report.layers_with(head_value) if out is None or bool(out[layer].isnan().all())]
+        if not layers:
+            continue
+        swept = sweep(head_value, layers)
+        if out is None:
+            out = torch.full((model.num_layers, swept.shape[1]), float("nan"))
+        out[layers, : swept.shape[1]] = swept
+    return out
+
+
+def _metrics(token: int, other: int) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """Each metric on last-position logits ``[batch, vocab]`` (``token`` the answer, ``other`` the corrupted one)."""
     return {
-        "probability": lambda logits: torch.softmax(logits.float(), -1)[:, token],
-        "log-probability": lambda logits: torch.log_softmax(logits.float(), -1)[:, token],
+        "logit difference": lambda logits: logits[:, token] - logits[:, other],
+        "P(answer)": lambda logits: torch.softmax(logits.float(), -1)[:, token],
+        "log P(answer)": lambda logits: torch.log_softmax(logits.float(), -1)[:, token],
         "logit": lambda logits: logits[:, token],
     }
 
 
 def exact_head_effects(model, prompt: str, metric: Callable) -> torch.Tensor:
-    """``[layers, heads]``: metric with the head zeroed minus clean (NaN where a layer has no heads)."""
-    with torch.no_grad(), model.trace(prompt):
-        clean = metric(model.logits[:, -1]).save()
-    report = model.support()
-    out = None
-    for _, _, head_value in MIXERS:  # attention heads first, then a hybrid's linear mixer heads
-        layers = [layer for layer in report.layers_with(head_value)
-                  if out is None or bool(out[layer].isnan().all())]
-        if not layers:
-            continue
-        swept = head_ablation_sweep(model, prompt, layers, head_value, metric=metric)
-        if out is None:
-            out = torch.full((model.num_layers, swept.shape[1]), float("nan"))
-        out[layers, : swept.shape[1]] = swept - float(clean[0])
-    return out
+    """``[layers, heads]``: ``metric`` (of the last position's logits) with the head zeroed minus clean."""
+    clean = float(run_metric(model, prompt, _at_last(metric)))
+    return _per_head(model, lambda value, layers: head_ablation_sweep(model, prompt, layers, value, metric=metric)
+                     - clean)
+
+
+def exact_patching_effects(model, clean: str, corrupted: str, metric: Callable) -> torch.Tensor:
+    """``[layers, heads]``: ``metric`` of the clean run with the head's output (all positions) taken from the
+    corrupted run, minus clean: what attribution patching estimates. `activation_patching` writes its first
+    prompt's values into its second's run, so the corrupted prompt comes first."""
+    base = float(run_metric(model, clean, metric))
+    return _per_head(model, lambda value, layers: activation_patching(
+        model, corrupted, clean, value, layers, positions=None, heads="each", metric=metric) - base)
 
 
 def agreement() -> dict:
+    """Per demo model, Spearman of attribution patching's head estimates against the exact effects."""
     results = {}
     for name in DEMO_MODELS:
         model = demo_model(name)
-        token = target_token(model, " Paris")
-        row = {}
-        for label, metric in _metrics(token).items():
-            exact = exact_head_effects(model, PROMPT, metric)
-            estimate = attribution_patching(model, PROMPT, None, lambda logits, metric=metric: metric(logits[:, -1]),
-                                            over=("heads",)).heads
-            keep = ~exact.isnan()
-            signed = spearmanr(exact[keep].numpy(), estimate[keep].numpy()).statistic
-            size = spearmanr(exact[keep].abs().numpy(), estimate[keep].abs().numpy()).statistic
-            row[label] = {"signed": round(float(signed), 3), "magnitude": round(float(size), 3)}
+        row: dict = {}
+        # Patching from a corrupted prompt, logit difference of the two answers: what attribution patching
+        # estimates, with the metric of the literature. Every pair; the first is the headline.
+        every = []
+        for clean, answer, corrupted, other in pairs(model):
+            metric = logit_difference(target_token(model, answer), target_token(model, other))
+            exact = exact_patching_effects(model, clean, corrupted, metric)
+            estimate = attribution_patching(model, clean, corrupted, metric, over=("heads",)).heads
+            every.append({"pair": f"{clean!r} <- {corrupted!r}", **spearman(exact, estimate)})
+        row["patching, logit difference"] = every[0]
+        row["patching, logit difference, every pair"] = _summary(every)
+        clean, answer, corrupted, other = pairs(model)[0]
+        metrics = _metrics(target_token(model, answer), target_token(model, other))
+        probability = _at_last(metrics["P(answer)"])
+        exact = exact_patching_effects(model, clean, corrupted, probability)
+        estimate = attribution_patching(model, clean, corrupted, probability, over=("heads",)).heads
+        row["patching, P(answer)"] = spearman(exact, estimate)
+        # Zero ablation of each head (what `nncanon ablate --fast` estimates), on the demo prompt.
+        for label, metric in metrics.items():
+            exact = exact_head_effects(model, clean, metric)
+            estimate = attribution_patching(model, clean, None, _at_last(metric), over=("heads",),
+                                            next_token_only=True).heads
+            row[f"zero ablation, {label}"] = spearman(exact, estimate)
         results[name] = row
-        print(f"{name}: Spearman {row}", flush=True)
+        print(f"{name}:", flush=True)
+        for label, figures in row.items():
+            print(f"  {label}: {figures}", flush=True)
     return results
+
+
+def _at_last(metric: Callable) -> Callable:
+    """``metric`` of the last position's logits, taking every position's ``[batch, seq, vocab]``."""
+    return lambda logits: metric(logits[:, -1])
+
+
+def _summary(every: list[dict]) -> dict:
+    signed = [item["signed"] for item in every]
+    magnitude = [item["magnitude"] for item in every]
+    return {
+        "pairs": len(every),
+        "signed median": round(statistics.median(signed), 3), "signed min": min(signed),
+        "signed >= 0.9": sum(value >= 0.9 for value in signed),
+        "magnitude median": round(statistics.median(magnitude), 3), "magnitude min": min(magnitude),
+        "magnitude >= 0.9": sum(value >= 0.9 for value in magnitude),
+        "each": every,
+    }
 
 
 def speed(repeats: int) -> dict:
