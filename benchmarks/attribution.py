@@ -1,21 +1,28 @@
-"""Attribution patching against the exact head ablation sweep: rank agreement and speed.
+"""Attribution patching against the exact sweeps it estimates: rank agreement and speed.
 
-Run:  python benchmarks/attribution.py [--repeats 5] [--json out.json]
+Run:  python benchmarks/attribution.py [--repeats 5] [--threads N] [--only agreement|speed] [--json out.json]
 
-- agreement: on the three demo models (`nncanon.demo_model`), the estimate of zero-ablating each head
-  of every layer (`attribution_patching` with no corrupted prompt) against the exact effect of zeroing
-  it (`head_ablation_sweep`), as Spearman's rank correlation over all layers x heads, of the signed
-  effects and of their magnitudes (which heads matter most). Three metrics of the last position:
-  P(" Paris") (what ``nncanon ablate`` plots), its log-probability, its logit.
-- speed: on a GPT-2-small-sized GPT-2 with random weights (12 layers x 12 heads, 124M parameters), the
-  wall time of the exact sweep of every head of every layer against `attribution_patching` (heads,
-  attention and MLP of every layer), same prompt, interleaved repeats, medians. CPU, fp32.
+- agreement: on the three demo models (`nncanon.demo_model`), Spearman's rank correlation over all layers x
+  heads between `attribution_patching`'s estimates and the exact effects, of the signed effects and of their
+  magnitudes (which heads matter most):
+  * patching (the headline): each head's output (every position) taken from a corrupted prompt of the same
+    length into the clean run, exactly (`activation_patching`, one item per head), metric the logit
+    difference of the two answers; on the demo prompt patched from the Belem Tower prompt, and on every
+    pair of `LANDMARKS` of one token length;
+  * the same with P(answer) as the metric;
+  * zero ablation of each head (`head_ablation_sweep`; what `nncanon ablate --fast` estimates) on the
+    demo prompt, for the logit difference, P(" Paris"), log P and the logit.
+- speed: on a GPT-2-small-sized GPT-2 with random weights (12 layers x 12 heads, 124M parameters), fp32 CPU,
+  the exact sweeps of every head of every layer (zero ablation: `head_ablation_sweep`; patching:
+  `activation_patching`) against `attribution_patching` (heads, attention and MLP of every layer), same
+  prompt, interleaved repeats, medians of wall and of CPU (process) time, the load average alongside.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -120,7 +127,8 @@ def agreement() -> dict:
             metric = logit_difference(target_token(model, answer), target_token(model, other))
             exact = exact_patching_effects(model, clean, corrupted, metric)
             estimate = attribution_patching(model, clean, corrupted, metric, over=("heads",)).heads
-            every.append({"pair": f"{clean!r} <- {corrupted!r}", **spearman(exact, estimate)})
+            every.append({"pair": f"{clean!r} <- {corrupted!r}", "words differing": _words_differing(clean, corrupted),
+                          **spearman(exact, estimate)})
         row["patching, logit difference"] = every[0]
         row["patching, logit difference, every pair"] = _summary(every)
         clean, answer, corrupted, other = pairs(model)[0]
@@ -148,16 +156,24 @@ def _at_last(metric: Callable) -> Callable:
 
 
 def _summary(every: list[dict]) -> dict:
-    signed = [item["signed"] for item in every]
-    magnitude = [item["magnitude"] for item in every]
-    return {
-        "pairs": len(every),
-        "signed median": round(statistics.median(signed), 3), "signed min": min(signed),
-        "signed >= 0.9": sum(value >= 0.9 for value in signed),
-        "magnitude median": round(statistics.median(magnitude), 3), "magnitude min": min(magnitude),
-        "magnitude >= 0.9": sum(value >= 0.9 for value in magnitude),
-        "each": every,
-    }
+    """Median, least and count >= 0.9 of the pairs' figures: all pairs, then by how many words the prompts differ."""
+    summary = {"all": _figures(every)}
+    for words in sorted({item["words differing"] for item in every}):
+        summary[f"{words} word(s) differing"] = _figures([item for item in every if item["words differing"] == words])
+    return {**summary, "each": every}
+
+
+def _figures(every: list[dict]) -> dict:
+    out: dict = {"pairs": len(every)}
+    for kind in ("signed", "magnitude"):
+        values = [item[kind] for item in every]
+        out |= {f"{kind} median": round(statistics.median(values), 3), f"{kind} min": min(values),
+                f"{kind} >= 0.9": sum(value >= 0.9 for value in values)}
+    return out
+
+
+def _words_differing(a: str, b: str) -> int:
+    return sum(x != y for x, y in zip(a.split(), b.split(), strict=True))
 
 
 def speed(repeats: int) -> dict:
@@ -168,30 +184,67 @@ def speed(repeats: int) -> dict:
     return {str(len(model.tokenizer(p).input_ids)): _speed(model, p, repeats) for p in (PROMPT, LONG_PROMPT)}
 
 
-def _speed(model, prompt: str, repeats: int) -> dict:
-    tokens = len(model.tokenizer(prompt).input_ids)
+def _same_length(model, prompt: str) -> str:
+    """``prompt`` with the Eiffel Tower replaced by another landmark of the same token length."""
+    length = len(model.tokenizer(prompt).input_ids)
+    for place in ("Belem", "Madrid", "Berlin", "London", "Tokyo", "Rome", "Vienna"):
+        other = prompt.replace("Eiffel", place)
+        if len(model.tokenizer(other).input_ids) == length:
+            return other
+    raise ValueError(f"no landmark gives {prompt!r}'s token length")
 
-    def metric(logits: torch.Tensor) -> torch.Tensor:
+
+def _speed(model, prompt: str, repeats: int) -> dict:
+    """Wall and CPU (process) seconds of each run, interleaved, medians; the ratios of the medians."""
+    tokens = len(model.tokenizer(prompt).input_ids)
+    corrupted = _same_length(model, prompt)
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:  # the last position's logits [batch, vocab]
         return logits[:, 5]
 
+    def full(logits: torch.Tensor) -> torch.Tensor:  # every position's [batch, seq, vocab]
+        return logits[:, -1, 5]
+
     runs = {
-        "exact sweep (144 heads)": lambda: head_ablation_sweep(model, prompt, metric=metric),
-        "attribution patching (144 heads + 12 attention + 12 MLP)": lambda: attribution_patching(
-            model, prompt, None, lambda logits: metric(logits[:, -1])),
+        "exact zero-ablation sweep (head_ablation_sweep, 144 heads)":
+            lambda: head_ablation_sweep(model, prompt, metric=metric),
+        "attribution patching, zero, next_token_only (144 heads + 12 attention + 12 MLP)":
+            lambda: attribution_patching(model, prompt, None, full, next_token_only=True),
+        "attribution patching, zero, every position's logits":
+            lambda: attribution_patching(model, prompt, None, full),
+        "exact patching sweep (activation_patching heads='each', 144 heads)":
+            lambda: activation_patching(model, corrupted, prompt, "attention_head_outputs", positions=None,
+                                        heads="each", metric=full),
+        "attribution patching, corrupted prompt, next_token_only":
+            lambda: attribution_patching(model, prompt, corrupted, full, next_token_only=True),
     }
-    times: dict[str, list[float]] = {name: [] for name in runs}
+    wall: dict[str, list[float]] = {name: [] for name in runs}
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
     for run in runs.values():  # warm-up
         run()
+    load = [round(os.getloadavg()[0], 1)]
     for _ in range(repeats):
         for name, run in runs.items():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             run()
-            times[name].append(time.perf_counter() - start)
-    medians = {name: statistics.median(values) for name, values in times.items()}
-    exact, fast = medians.values()
-    print(f"GPT-2 124M, {tokens} tokens: " + ", ".join(f"{k} {v:.2f} s" for k, v in medians.items())
-          + f"; {exact / fast:.1f}x", flush=True)
-    return {"tokens": tokens, "seconds": medians, "speedup": round(exact / fast, 1), "repeats": repeats}
+            wall[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - start_cpu)
+        load.append(round(os.getloadavg()[0], 1))
+    result: dict = {"tokens": tokens, "repeats": repeats, "threads": torch.get_num_threads(),
+                    "load average (1 min) before and after each repeat": load}
+    for label, times in (("wall", wall), ("cpu", cpu)):
+        medians = {name: statistics.median(values) for name, values in times.items()}
+        names = list(medians)
+        result[f"{label} seconds"] = {name: round(value, 3) for name, value in medians.items()}
+        result[f"{label} speedup"] = {
+            "zero ablation, next_token_only": round(medians[names[0]] / medians[names[1]], 1),
+            "zero ablation, every position's logits": round(medians[names[0]] / medians[names[2]], 1),
+            "patching, next_token_only": round(medians[names[3]] / medians[names[4]], 1),
+        }
+    print(f"GPT-2 124M, {tokens} tokens, {torch.get_num_threads()} threads, load {load}:", flush=True)
+    for label in ("wall", "cpu"):
+        print(f"  {label}: {result[f'{label} seconds']}\n  {label} speedup: {result[f'{label} speedup']}", flush=True)
+    return result
 
 
 def main() -> None:
@@ -199,7 +252,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", default=None)
     parser.add_argument("--only", choices=("agreement", "speed"), default=None)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     report = {
         "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
         "torch": torch.__version__,
