@@ -176,12 +176,13 @@ def _words_differing(a: str, b: str) -> int:
     return sum(x != y for x, y in zip(a.split(), b.split(), strict=True))
 
 
-def speed(repeats: int) -> dict:
+def speed(repeats: int, lengths: tuple[str, ...] = ("short", "long")) -> dict:
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
     module = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     model = StandardizedTransformer(module, tokenizer=tiny_tokenizer(), verify="never")
-    return {str(len(model.tokenizer(p).input_ids)): _speed(model, p, repeats) for p in (PROMPT, LONG_PROMPT)}
+    prompts = [prompt for length, prompt in (("short", PROMPT), ("long", LONG_PROMPT)) if length in lengths]
+    return {str(len(model.tokenizer(p).input_ids)): _speed(model, p, repeats) for p in prompts}
 
 
 def _same_length(model, prompt: str) -> str:
@@ -253,6 +254,8 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     parser.add_argument("--only", choices=("agreement", "speed"), default=None)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--lengths", nargs="+", choices=("short", "long"), default=("short", "long"),
+                        help="the speed prompts: short (16 tokens), long (69)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -263,7 +266,7 @@ def main() -> None:
     if args.only != "speed":
         report["agreement"] = agreement()
     if args.only != "agreement":
-        report["speed"] = speed(args.repeats)
+        report["speed"] = speed(args.repeats, tuple(args.lengths))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(report, handle, indent=2)
