@@ -101,11 +101,6 @@ def out_of_scope_reason(model_type: str | None) -> str | None:
 
 #: Decoder-only text types not served yet, with what is missing (their error stays `UnknownFamilyError`).
 NOT_YET: dict[str, str] = {
-    "mllama": (
-        "Mllama's text model interleaves gated cross-attention blocks (config.cross_attention_layers) that the "
-        "model itself skips on text alone (they do not run without an image), and nncanon has no surface yet "
-        "for blocks the model does not run"
-    ),
     "gemma3n": (
         "Gemma-3n keeps altup_num_inputs streams stacked first ([k, b, s, d]); each block predicts the streams "
         "from each other (AltUp), adds attention to the active one and averages it with a LAuReL branch "
