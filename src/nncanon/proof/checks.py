@@ -7,7 +7,7 @@ user's config) and on inferred families; `verify` runs them all.
 
 - ``read``: each value equals the tensor read with plain PyTorch hooks (or nnsight's source hooks
   for an operation inside a forward) on the unwrapped model, bit for bit; so do the logits.
-- ``identity``: ``layer_input + contributions == layer_output``.
+- ``identity``: ``layer_input + contributions == layer_output``; an idle block (not run) adds nothing.
 - ``ablation``: zeroing one contribution (the block's later contributions held at their clean
   values) moves ``layer_output`` by exactly that contribution: the value is what reaches the stream.
 - ``invokes``: a write in one invoke leaves the batch's other invokes bit-identical, and reaches its own.
@@ -426,7 +426,9 @@ def _read_layer(model: Any, index: int, names: list[str], inputs: dict, entering
 
 
 def check_identity(model: Any) -> list[CheckResult]:
-    """``layer_input + contributions == layer_output`` on every block that serves all its contributions."""
+    """``layer_input + contributions == layer_output`` on every block that serves all its contributions; a
+    block the model does not run (`Family.idle`) adds nothing: the stream leaving the block that runs before
+    it enters the one after it unchanged (plain hooks)."""
     results = []
     for index in _whole_layers(model):
         names = served(model, index)
