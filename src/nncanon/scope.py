@@ -3,8 +3,8 @@
 nncanon serves decoder-only language models whose blocks add their sublayers' outputs to one
 residual stream (or a documented few streams). transformers' ``AutoModelForCausalLM`` also maps
 encoders run as decoders, the decoder halves of encoder-decoder models, a few decoders whose
-stream is not a sum of block contributions, and audio-code decoders that are not text models. Loading one raises `OutOfScopeModel` with the reason
-below instead of a generic "no family" error.
+stream is not a sum of block contributions, and audio-code decoders that are not text models.
+Loading one raises `OutOfScopeModel` with the reason below instead of a generic "no family" error.
 """
 
 from __future__ import annotations
