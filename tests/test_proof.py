@@ -132,6 +132,8 @@ OUTSIDE = {
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}),
     "deepseek_v3_dense_first": lambda: transformers.DeepseekV3Config(first_k_dense_replace=3),
     "qwen2_moe_dense_layers": lambda: transformers.Qwen2MoeConfig(mlp_only_layers=[0, 1], decoder_sparse_step=2),
+    # Llama-3.2-11B-Vision's layout: 40 blocks, cross-attention (idle on text alone) at 3, 8, ..., 38
+    "mllama_vision_default": lambda: transformers.MllamaConfig(),
 }
 
 

@@ -277,6 +277,7 @@ class StandardizedTransformer(TransformersModel):
     def _batch(self, invokes: list, fn: Any) -> tuple:
         """The batched forward input; refuses an empty row and a prompt longer than the model's positions."""
         args, kwargs = super()._batch(invokes, fn)
+        self._refuse_idle_inputs(kwargs)
         ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
         if isinstance(ids, torch.Tensor) and ids.dim() == 2:
             from torch._guards import detect_fake_mode
@@ -299,6 +300,18 @@ class StandardizedTransformer(TransformersModel):
                     "tokens, e.g. tokenizer(..., truncation=True, max_length=...)."
                 )
         return args, kwargs
+
+    def _refuse_idle_inputs(self, kwargs: dict) -> None:
+        """Refuse a forward argument that would run the blocks the family serves as idle (`Family.idle_inputs`)."""
+        given = [name for name in self._family.idle_inputs if kwargs.get(name) is not None]
+        if given:
+            idle = [i for i in range(self.num_layers) if self._family.idle_reason(self._text_config, i) is not None]
+            raise InvalidInput(
+                f"this {self._text_config.model_type} model was given {', '.join(given)}: with it the model runs "
+                f"blocks {idle}, which nncanon serves as idle blocks (the stream passes them; "
+                f"{self._family.idle_reason(self._text_config, idle[0])}). nncanon serves the text path: trace "
+                "text alone, or use the transformers model directly for image inputs."
+            )
 
     def _position_limit(self) -> int | None:
         """The longest sequence the model can embed, where it has a learned position table (GPT-2's ``n_positions``)."""
@@ -502,7 +515,8 @@ class StandardizedTransformer(TransformersModel):
         ``ValueError`` otherwise).
 
         Indices follow Python's rule, as ``model.layers[i]`` does: ``-1`` is the last block.
-        Skips of one trace are made in block order and do not overlap. Inside ``generate`` a skip
+        Skips of one trace are made in block order and do not overlap. A block the model does not run
+        (`Family.idle`: Mllama's cross-attention blocks on text alone) is passed over. Inside ``generate`` a skip
         needs ``use_cache=False`` (a skipped block would leave its cache without that step's tokens).
 
         Raises:
@@ -522,6 +536,8 @@ class StandardizedTransformer(TransformersModel):
         record()
         extras = (None,) * self._family.block_extras
         for index in range(start, end + 1):
+            if self.layers[index].__dict__["_nncanon"].bindings["layer_input"].block is not None:
+                continue  # an idle block (`Family.idle`): the model does not run it, the stream passes it already
             state = self._family.passes_state
             if isinstance(state, str):
                 extras = (self.layers[index].inputs[1].get(state), *(None,) * (self._family.block_extras - 1))

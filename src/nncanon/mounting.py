@@ -127,8 +127,13 @@ def mount(model: Any, family: Family, config: Any) -> None:
     # refuse the global attribute)
     heads = None if family.head_shape is not None else getattr(config, "num_attention_heads", None)
     adopt(model.layers, LayersEnvoy)
+    running = [i for i in range(len(model.layers)) if family.idle_reason(config, i) is None]
     for index, layer in enumerate(model.layers):
         adopt(layer, LayerEnvoy)
+        idle = family.idle_reason(config, index)
+        if idle is not None:
+            _mount_idle(model, family, config, index, idle, running)
+            continue
         spec, kind = family.for_layer(config, index)
         where = f"layers[{index}]"
         label = _label(index, kind, layer)
@@ -230,6 +235,34 @@ def mount(model: Any, family: Family, config: Any) -> None:
 
         for name, reason in spec.declined(config, index).items():
             decline(layer, name, reason)
+
+
+def _mount_idle(model: Any, family: Family, config: Any, index: int, reason: str, running: list[int]) -> None:
+    """Mount block ``index``, which the model does not run (`Family.idle`): its ``layer_input`` and
+    ``layer_output`` are the stream passing it, read where it enters the next block that runs (else where
+    it leaves the previous one); its components are not served, with ``reason``."""
+    layer = model.layers[index]
+    where, label = f"layers[{index}]", _label(index, None, layer)
+    after, before = [j for j in running if j > index], [j for j in running if j < index]
+    if after:
+        block, site, read_at = after[0], Site(key="input"), f"where it enters layers[{after[0]}]"
+    elif before:
+        block, read_at = before[-1], f"where it leaves layers[{before[-1]}]"
+        spec = family.for_layer(config, block)[0]
+        site = Site(index=0 if spec.block_extras or spec.block_tuple else None)
+    else:
+        raise ValueError(f"{family.name}: no block of this model runs ({reason})")
+    bind = _binder(model.layers[block], where, config)
+    bindings = {name: bind(name, site) for name in ("layer_input", "layer_output")}
+    for binding in bindings.values():
+        binding.block = block
+    state = ComponentState(where, bindings)
+    for name in ("self_attn", "linear_attn", "mlp"):
+        state.reasons[name] = (
+            f"{label} does not run: {reason}; its layer_input and layer_output are that stream, read {read_at}"
+        )
+        layer.__dict__.pop(name, None)
+    layer._nncanon = state
 
 
 def component_states(layer: Envoy) -> list[ComponentState]:

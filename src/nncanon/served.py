@@ -133,6 +133,8 @@ class Binding:
         heads: When set, the last axis is split into ``(heads, head_dim)``.
         prepare: Called before a read; installs nnsight's source hooks for an operation site.
         order: The order the model computes this block's values in, for the out-of-order message.
+        block: The index of the block ``site`` is relative to, where it is not the block serving the
+            value (an idle block's stream is read at the next block that runs: `Family.idle`).
     """
 
     name: str
@@ -143,6 +145,7 @@ class Binding:
     heads: int | None = None
     prepare: Any | None = None
     order: str = ""
+    block: int | None = None
 
     def _factor(self) -> float:
         return self.site.factor(self.config)

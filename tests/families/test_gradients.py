@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from nncanon import GradientNotAvailable
-from nncanon.proof.checks import encode, gradient_reference, hf_block, host, served
+from nncanon.proof.checks import encode, gradient_reference, host, served, site_module
 from nncanon.served import _pick, _put
 from nncanon.support import COMPONENTS, LAYER_VALUES
 from nncanon.testing import PROMPTS
@@ -73,9 +73,8 @@ def test_gradients_equal_autograd(model):
 def _stream_gradient_with_site_detached(model, layer: int, name: str) -> torch.Tensor:
     """d logit / d (block 0's input) in the plain model, with ``name``'s site tensor on ``layer`` detached."""
     site = host(model, layer, name)._nncanon.bindings[name].site
-    block = hf_block(model, layer)
-    module = block.get_submodule(site.module) if site.module else block
-    first = hf_block(model, 0)
+    module = site_module(model, layer, name)
+    first = site_module(model, 0, "layer_input")
     seen = {}
 
     def entering(mod, args, kwargs):

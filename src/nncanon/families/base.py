@@ -111,6 +111,13 @@ class Family:
             the heads check compares these instead of the heads through the projection.
         model_declines: Model-level values (``"resume"``) the family cannot serve exactly, with the reason
             (ZAYA's router state flows from block to block: a forward resumed at a later block lacks it).
+        idle: ``(config, layer) -> reason or None``: blocks the model does not run on the inputs nncanon
+            gives it (Mllama's cross-attention blocks on text alone), with the reason. An idle block serves
+            ``layer_input`` and ``layer_output`` as the stream passing it (read where it enters the next
+            block that runs, else where it leaves the previous one), and no component; ``skip_layers``
+            passes over it (it does not run anyway).
+        idle_inputs: Forward arguments that would make an idle block run (Mllama's
+            ``cross_attention_states``): a trace or ``generate`` given one is refused by name.
     """
 
     name: str
@@ -150,6 +157,8 @@ class Family:
     token_shift_after: tuple[str, ...] = ()
     head_totals: Callable[[Any, int, Any, dict], tuple[Any, Any]] | None = field(default=None, compare=False)
     model_declines: dict[str, str] = field(default_factory=dict, compare=False)
+    idle: Callable[[Any, int], str | None] | None = field(default=None, compare=False)
+    idle_inputs: tuple[str, ...] = ()
 
     def for_layer(self, config: Any, layer: int) -> tuple[Family, str | None]:
         """The layout of block ``layer`` (this record with its kind's fields), and the kind's name."""
@@ -169,6 +178,10 @@ class Family:
     def all_layouts(self) -> list[Family]:
         """This record and every block layout it declares."""
         return [self] + [replace(self, layouts={}, layout_of=None, **fields) for fields in self.layouts.values()]
+
+    def idle_reason(self, config: Any, layer: int) -> str | None:
+        """Why block ``layer`` does not run on the inputs nncanon gives the model, or ``None`` when it runs."""
+        return self.idle(config, layer) if self.idle is not None else None
 
     def declined(self, config: Any, layer: int) -> dict:
         """The values layer ``layer`` of a model with ``config`` cannot serve, with the reasons."""

@@ -7,7 +7,7 @@ user's config) and on inferred families; `verify` runs them all.
 
 - ``read``: each value equals the tensor read with plain PyTorch hooks (or nnsight's source hooks
   for an operation inside a forward) on the unwrapped model, bit for bit; so do the logits.
-- ``identity``: ``layer_input + contributions == layer_output``.
+- ``identity``: ``layer_input + contributions == layer_output``; an idle block (not run) adds nothing.
 - ``ablation``: zeroing one contribution (the block's later contributions held at their clean
   values) moves ``layer_output`` by exactly that contribution: the value is what reaches the stream.
 - ``invokes``: a write in one invoke leaves the batch's other invokes bit-identical, and reaches its own.
@@ -174,11 +174,25 @@ def hf_block(model: Any, layer: int) -> torch.nn.Module:
     return model._module.get_submodule(model.family.layers)[layer]
 
 
+def stream_block(model: Any, layer: int) -> int | None:
+    """The block whose input (or output) an idle block ``layer`` serves as its stream (`Family.idle`: the
+    model does not run it), ``None`` for a block that runs."""
+    return model.layers[layer].__dict__["_nncanon"].bindings["layer_input"].block
+
+
+def site_module(model: Any, layer: int, name: str) -> torch.nn.Module:
+    """The module of the unwrapped model at which block ``layer``'s ``name`` is read (its site's module; for
+    an idle block's stream, the block it is read at)."""
+    binding = host(model, layer, name)._nncanon.bindings[name]
+    block = hf_block(model, layer if binding.block is None else binding.block)
+    return block.get_submodule(binding.site.module) if binding.site.module else block
+
+
 def block_streams(model: Any, inputs: dict) -> tuple[list, list, Any]:
     """Every block's input and output read with plain hooks on the unwrapped model, and its output.
 
-    (Hooks, not ``output_hidden_states``: what a model reports there differs, e.g. Mamba's leaves
-    the embeddings out.)
+    ``None`` for a block the forward did not call (an idle block, `Family.idle`). (Hooks, not
+    ``output_hidden_states``: what a model reports there differs, e.g. Mamba's leaves the embeddings out.)
     """
     entering, leaving, handles = {}, {}, []
     for index, block in enumerate(model._module.get_submodule(model.family.layers)):
@@ -197,7 +211,7 @@ def block_streams(model: Any, inputs: dict) -> tuple[list, list, Any]:
         for handle in handles:
             handle.remove()
     count = model.num_layers
-    return [entering[i] for i in range(count)], [leaving[i] for i in range(count)], output
+    return [entering.get(i) for i in range(count)], [leaving.get(i) for i in range(count)], output
 
 
 def site_reference(model: Any, layer: int, name: str, inputs: dict) -> torch.Tensor:
@@ -206,8 +220,7 @@ def site_reference(model: Any, layer: int, name: str, inputs: dict) -> torch.Ten
     site = binding.site
     if site.op is not None:
         return _finish(_operation_reference(model, layer, site, inputs), binding, inputs)
-    block = hf_block(model, layer)
-    module = block.get_submodule(site.module) if site.module else block
+    module = site_module(model, layer, name)
     seen = {}
 
     def pre(mod, args, kwargs):
@@ -302,10 +315,9 @@ def _backward(root: torch.nn.Module, output: Any, metric: Callable) -> None:
 def _module_gradients(model: Any, layer: int, sites: dict, attentions: bool, inputs: dict, metric: Callable,
                       keep: Callable) -> None:
     """One forward with a hook at each module site (and the probabilities returned), one backward."""
-    block = hf_block(model, layer)
     handles = []
     for name, site in sites.items():
-        module = block.get_submodule(site.module) if site.module else block
+        module = site_module(model, layer, name)
         if site.key == "input":
             handles.append(module.register_forward_pre_hook(
                 lambda mod, args, kwargs, name=name, site=site: keep(name, _pick((args, kwargs), site)),
@@ -369,9 +381,31 @@ def check_read(model: Any) -> list[CheckResult]:
     results.append(_compare("read", None, ("logits",), logits, reference.logits, 0.0, "against a plain forward"))
     for index in range(model.num_layers):
         names = ["layer_input", *served(model, index, _READ_VALUES), "layer_output"]
+        block = stream_block(model, index)
+        if block is not None:  # idle: the stream where it enters the next block that runs (or leaves the last)
+            stream = entering[block] if block > index else leaving[block]
+            results += _guarded("read", index, names, lambda index=index, stream=stream, block=block: _read_idle(
+                model, index, stream, block, entering[index] is not None or leaving[index] is not None))
+            continue
         results += _guarded("read", index, names, lambda index=index, names=names: _read_layer(
             model, index, names, inputs, entering[index], leaving[index]))
     return results
+
+
+def _read_idle(model: Any, index: int, stream: torch.Tensor, block: int, ran: bool) -> list[CheckResult]:
+    """An idle block's ``layer_input`` and ``layer_output`` against the stream read by a plain hook at
+    ``block``; fails where the model ran the block after all."""
+    names = ("layer_input", "layer_output")
+    if ran:
+        return [CheckResult("read", index, names, False, None, 0.0,
+                            "the model ran this block, which the family says it does not run (idle)")]
+    saved: list = []  # bound outside the trace, filled inside
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        saved.append(model.layers[index].layer_input.save())
+        saved.append(model.layers[index].layer_output.save())
+    side = "input" if block > index else "output"
+    return [_compare("read", index, (name,), value, stream, 0.0, f"against a hook at layers[{block}]'s {side}")
+            for name, value in zip(names, saved, strict=True)]
 
 
 def _read_layer(model: Any, index: int, names: list[str], inputs: dict, entering: torch.Tensor,
@@ -392,12 +426,35 @@ def _read_layer(model: Any, index: int, names: list[str], inputs: dict, entering
 
 
 def check_identity(model: Any) -> list[CheckResult]:
-    """``layer_input + contributions == layer_output`` on every block that serves all its contributions."""
+    """``layer_input + contributions == layer_output`` on every block that serves all its contributions; a
+    block the model does not run (`Family.idle`) adds nothing: the stream leaving the block that runs before
+    it enters the one after it unchanged (plain hooks)."""
     results = []
     for index in _whole_layers(model):
         names = served(model, index)
         results += _guarded("identity", index, names, lambda index=index, names=names: [_identity(model, index, names)])
+    idle = [index for index in range(model.num_layers) if stream_block(model, index) is not None]
+    if idle:
+        entering, leaving, _ = block_streams(model, encode(model))
+        for index in idle:
+            results += _guarded("identity", index, ("layer_input", "layer_output"), lambda index=index: [
+                _idle_identity(index, entering, leaving)])
     return results
+
+
+def _idle_identity(index: int, entering: list, leaving: list) -> CheckResult:
+    """An idle block adds nothing: the model does not call it, and the stream leaving the block that runs
+    before it enters the one that runs after it unchanged (plain hooks)."""
+    names = ("layer_input", "layer_output")
+    if entering[index] is not None or leaving[index] is not None:
+        return CheckResult("identity", index, names, False, None, 0.0, "the model ran this block (idle by its family)")
+    before = next((i for i in range(index - 1, -1, -1) if leaving[i] is not None), None)
+    after = next((i for i in range(index + 1, len(entering)) if entering[i] is not None), None)
+    if before is None or after is None:
+        return CheckResult("identity", index, names, True, None, None,
+                           "the model does not call it (no block runs on one side to compare)")
+    return _compare("identity", index, names, entering[after], leaving[before], 0.0,
+                    f"not called; layers[{before}]'s output enters layers[{after}] unchanged")
 
 
 def _whole_layers(model: Any) -> list[int]:
