@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from nnsight.intervention.util import first_input
 
-from ..served import _pick
+from ..served import _pick, stacked_as_served
 from ..support import COMPONENT_OF
 from ..testing import PROMPTS
 
@@ -197,7 +197,9 @@ def block_streams(model: Any, inputs: dict) -> tuple[list, list, Any]:
         for handle in handles:
             handle.remove()
     count = model.num_layers
-    return [entering[i] for i in range(count)], [leaving[i] for i in range(count)], output
+    served_layout = stacked_as_served if model.family.stacked_streams else (lambda tensor: tensor)
+    return ([served_layout(entering[i]) for i in range(count)], [served_layout(leaving[i]) for i in range(count)],
+            output)
 
 
 def site_reference(model: Any, layer: int, name: str, inputs: dict) -> torch.Tensor:
@@ -255,6 +257,8 @@ def _finish(tensor: torch.Tensor, binding: Any, inputs: dict, divide: bool = Fal
         tensor = tensor.view(batch, seq, -1)
     if site.merge:
         tensor = tensor.flatten(-2)
+    if site.stacked:
+        tensor = stacked_as_served(tensor)
     if binding.heads is not None:
         tensor = tensor.view(batch, seq, binding.heads, -1)
     if site.scale is not None:
