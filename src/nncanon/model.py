@@ -26,7 +26,7 @@ from .errors import (
 from .families import Family
 from .mounting import mount
 from .quiet import kernel_notices_filtered, wrapping_quietly
-from .served import check_write, model_value
+from .served import _rows, check_write, model_value, served_as_stacked
 
 
 def _config_of(model: Any, kwargs: dict) -> Any:
@@ -519,16 +519,18 @@ class StandardizedTransformer(TransformersModel):
         start, end = self._skip_range(start, end)
         self._check_not_generating_with_cache(start, end)
         record = self._new_skip(start, end)
+        if self._family.stacked_streams:
+            self._one_invoke(start, end)
+        refusal = self._family.refuse_skip(self._text_config, start, end) if self._family.refuse_skip else None
+        if refusal is not None:
+            raise InvalidSkip(f"skip_layers({start}, {end}) cannot run on this model: {refusal}")
         expected = self.layers[start].layer_input
         replacement = expected if skip_with is None else skip_with
         if skip_with is not None:
             self._check_replacement(skip_with, expected, start, end)
-        refusal = self._family.refuse_skip(self._text_config, start, end) if self._family.refuse_skip else None
-        if refusal is not None:
-            raise InvalidSkip(f"skip_layers({start}, {end}) cannot run on this model: {refusal}")
         record()
-        if self._family.stacked_streams:
-            replacement = self._stacked(replacement, start, end)
+        if self._family.stacked_streams:  # the blocks' own layout, [k, b, s, d]
+            replacement = served_as_stacked(replacement, replacement.shape[-1] // self.hidden_size)
         extras = (None,) * self._family.block_extras
         for index in range(start, end + 1):
             state = self._family.passes_state
@@ -539,24 +541,18 @@ class StandardizedTransformer(TransformersModel):
             tupled = extras or self._family.block_tuple
             self.layers[index].skip((replacement, *extras) if tupled else replacement)
 
-    def _stacked(self, replacement: torch.Tensor, start: int, end: int) -> torch.Tensor:
-        """A ``[b, s, k·d]`` skip replacement in the blocks' own stacked ``[k, b, s, d]`` layout.
-
-        nnsight joins the skips of several invokes on their first axis, which is the streams' here:
-        such a skip is refused.
-        """
+    @staticmethod
+    def _one_invoke(start: int, end: int) -> None:
+        """Refuse a skip in a trace with several invokes on a model whose blocks take stacked streams:
+        nnsight joins the invokes' skips on the first axis, which is the streams' there."""
         from nnsight.intervention.interleaver import Mediator
 
-        from .served import _rows, served_as_stacked
-
-        total, rows = _rows(Mediator.current("skip_layers"))
-        if rows is not None:
+        if _rows(Mediator.current("skip_layers"))[1] is not None:
             raise InvalidSkip(
                 f"skip_layers({start}, {end}) in a trace with several invokes: this model's blocks take their "
                 "streams stacked first ([k, b, s, d]) and nnsight joins the invokes' skips on the first axis. "
                 "Skip in a trace with one invoke (batch the prompts in that invoke)."
             )
-        return served_as_stacked(replacement, replacement.shape[-1] // self.hidden_size)
 
     def _check_not_generating_with_cache(self, start: int, end: int) -> None:
         """Refuse a skip inside ``generate`` with a cache, before the forward runs (see `skip_layers`)."""
