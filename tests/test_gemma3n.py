@@ -162,7 +162,7 @@ def test_resume_is_declined_where_blocks_share_keys_and_values(model):
     from nncanon.tools.resume import resume_at
 
     assert "reuse the keys/values" in model.support().model_declines["resume"]
-    with pytest.raises(ValueNotAvailable, match="model.resume is not available"):
+    with pytest.raises(ValueNotAvailable, match=r"model\.resume is not available"):
         with torch.no_grad(), model.trace(PROMPTS[0]):
             resume_at(model, 2, torch.zeros(1))
     assert "resume" not in tiny_model("gemma3n_text_unshared").support().model_declines
