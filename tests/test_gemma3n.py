@@ -14,6 +14,8 @@ import pytest
 import torch
 import transformers
 
+import nncanon
+
 from nncanon import InvalidInput, InvalidSkip, StandardizedTransformer, ValueNotAvailable
 from nncanon.proof.checks import hf_block
 from nncanon.proof.twin import perturb
@@ -190,3 +192,16 @@ def test_the_twin_keeps_every_kind_of_block_of_a_full_size_config():
     assert config.activation_sparsity_pattern == [0.95] * 2 + [0.0] * 7
     assert config.intermediate_size == [128] * 9
     assert json.dumps(config.layer_types).count("full_attention") == 5
+
+
+def test_a_full_size_multimodal_config_is_proved_on_its_twin(monkeypatch):
+    """The default Gemma3nConfig (the E-model's 35 text blocks, its audio and vision configs): the load-time
+    proof builds a twin of the multimodal class (its vision tower left out where timm is missing) and proves
+    every value the family serves on it."""
+    from nncanon.proof.load import prove
+
+    _multimodal(monkeypatch)  # the vision tower's stand-in, where timm is missing
+    family = nncanon.families.REGISTRY["gemma3n"]
+    proof = prove(transformers.Gemma3nConfig(), family, transformers.Gemma3nForConditionalGeneration, "always")
+    failed = [r.describe() for r in proof.verdict.results if not r.passed]
+    assert not failed, "\n".join(failed)

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..served import Site
 from .base import Family, LogitStep
 
 
@@ -113,6 +114,9 @@ _RESIDUAL = (
 GEMMA3N_TEXT = Family(
     name="gemma3n_text",
     model_types=("gemma3n_text",),
+    # Where each sublayer's output enters the mixing (post-normed, as Gemma-2's): declined on every block.
+    attention_output=Site("post_attention_layernorm"),
+    mlp_output=Site("post_feedforward_layernorm"),
     stacked_streams=True,
     collapse=partial(_collapse, "model"),
     refuse_skip=_refuse_skip,
