@@ -15,7 +15,6 @@ import torch
 import transformers
 
 import nncanon
-
 from nncanon import InvalidInput, InvalidSkip, StandardizedTransformer, ValueNotAvailable
 from nncanon.proof.checks import hf_block
 from nncanon.proof.twin import perturb
