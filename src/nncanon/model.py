@@ -26,7 +26,7 @@ from .errors import (
 from .families import Family
 from .mounting import mount
 from .quiet import kernel_notices_filtered, wrapping_quietly
-from .served import check_write, model_value
+from .served import _rows, check_write, model_value, served_as_stacked
 
 
 def _config_of(model: Any, kwargs: dict) -> Any:
@@ -178,7 +178,8 @@ class StandardizedTransformer(TransformersModel):
         self.embed_tokens = self.get(family.embed_tokens)
         self.norm = self._optional(family.norm)
         self.lm_head = self.get(family.lm_head)
-        self._model_declines: dict[str, str] = dict(family.model_declines)
+        declines = family.model_declines
+        self._model_declines: dict[str, str] = dict(declines(self._text_config) if callable(declines) else declines)
         mount(self, family, self._text_config)
         self._provenance = self._prove(verify)
 
@@ -488,10 +489,13 @@ class StandardizedTransformer(TransformersModel):
 
         Applies the family's final norm, any module before the head, ``lm_head`` and the
         family's logit post-processing (soft-capping, scaling), so that on the last layer's
-        output it equals ``logits``. Works inside a trace and on plain tensors.
+        output it equals ``logits``. Works inside a trace and on plain tensors. A multi-stream
+        model takes its ``[..., k·hidden]`` stream, collapsed as the model collapses it.
         """
         self._model_value_check("project_on_vocab")
         x = hidden
+        if self._family.collapse is not None:
+            x = self._family.collapse(self._module, x)
         stream_divisor = self._family.step_factor("divide_stream", self._text_config)
         if stream_divisor is not None:
             x = x / stream_divisor
@@ -529,11 +533,18 @@ class StandardizedTransformer(TransformersModel):
         start, end = self._skip_range(start, end)
         self._check_not_generating_with_cache(start, end)
         record = self._new_skip(start, end)
+        if self._family.stacked_streams:
+            self._one_invoke(start, end)
+        refusal = self._family.refuse_skip(self._text_config, start, end) if self._family.refuse_skip else None
+        if refusal is not None:
+            raise InvalidSkip(f"skip_layers({start}, {end}) cannot run on this model: {refusal}")
         expected = self.layers[start].layer_input
         replacement = expected if skip_with is None else skip_with
         if skip_with is not None:
             self._check_replacement(skip_with, expected, start, end)
         record()
+        if self._family.stacked_streams:  # the blocks' own layout, [k, b, s, d]
+            replacement = served_as_stacked(replacement, replacement.shape[-1] // self.hidden_size)
         extras = (None,) * self._family.block_extras
         for index in range(start, end + 1):
             if self.layers[index].__dict__["_nncanon"].bindings["layer_input"].block is not None:
@@ -545,6 +556,19 @@ class StandardizedTransformer(TransformersModel):
                 extras = tuple(self.layers[index].inputs[0][1 : 1 + self._family.block_extras])
             tupled = extras or self._family.block_tuple
             self.layers[index].skip((replacement, *extras) if tupled else replacement)
+
+    @staticmethod
+    def _one_invoke(start: int, end: int) -> None:
+        """Refuse a skip in a trace with several invokes on a model whose blocks take stacked streams:
+        nnsight joins the invokes' skips on the first axis, which is the streams' there."""
+        from nnsight.intervention.interleaver import Mediator
+
+        if _rows(Mediator.current("skip_layers"))[1] is not None:
+            raise InvalidSkip(
+                f"skip_layers({start}, {end}) in a trace with several invokes: this model's blocks take their "
+                "streams stacked first ([k, b, s, d]) and nnsight joins the invokes' skips on the first axis. "
+                "Skip in a trace with one invoke (batch the prompts in that invoke)."
+            )
 
     def _check_not_generating_with_cache(self, start: int, end: int) -> None:
         """Refuse a skip inside ``generate`` with a cache, before the forward runs (see `skip_layers`)."""

@@ -144,8 +144,9 @@ def mount(model: Any, family: Family, config: Any) -> None:
         state = ComponentState(
             where,
             {
-                "layer_input": bind("layer_input", Site(key="input")),
-                "layer_output": bind("layer_output", Site(index=0 if spec.block_extras or spec.block_tuple else None)),
+                "layer_input": bind("layer_input", Site(key="input", stacked=spec.stacked_streams)),
+                "layer_output": bind("layer_output", Site(index=0 if spec.block_extras or spec.block_tuple else None,
+                                                          stacked=spec.stacked_streams)),
             },
         )
         layer._nncanon = state

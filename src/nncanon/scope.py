@@ -123,12 +123,6 @@ def out_of_scope_reason(model_type: str | None) -> str | None:
 
 #: Decoder-only text types not served yet, with what is missing (their error stays `UnknownFamilyError`).
 NOT_YET: dict[str, str] = {
-    "gemma3n": (
-        "Gemma-3n keeps altup_num_inputs streams stacked first ([k, b, s, d]); each block predicts the streams "
-        "from each other (AltUp), adds attention to the active one and averages it with a LAuReL branch "
-        "((x + attn + laurel) / sqrt(2): the stream itself is scaled), then corrects every stream by a learned "
-        "mix and adds a per-layer-input term: the multi-stream surface for it is not built yet"
-    ),
     "deepseek_v4": (
         "DeepSeek-V4's blocks keep hc_mult hyper-connection streams as a [b, s, k, d] tensor and write each "
         "sublayer into them inline (post ⊗ output + residual, no operation that returns the write), with "
@@ -140,7 +134,6 @@ NOT_YET: dict[str, str] = {
         "surface for it is not built yet"
     ),
 }
-NOT_YET["gemma3n_text"] = NOT_YET["gemma3n"]
 
 
 def not_yet_reason(model_type: str | None) -> str | None:

@@ -23,7 +23,7 @@ from nnsight.intervention.eproperty import WriteBack, eproperty
 from nnsight.intervention.interleaver import Mediator, OutOfOrderError
 from nnsight.intervention.util import first_input, replace_first_input
 
-from .errors import InvalidWrite
+from .errors import InvalidInput, InvalidWrite
 from .gradients import Through, first_read_in_backward, in_backward, mark, tracks
 from .order import note_read, translated
 
@@ -53,6 +53,9 @@ class Site:
             logits whose edit must change the routing.
         merge: The tensor's last two axes are one axis of the residual stream (hyper-connections:
             a sublayer writes ``[b, s, k, d]`` into a ``[b, s, k·d]`` stream); served merged, a view.
+        stacked: The tensor holds ``k`` streams stacked on a leading axis, ``[k, b, s, d]`` (Gemma-3n's
+            AltUp streams); served sequence-first with the streams side by side, ``[b, s, k·d]``, as a
+            merged stream is (`stacked_as_served`), a copy whose edits are written back.
     """
 
     module: str = ""
@@ -64,6 +67,7 @@ class Site:
     op: str | None = None
     bias: int | None = None
     merge: bool = False
+    stacked: bool = False
 
     def factor(self, config: Any) -> float:
         """The scale factor for ``config`` (``1.0`` where the site has none)."""
@@ -72,7 +76,20 @@ class Site:
     @property
     def needs_writeback(self) -> bool:
         """Whether the served tensor is not a view of the model's own, so edits must be written back."""
-        return self.scale is not None or self.clone or self.bias is not None
+        return self.scale is not None or self.clone or self.bias is not None or self.stacked
+
+
+def stacked_as_served(tensor: torch.Tensor) -> torch.Tensor:
+    """``k`` streams stacked first, ``[k, b, s, d]``, as the surface serves them: ``[b, s, k·d]`` (a copy).
+
+    Stream ``j`` is ``served.view(b, s, k, d)[:, :, j]``, as on a merged hyper-connection stream.
+    """
+    return tensor.permute(1, 2, 0, 3).flatten(-2)
+
+
+def served_as_stacked(value: torch.Tensor, streams: int) -> torch.Tensor:
+    """The inverse of `stacked_as_served`: ``[b, s, k·d]`` back to ``[k, b, s, d]`` (contiguous)."""
+    return value.unflatten(-1, (streams, -1)).permute(2, 0, 1, 3).contiguous()
 
 
 def config_factor(attribute: str | Callable[[Any], Any], config: Any) -> Any:
@@ -161,6 +178,8 @@ class Binding:
     def read(self, raw: Any, mediator: Mediator) -> torch.Tensor:
         """What the user reads: ``[b, s, ...]``, this invoke's rows only."""
         tensor = _pick(raw, self.site)
+        if self.site.stacked:
+            return stacked_as_served(self._own_rows(tensor, mediator))
         bias = self._bias(raw)
         if bias is not None:
             tensor = tensor + bias
@@ -175,6 +194,27 @@ class Binding:
         if self.site.clone:
             return tensor.clone()
         return tensor
+
+    def _own_rows(self, tensor: torch.Tensor, mediator: Mediator) -> torch.Tensor:
+        """This invoke's rows of a stacked ``[k, b, s, d]`` tensor (its batch is the second axis).
+
+        nnsight narrows a batched trace's values on their first axis, where it holds the trace's
+        total rows: on a stacked tensor that axis is the streams', so nncanon narrows the second one
+        itself, and refuses the one layout it cannot tell apart (as many rows as streams).
+        """
+        total, rows = _rows(mediator)
+        if getattr(tensor, "_nnsight_batch", False) or (rows is not None and tensor.shape[1] != total):
+            raise InvalidInput(
+                f"{self.where}.{self.name} cannot be served in this trace: the model keeps its "
+                f"{tensor.shape[0]} streams stacked first ([k, b, s, d]) and this trace's invokes have "
+                f"{total} rows in all, as many as the streams, so nnsight cut the streams' axis as if it "
+                "were the batch's. Run these prompts with another number of rows in all (one invoke per "
+                "trace, or add or drop a prompt)."
+            )
+        if rows is None:
+            return tensor
+        start, size = rows
+        return tensor.narrow(1, start, size)
 
     def _unflatten(self, tensor: torch.Tensor, mediator: Mediator) -> torch.Tensor:
         total, rows = _rows(mediator)
@@ -194,6 +234,15 @@ class Binding:
             value = value.flatten(-2)
         if self.site.merge:
             value = value.unflatten(-1, tensor.shape[-2:])
+        if self.site.stacked:
+            value = served_as_stacked(value, tensor.shape[0])
+            total, rows = _rows(mediator) if mediator is not None else (0, None)
+            if rows is None:
+                return value
+            full = tensor.clone()
+            start, size = rows
+            full[:, start : start + size] = value
+            return full
         if not self.site.flat:
             return value
         total, rows = _rows(mediator) if mediator is not None else (0, None)

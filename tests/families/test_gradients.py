@@ -14,7 +14,7 @@ import torch
 
 from nncanon import GradientNotAvailable
 from nncanon.proof.checks import encode, gradient_reference, host, served, site_module
-from nncanon.served import _pick, _put
+from nncanon.served import _pick, _put, stacked_as_served
 from nncanon.support import COMPONENTS, LAYER_VALUES
 from nncanon.testing import PROMPTS
 
@@ -95,7 +95,8 @@ def _stream_gradient_with_site_detached(model, layer: int, name: str) -> torch.T
     finally:
         cut.remove()
         watch.remove()
-    return seen.get("grad", torch.zeros_like(seen["x"]))  # no path left from the stream to the logit
+    grad = seen.get("grad", torch.zeros_like(seen["x"]))  # zeros: no path left from the stream to the logit
+    return stacked_as_served(grad) if model.family.stacked_streams else grad  # laid out as layer_input is served
 
 
 def test_gradient_write_equals_detached_site(model):

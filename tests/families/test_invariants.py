@@ -128,7 +128,8 @@ def test_skip_layers_rejects_bad_replacements(model):
 
 
 def test_partial_batched_skip_raises(model):
-    with pytest.raises(ValueError, match="cover every row"):
+    # A model whose blocks take stacked streams refuses any skip in a trace with several invokes.
+    with pytest.raises(ValueError, match="several invokes" if model.family.stacked_streams else "cover every row"):
         with torch.no_grad(), model.trace() as tracer:
             with tracer.invoke(PROMPTS[0]):
                 model.skip_layers(0, 0)

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from nnsight.intervention.util import first_input
 
-from ..served import _pick
+from ..served import _pick, stacked_as_served
 from ..support import COMPONENT_OF
 from ..testing import PROMPTS
 
@@ -211,7 +211,10 @@ def block_streams(model: Any, inputs: dict) -> tuple[list, list, Any]:
         for handle in handles:
             handle.remove()
     count = model.num_layers
-    return [entering.get(i) for i in range(count)], [leaving.get(i) for i in range(count)], output
+    served_layout = stacked_as_served if model.family.stacked_streams else (lambda tensor: tensor)
+    entering_served = [None if entering.get(i) is None else served_layout(entering[i]) for i in range(count)]
+    leaving_served = [None if leaving.get(i) is None else served_layout(leaving[i]) for i in range(count)]
+    return entering_served, leaving_served, output
 
 
 def site_reference(model: Any, layer: int, name: str, inputs: dict) -> torch.Tensor:
@@ -268,6 +271,8 @@ def _finish(tensor: torch.Tensor, binding: Any, inputs: dict, divide: bool = Fal
         tensor = tensor.view(batch, seq, -1)
     if site.merge:
         tensor = tensor.flatten(-2)
+    if site.stacked:
+        tensor = stacked_as_served(tensor)
     if binding.heads is not None:
         tensor = tensor.view(batch, seq, binding.heads, -1)
     if site.scale is not None:
