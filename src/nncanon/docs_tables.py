@@ -94,11 +94,13 @@ def shrinking_table() -> str:
 
 
 def checks_table() -> str:
-    """The verifier's checks (`nncanon.proof.checks.CHECKS`), in the order they run."""
+    """The verifier's checks (`nncanon.proof.checks.CHECKS`), in the order they run, and what each proves:
+    the values, or their gradients (``value.grad``)."""
     from .proof.checks import CHECKS
 
-    rows = ["| check | what it asserts |", "|---|---|"]
-    rows += [f"| `{check.name}` | {check.doc} |" for check in CHECKS]
+    rows = ["| check | proves | what it asserts |", "|---|---|---|"]
+    rows += [f"| `{check.name}` | {'`value.grad`' if check.gradient else 'the value'} | {check.doc} |"
+             for check in CHECKS]
     return "\n".join(rows)
 
 
