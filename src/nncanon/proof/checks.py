@@ -132,6 +132,7 @@ def _compare(check: str, layer: int | None, values: Sequence[str], actual: torch
     if actual.shape != expected.shape:
         return CheckResult(check, layer, tuple(values), False, None, tolerance,
                            f"shape {tuple(actual.shape)} where {tuple(expected.shape)} was expected")
+    actual, expected = actual.detach(), expected.detach()  # (a gradient may carry a graph of its own)
     difference = (actual.double() - expected.double()).abs()
     error = float(difference.max()) if difference.numel() else 0.0
     bar = (tolerance if absolute is None else absolute) + tolerance * expected.double().abs()
@@ -817,12 +818,12 @@ def _gradient_result(layer: int, name: str, grad: torch.Tensor | None, expected:
     """nncanon's gradient of ``name`` (``None``: it never arrived) against plain PyTorch's (``None``: the
     backward does not reach the site): one missing is a zero gradient."""
     if expected is None:
-        error = 0.0 if grad is None else float(grad.abs().max())
+        error = 0.0 if grad is None else float(grad.detach().abs().max())
         note = "the backward does not reach it in the plain model" + (
             "" if grad is None else "; nncanon's gradient should be zero")
         return CheckResult("gradients", layer, (name,), error == 0.0, error, 0.0, note)
     if grad is None:
-        return CheckResult("gradients", layer, (name,), False, float(expected.abs().max()), GRADIENT_TOLERANCE,
+        return CheckResult("gradients", layer, (name,), False, float(expected.detach().abs().max()), GRADIENT_TOLERANCE,
                            "the backward never reached the served value; plain PyTorch's gradient is not zero")
     return _compare("gradients", layer, (name,), grad, expected, GRADIENT_TOLERANCE,
                     "against tensor hooks at its site and torch.autograd.grad", absolute=GRADIENT_ABSOLUTE)
