@@ -289,3 +289,11 @@ def decline(layer: Envoy, name: str, reason: str) -> None:
         if name in state.bindings or name in state.reasons:
             state.reasons[name] = reason
             state.absent.discard(name)
+
+
+def decline_gradient(layer: Envoy, name: str, reason: str) -> None:
+    """Stop serving ``name``'s gradient on the mounted block ``layer``: the value is still served, and
+    ``support()`` and ``value.grad`` give ``reason`` (`nncanon.errors.GradientNotAvailable`)."""
+    for state in component_states(layer):
+        if name in state.bindings or name in state.reasons:
+            state.gradient_reasons[name] = reason

@@ -24,7 +24,7 @@ from nnsight.intervention.interleaver import Mediator, OutOfOrderError
 from nnsight.intervention.util import first_input, replace_first_input
 
 from .errors import InvalidInput, InvalidWrite
-from .gradients import Through, first_read_in_backward, in_backward, mark, tracks
+from .gradients import Through, first_read_in_backward, in_backward, mark, refuse_gradient, tracks
 from .order import note_read, translated
 
 
@@ -413,6 +413,7 @@ class served(eproperty):
             )
         if isinstance(view, torch.Tensor):
             mark(view, f"{binding.where}.{self.name}")
+            refuse_gradient(view, obj._nncanon_gradient_reason(self.name))
         return view
 
     def __set__(self, obj: Any, value: Any) -> None:
