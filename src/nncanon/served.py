@@ -389,6 +389,12 @@ class served(eproperty):
             binding.prepare()
         label = f"{binding.where}.{self.name}"
         if binding.weighted is not None:
+            waiting = mediator.transform
+            if waiting is not None and waiting.key == (self, binding.location, mediator.wanted(binding.location)):
+                # Read already in this trace: the model is past the weight, and the read's write-back is pending.
+                check_write(value, waiting.view, label)
+                waiting.view.copy_(value.expand_as(waiting.view))
+                return
             raw, current = _read_weighted(binding, mediator, label)
             check_write(value, current, label)
             Mediator.swap(binding.location, binding.write_back(value.expand_as(current), raw))
