@@ -50,4 +50,53 @@ HY_V4 = Family(
     model_declines={"resume": _SHARED_TOPK},
 )
 
-FAMILIES = [HY_V4]
+
+def _deepseek_v4_declines(config, layer: int) -> dict:
+    declines = {
+        "attention_output": (
+            "DeepSeek-V4 writes attention into the streams (post ⊗ attn) after mixing them by attn_hc's comb, and "
+            "ffn_hc then mixes the streams again by its own comb (a k × k doubly stochastic matrix computed from "
+            "them): attention reaches layer_output as combₘᵀ·(post ⊗ attn), through a mixing that depends on it, "
+            "not as an additive term, and layer_input reaches it as combₘᵀ·combₐᵀ·x"
+        ),
+        "attention_head_outputs": (
+            "DeepSeek-V4's heads reach the stream through an inverse rotary rotation of each head's output and a "
+            "grouped low-rank projection (o_a_proj over config.o_groups groups of heads, then o_b_proj), not through "
+            "slices of one output projection"
+        ),
+        "attention_probabilities": (
+            "DeepSeek-V4's attention runs over the sliding-window keys and the compressed entries its compressor "
+            "concatenates to them, and its heads (through which nncanon proves probabilities) are not served"
+        ),
+    }
+    if config.mlp_layer_types[layer] == "hash_moe":
+        reason = (
+            "a hash-routed block (config.mlp_layer_types): each token's experts are a fixed table of its token id "
+            "(mlp.gate.tid2eid), not chosen from the router logits, so a write to the logits does not reroute"
+        )
+        declines.update({name: reason for name in ("router_logits", "expert_weights", "expert_indices")})
+    return declines
+
+
+DEEPSEEK_V4 = Family(
+    name="deepseek_v4",
+    model_types=("deepseek_v4",),
+    norm="model.hc_head",
+    before_head=("model.norm",),
+    attention_output=Site(op="torch_matmul_0", weighted=("unsqueeze_0", "attn_output_unsqueeze_0")),
+    mlp_output=Site(op="torch_matmul_1", weighted=("unsqueeze_1", "mlp_output_unsqueeze_0")),
+    head_outputs=Site("self_attn.o_a_proj", key="input"),
+    router_logits=Site("mlp.gate", op="logits_0", flat=True),
+    expert_weights=Site("mlp.gate", index=1, flat=True),
+    expert_indices=Site("mlp.gate", index=2, flat=True),
+    shared_expert_output=Site("mlp.shared_experts"),
+    residual=(
+        "(post_a, comb_a, u) = attn_hc(x); h = comb_aᵀ·x + post_a ⊗ attn(norm1(u)); "
+        "(post_m, comb_m, v) = ffn_hc(h); y = comb_mᵀ·h + post_m ⊗ mlp(norm2(v)), on [b, s, k, d] streams"
+    ),
+    declines=_deepseek_v4_declines,
+    layouts={"hash_moe": {}, "moe": {}},
+    layout_of=lambda config, layer: config.mlp_layer_types[layer],
+)
+
+FAMILIES = [HY_V4, DEEPSEEK_V4]
