@@ -112,16 +112,6 @@ NOT_YET: dict[str, str] = {
         "((x + attn + laurel) / sqrt(2): the stream itself is scaled), then corrects every stream by a learned "
         "mix and adds a per-layer-input term: the multi-stream surface for it is not built yet"
     ),
-    "deepseek_v4": (
-        "DeepSeek-V4's blocks keep hc_mult hyper-connection streams as a [b, s, k, d] tensor and write each "
-        "sublayer into them inline (post ⊗ output + residual, no operation that returns the write), with "
-        "compressed sparse attention: the multi-stream surface for it is not built yet"
-    ),
-    "hy_v4": (
-        "HY-V4's blocks keep hc_mult hyper-connection streams as a [b, s, k, d] tensor and write each sublayer "
-        "into them inline (post ⊗ output + residual, no operation that returns the write): the multi-stream "
-        "surface for it is not built yet"
-    ),
 }
 NOT_YET["gemma3n_text"] = NOT_YET["gemma3n"]
 
