@@ -17,11 +17,22 @@ operands, written by adding it to the streams in the model's own sum.
   function of ``h`` itself) before it reaches ``layer_output``, so ``attention_output`` is declined,
   naming that mixing.
 
+DeepSeek-V4's heads are the input of its grouped output projection (``o_a_proj``: ``o_groups`` groups of heads,
+each projected on its own, then ``o_b_proj``), ``[b, s, H, head_dim]``; each reaches the stream through its
+slice of its group's block and that group's columns of ``o_b_proj`` (the family's head totals). Its
+probabilities on a compressed-attention block (``compressed_sparse_attention``, ``heavily_compressed_attention``)
+run over the sequence's keys and then the compressor's entries, ``[b, H, q, s + compressed]``; like gpt-oss's,
+they leave out the learned sink, so a row sums to less than one.
+
 The final collapse of the streams (``model.hc_head``: a learned mix, ``[b, s, k, d] → [b, s, d]``) and
 the norm after it are the model's final norm, so ``project_on_vocab`` takes a ``[b, s, k, d]`` stream.
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+import torch
 
 from ..served import Site
 from .base import Family
@@ -51,6 +62,27 @@ HY_V4 = Family(
 )
 
 
+def _grouped_head_totals(model: Any, layer: int, heads: torch.Tensor, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V4's heads (the input of its grouped projection, ``[b, s, H, head_dim]``), each through its slice
+    of its group's block of ``o_a_proj`` and that group's columns of ``o_b_proj``, summed; and the attention's
+    output, from a plain forward of the unwrapped model on ``inputs`` with a hook."""
+    attention = model._module.get_submodule(model.family.layers)[layer].self_attn
+    seen = {}
+    hook = attention.register_forward_hook(lambda module, args, out: seen.__setitem__("out", out[0].clone()))
+    try:
+        with torch.no_grad():
+            model._module(**inputs)
+    finally:
+        hook.remove()
+    groups, (b, s, count, width) = attention.config.o_groups, heads.shape
+    first = attention.o_a_proj.weight.view(groups, -1, count // groups, width)  # [G, r, heads per group, hd]
+    second = attention.o_b_proj.weight.view(attention.o_b_proj.weight.shape[0], groups, -1)  # [d, G, r]
+    with torch.no_grad():
+        per_head = torch.einsum("bsgjh,grjh->bsgjr", heads.view(b, s, groups, -1, width), first)
+        total = torch.einsum("bsgjr,dgr->bsgjd", per_head, second).sum(dim=(2, 3))
+    return total, seen["out"]
+
+
 def _deepseek_v4_declines(config, layer: int) -> dict:
     declines = {
         "attention_output": (
@@ -58,15 +90,6 @@ def _deepseek_v4_declines(config, layer: int) -> dict:
             "ffn_hc then mixes the streams again by its own comb (a k × k doubly stochastic matrix computed from "
             "them): attention reaches layer_output as combₘᵀ·(post ⊗ attn), through a mixing that depends on it, "
             "not as an additive term, and layer_input reaches it as combₘᵀ·combₐᵀ·x"
-        ),
-        "attention_head_outputs": (
-            "DeepSeek-V4's heads reach the stream through an inverse rotary rotation of each head's output and a "
-            "grouped low-rank projection (o_a_proj over config.o_groups groups of heads, then o_b_proj), not through "
-            "slices of one output projection"
-        ),
-        "attention_probabilities": (
-            "DeepSeek-V4's attention runs over the sliding-window keys and the compressed entries its compressor "
-            "concatenates to them, and its heads (through which nncanon proves probabilities) are not served"
         ),
     }
     if config.mlp_layer_types[layer] == "hash_moe":
@@ -85,7 +108,8 @@ DEEPSEEK_V4 = Family(
     before_head=("model.norm",),
     attention_output=Site(op="torch_matmul_0", weighted=("unsqueeze_0", "attn_output_unsqueeze_0")),
     mlp_output=Site(op="torch_matmul_1", weighted=("unsqueeze_1", "mlp_output_unsqueeze_0")),
-    head_outputs=Site("self_attn.o_a_proj", key="input"),
+    head_outputs=Site("self_attn.o_a_proj", key="input", merge=True),
+    head_totals=_grouped_head_totals,
     router_logits=Site("mlp.gate", op="logits_0", flat=True),
     expert_weights=Site("mlp.gate", index=1, flat=True),
     expert_indices=Site("mlp.gate", index=2, flat=True),
