@@ -62,7 +62,8 @@ HY_V4 = Family(
 )
 
 
-def _grouped_head_totals(model: Any, layer: int, heads: torch.Tensor, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def _grouped_head_totals(model: Any, layer: int, heads: torch.Tensor, inputs: dict
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek-V4's heads (the input of its grouped projection, ``[b, s, H, head_dim]``), each through its slice
     of its group's block of ``o_a_proj`` and that group's columns of ``o_b_proj``, summed; and the attention's
     output, from a plain forward of the unwrapped model on ``inputs`` with a hook."""
