@@ -77,3 +77,24 @@ def test_deepseek_v4_declines_attention_naming_the_comb_mixing():
         ablated = model.layers[1].layer_output.save()
     assert mlp.shape == y.shape and mlp.shape[2] == model._text_config.hc_mult
     torch.testing.assert_close(y - ablated, mlp, rtol=1e-5, atol=1e-6)
+
+
+def test_hy_v4_skip_of_a_shared_indexer_block_hands_on_the_picks_it_was_given():
+    """HY-V4's blocks return their indexer's top-k picks; a skipped block hands on those it was given, so a skip
+    of the last block (a ``"shared"`` one) runs, and its logits are the lens of the stream entering it."""
+    skip_unavailable("hy_v4")
+    model = tiny_model("hy_v4")
+    last = model.num_layers - 1
+    assert model._text_config.indexer_types[last] == "shared"
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        entering = model.layers[last].layer_input.save()
+        model.skip_layers(last, last)
+        leaving = model.layers[last].layer_output.save()
+        logits = model.logits.save()
+    assert torch.equal(leaving, entering)
+    assert torch.equal(model.project_on_vocab(entering), logits)
+    with pytest.raises(ValueNotAvailable, match=r"model\.resume is not available: a block whose indexer is 'shared'"):
+        from nncanon.tools.resume import resume_at
+
+        with model.trace(PROMPTS[0]):
+            resume_at(model, last, entering)

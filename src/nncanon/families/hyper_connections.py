@@ -17,6 +17,11 @@ operands, written by adding it to the streams in the model's own sum.
   function of ``h`` itself) before it reaches ``layer_output``, so ``attention_output`` is declined,
   naming that mixing.
 
+HY-V4's blocks return the top-k keys their sparse-attention indexer picked, and a block whose indexer is
+``"shared"`` (``config.indexer_types``) attends to the picks it is handed: a skipped block hands on the picks it
+was given. A ``"shared"`` block cannot run without them, so a skip of a ``"full"`` block followed by a
+``"shared"`` one fails in the model, and a forward resumed at a later block is declined.
+
 DeepSeek-V4's heads are the input of its grouped output projection (``o_a_proj``: ``o_groups`` groups of heads,
 each projected on its own, then ``o_b_proj``), ``[b, s, H, head_dim]``; each reaches the stream through its
 slice of its group's block and that group's columns of ``o_b_proj`` (the family's head totals). Its
@@ -52,6 +57,7 @@ HY_V4 = Family(
     mlp_output=Site(op="residual_float_1", weighted=("unsqueeze_2", "unsqueeze_3")),
     head_shape=lambda config, layer: (config.num_attention_heads, config.v_head_dim),
     block_extras=1,
+    passes_state="prev_topk_indices",
     residual=(
         "(post_a, u) = attn_hc(x); h = x + post_a ⊗ attn(norm1(u)); "
         "(post_m, v) = ffn_hc(h); y = h + post_m ⊗ mlp(norm2(v)), on [b, s, k, d] streams"
