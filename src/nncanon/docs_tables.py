@@ -18,6 +18,9 @@ def describe(site: Site | None) -> str:
     if site is None:
         return "-"
     where = f"`{site.module}`" if site.module else "the block"
+    if site.weighted is not None:  # a per-stream write, taken over (`Site.weighted`)
+        weight, output = site.weighted
+        return f"op `{weight}` × op `{output}` in {where}, per stream (added to op `{site.op}`)"
     if site.op is not None:
         where = f"op `{site.op}` in {where}"
     text = f"{where} {site.key}" + (f"[{site.index}]" if site.index is not None else "")

@@ -88,7 +88,10 @@ def _binder(layer: Envoy, where: str, config: Any) -> Callable[..., Binding]:
         module = _child(layer, site.module) if site.module else layer  # fail at load if the path is wrong
         path = f"{layer.path}.{site.module}" if site.module else layer.path
         prepare = None
+        weighted = None
         if site.op is not None:
+            if site.weighted is not None:
+                weighted = tuple(f"{path}.source.{op}.output" for op in site.weighted)
             path = f"{path}.source.{site.op}"
 
             def prepare(module: Envoy = module) -> None:
@@ -99,7 +102,7 @@ def _binder(layer: Envoy, where: str, config: Any) -> Callable[..., Binding]:
             prepare()
 
         label = f"{where}.{component}" if component else where
-        return Binding(name, f"{path}.{site.key}", site, config, label, heads, prepare)
+        return Binding(name, f"{path}.{site.key}", site, config, label, heads, prepare, weighted=weighted)
 
     return bind
 

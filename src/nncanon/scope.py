@@ -122,18 +122,7 @@ def out_of_scope_reason(model_type: str | None) -> str | None:
 
 
 #: Decoder-only text types not served yet, with what is missing (their error stays `UnknownFamilyError`).
-NOT_YET: dict[str, str] = {
-    "deepseek_v4": (
-        "DeepSeek-V4's blocks keep hc_mult hyper-connection streams as a [b, s, k, d] tensor and write each "
-        "sublayer into them inline (post ⊗ output + residual, no operation that returns the write), with "
-        "compressed sparse attention: the multi-stream surface for it is not built yet"
-    ),
-    "hy_v4": (
-        "HY-V4's blocks keep hc_mult hyper-connection streams as a [b, s, k, d] tensor and write each sublayer "
-        "into them inline (post ⊗ output + residual, no operation that returns the write): the multi-stream "
-        "surface for it is not built yet"
-    ),
-}
+NOT_YET: dict[str, str] = {}
 
 
 def not_yet_reason(model_type: str | None) -> str | None:

@@ -240,6 +240,8 @@ def site_reference(model: Any, layer: int, name: str, inputs: dict) -> torch.Ten
     """A value read with plain forward hooks on the unwrapped model, at the site its family names."""
     binding = host(model, layer, name)._nncanon.bindings[name]
     site = binding.site
+    if site.weighted is not None:
+        return _weighted_reference(model, layer, site, inputs)
     if site.op is not None:
         return _finish(_operation_reference(model, layer, site, inputs), binding, inputs)
     module = site_module(model, layer, name)
@@ -279,6 +281,45 @@ def _operation_reference(model: Any, layer: int, site: Any, inputs: dict) -> tor
         operation = getattr(plain.get(path).source, site.op)
         raw = (operation.output if site.key == "output" else operation.inputs).save()
     return _pick(raw, site).clone()
+
+
+def _weighted_reference(model: Any, layer: int, site: Any, inputs: dict) -> torch.Tensor:
+    """A ``weighted`` site's product (what a sublayer writes into the streams): its two operations' outputs,
+    read by nnsight's own source hooks on a plain ``NNsight`` over a copy of the model, multiplied."""
+    from nnsight import NNsight
+
+    plain = NNsight(copy.deepcopy(model._module))
+    path = ".".join(part for part in (model.family.layers, str(layer), site.module) if part)
+    weight_op, output_op = site.weighted
+    with torch.no_grad(), plain.trace(**inputs):
+        source = plain.get(path).source
+        weight = getattr(source, weight_op).output.save()
+        output = getattr(source, output_op).output.save()
+    return weight * output
+
+
+def _weighted_gradient(model: Any, key: tuple[int, str], site: Any, inputs: dict, metric: Callable,
+                       keep: Callable) -> None:
+    """The gradient at a ``weighted`` site's product, which no hook reaches: on a plain ``NNsight`` over a copy
+    of the model, the product is made a tensor of its own (the weight's operation returns zeros, the product
+    is added to the streams' operation, as the model's sum has it) and hooked."""
+    from nnsight import NNsight
+
+    root = copy.deepcopy(model._module)
+    plain = NNsight(root)
+    path = ".".join(part for part in (model.family.layers, str(key[0]), site.module) if part)
+    weight_op, output_op = site.weighted
+    with torch.enable_grad():
+        with plain.trace(**inputs):
+            source = plain.get(path).source
+            weight = getattr(source, weight_op).output
+            getattr(source, weight_op).output = torch.zeros_like(weight)
+            product = weight * getattr(source, output_op).output
+            keep(key, product)
+            streams = getattr(source, site.op)
+            streams.output = streams.output + product
+            output = plain.output.save()
+        _backward(root, output, metric)
 
 
 def _finish(tensor: torch.Tensor, binding: Any, inputs: dict, divide: bool = False) -> torch.Tensor:
@@ -328,11 +369,13 @@ def gradient_references(model: Any, names: dict[int, Sequence[str]], inputs: dic
 
     sites = {(layer, name): host(model, layer, name)._nncanon.bindings[name].site
              for layer, listed in names.items() for name in listed if name != "attention_probabilities"}
-    modules = {key: site for key, site in sites.items() if site.op is None}
+    modules = {key: site for key, site in sites.items() if site.op is None and site.weighted is None}
     attentions = [layer for layer, listed in names.items() if "attention_probabilities" in listed]
     _module_gradients(model, modules, attentions, inputs, metric, keep)
     for key, site in sites.items():
-        if site.op is not None:
+        if site.weighted is not None:
+            _weighted_gradient(model, key, site, inputs, metric, keep)
+        elif site.op is not None:
             _operation_gradient(model, key, site, inputs, metric, keep)
     finished = {}
     for (layer, name), grad in grads.items():

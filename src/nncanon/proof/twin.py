@@ -122,7 +122,10 @@ RULES: tuple[Rule, ...] = (
     Rule("head width", ("head_dim", "attention_head_dim", "kv_channels", "swa_head_dim", "global_head_dim",
                         "index_head_dim", "linear_head_dim", "linear_key_head_dim", "linear_value_head_dim"),
          f"≤ {HEAD_WIDTH}", _at_most(HEAD_WIDTH)),
-    Rule("latent attention", ("q_lora_rank", "kv_lora_rank"), f"≤ {LORA}", _at_most(LORA)),
+    Rule("latent attention", ("q_lora_rank", "kv_lora_rank", "o_lora_rank"), f"≤ {LORA}", _at_most(LORA)),
+    Rule("output projection groups", ("o_groups",), "≤ 2", _at_most(2)),
+    Rule("sparse-attention indexer heads", ("index_n_heads",), f"≤ {HEADS}", _at_most(HEADS)),
+    Rule("hyper-connection streams", ("hc_mult",), "≤ 2", _at_most(2)),
     Rule("low-rank branches", ("laurel_rank",), f"≤ {LORA}", _at_most(LORA)),
     Rule("per-layer input width", ("hidden_size_per_layer_input",), f"≤ {HEAD_WIDTH}", _at_most(HEAD_WIDTH)),
     Rule("latent head parts", ("qk_nope_head_dim", "v_head_dim"), f"≤ {HEAD_WIDTH}", _at_most(HEAD_WIDTH)),
@@ -234,6 +237,10 @@ def _keep_relations(config: dict, original: dict, path: str, changes: list[Chang
             _set(config, "head_dim", rope + nope, path, changes, "head width = rotary + non-rotary part")
         if isinstance(config.get("qk_head_dim"), int):
             _set(config, "qk_head_dim", rope + nope, path, changes, "latent head = rotary + non-rotary part")
+    rates = config.get("compress_rates")
+    if isinstance(rates, dict) and all(isinstance(v, int) for v in rates.values()):  # DeepSeek-V4's, per block kind
+        _set(config, "compress_rates", {kind: min(rate, WINDOW) for kind, rate in rates.items()}, path, changes,
+             f"compression rates ≤ {WINDOW} tokens, so the proof's prompts have compressed entries")
     experts = _first(config, _EXPERT_NAMES)
     groups = config.get("n_group")
     if experts and isinstance(groups, int) and groups > 1 and experts % groups:
