@@ -228,11 +228,15 @@ PROOF_SETTINGS = {"GraniteMoeHybridConfig": {
 
 
 def proofs(repeats: int) -> dict:
-    """Seconds of a first (uncached) load-time proof of each config in `PROOF_CONFIGS`, medians."""
+    """Seconds of a first (uncached) load-time proof of each config in `PROOF_CONFIGS`, medians; and of its
+    gradient checks alone (``gradient_seconds``, on the twin, one thread as the proof runs them)."""
     from nncanon.families import REGISTRY
-    from nncanon.proof.load import prove
-    from nncanon.proof.twin import model_class_for
+    from nncanon.proof.checks import CHECKS
+    from nncanon.proof.load import _mounted, prove
+    from nncanon.proof.twin import build_twin, model_class_for
+    from nncanon.proof.verdict import verify
 
+    gradient_checks = [check for check in CHECKS if check.gradient]
     result: dict = {}
     for kind, names in PROOF_CONFIGS.items():
         for name in names:
@@ -240,7 +244,15 @@ def proofs(repeats: int) -> dict:
             family, cls = REGISTRY[config.model_type], model_class_for(config)
             times = [timed(lambda c=config, f=family, k=cls: prove(c, f, k, mode="always"))
                      for _ in range(max(3, repeats // 3))]
-            result[name] = {"kind": kind, "seconds": statistics.median(times)}
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                twin = _mounted(build_twin(config, model_class=cls, blocks=family.layers).model, family)
+                gradients = [timed(lambda t=twin: verify(t, gradient_checks)) for _ in range(max(3, repeats // 3))]
+            finally:
+                torch.set_num_threads(threads)
+            result[name] = {"kind": kind, "seconds": statistics.median(times),
+                            "gradient_seconds": statistics.median(gradients)}
     return result
 
 
@@ -323,9 +335,9 @@ def main() -> None:
             f"{r['heads_speedup_invokes_only']:10.2f} "
             f"{r['memory_vs_raw']:8.3f}"
         )
-    print(f"{'first proof of':24} {'kind':10} {'seconds':>8}")
+    print(f"{'first proof of':24} {'kind':10} {'seconds':>8} {'of which gradients':>19}")
     for config_name, figure in proof_times.items():
-        print(f"{config_name:24} {figure['kind']:10} {figure['seconds']:8.2f}")
+        print(f"{config_name:24} {figure['kind']:10} {figure['seconds']:8.2f} {figure['gradient_seconds']:19.2f}")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"machine": machine, "results": results, "proofs": proof_times}, handle, indent=2)

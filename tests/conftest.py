@@ -33,13 +33,14 @@ def variant_params(names=None) -> list:
 
 def model_type_params() -> list:
     """Every registered model type as a parameter, skipped with the reason where the installed transformers
-    lacks it (`nncanon.versions.missing_from_transformers`)."""
+    lacks it (`nncanon.versions.missing_from_transformers`) or its class needs a library not installed."""
     from nncanon.registry import records
-    from nncanon.versions import missing_from_transformers
+    from nncanon.versions import missing_from_transformers, missing_libraries
 
     params = []
     for model_type, record in sorted(records().items()):
-        reason = missing_from_transformers(model_type, record["config_class"], record.get("model_class"))
+        reason = (missing_from_transformers(model_type, record["config_class"], record.get("model_class"))
+                  or missing_libraries(record.get("requires", ())))
         params.append(pytest.param(model_type, marks=[pytest.mark.skip(reason=reason)] if reason else []))
     return params
 

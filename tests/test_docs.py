@@ -38,5 +38,5 @@ def test_proofs_page_tables_are_current():
     from nncanon.docs_tables import checks_table, shrinking_table
 
     page = (DOCS / "proofs.md").read_text()
-    assert shrinking_table() in page, "the twin's table changed: paste nncanon.docs_tables.shrinking_table()"
-    assert checks_table() in page, "the checks changed: paste nncanon.docs_tables.checks_table()"
+    assert shrinking_table() in page, "the twin's table changed: run python -m nncanon.docs_tables"
+    assert checks_table() in page, "the checks changed: run python -m nncanon.docs_tables"

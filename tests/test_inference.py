@@ -14,6 +14,7 @@ from nncanon.cli import main
 from nncanon.families import REGISTRY, Family
 from nncanon.inference import infer_family
 from nncanon.inference.leave_one_out import compare
+from nncanon.proof.checks import GRADIENT_VALUES
 from nncanon.testing import PROMPTS, tiny_hf_model, tiny_tokenizer
 
 
@@ -77,6 +78,11 @@ def test_unregistered_model_type_loads_through_the_inference(monkeypatch):
     assert model.inferred is not None and model.family is model.inferred.family
     report = model.support()
     assert report.provenance.startswith("inferred and proved on a twin of this config")
+    verdict = model._provenance.proof.verdict  # the gradients too, by the same verifier
+    for index in range(model.num_layers):
+        for value in (v for v in GRADIENT_VALUES if report.available(v, index)):
+            assert verdict.proved(index, value, gradient=True), verdict.why_not(index, value, gradient=True)
+            assert report.gradient_reason(value, index) is None
     seen = {}
     handle = hf.model.layers[1].self_attn.register_forward_hook(lambda m, a, out: seen.update(out=out[0].clone()))
     try:

@@ -4,6 +4,8 @@
   stops a config that cannot be shrunk (on transformers' own full-size config of every registered type);
 - configurations outside the registry variants load with every served value proved on their twin;
 - a family record broken on purpose (a wrong site) loses exactly the broken value, with the numbers;
+- a write-back broken on purpose (it detaches a value's gradient) loses exactly that value's ``.grad``, with
+  the numbers; the value itself is still served;
 - the cache: reused, re-proved on ``verify="always"``, ignored when corrupt or made by other versions.
 """
 
@@ -21,6 +23,7 @@ import nncanon
 from nncanon import StandardizedTransformer
 from nncanon.families import REGISTRY
 from nncanon.proof import load as proof_load
+from nncanon.proof.checks import GRADIENT_VALUES
 from nncanon.proof.twin import TwinError, block_kind, blocks_of, build_twin, model_class_for, twin
 from nncanon.registry import records
 from nncanon.served import Site
@@ -132,6 +135,8 @@ OUTSIDE = {
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}),
     "deepseek_v3_dense_first": lambda: transformers.DeepseekV3Config(first_k_dense_replace=3),
     "qwen2_moe_dense_layers": lambda: transformers.Qwen2MoeConfig(mlp_only_layers=[0, 1], decoder_sparse_step=2),
+    # Llama-3.2-11B-Vision's layout: 40 blocks, cross-attention (idle on text alone) at 3, 8, ..., 38
+    "mllama_vision_default": lambda: transformers.MllamaConfig(),
 }
 
 
@@ -171,6 +176,64 @@ def test_a_broken_site_is_declined_with_the_failed_checks_numbers():
     with torch.no_grad(), model.trace(PROMPTS[0]):  # the values that held are served
         attention = model.layers[0].self_attn.attention_output.save()
     assert attention.shape[-1] == hf.config.hidden_size
+
+
+def test_a_detached_gradient_declines_exactly_its_grad(monkeypatch, tmp_path):
+    """The heads' write-back broken so that the model no longer runs through the served view (its gradient
+    never arrives): the load refuses exactly ``attention_head_outputs.grad``, naming the gradient check and
+    its numbers; the heads are still served, and every other value's gradient too."""
+    from nncanon.served import Binding
+
+    monkeypatch.setenv("NNCANON_CACHE", str(tmp_path))
+    original = Binding.write_back
+
+    def detaching(self, view, raw, mediator=None, graph=False):
+        if graph and self.name == "attention_head_outputs":
+            return raw  # the model keeps its own tensor: the served view is out of the graph
+        return original(self, view, raw, mediator, graph)
+
+    monkeypatch.setattr(Binding, "write_back", detaching)
+    model = _load(tiny_hf_model("llama"))
+    monkeypatch.setattr(Binding, "write_back", original)  # what follows measures the load's verdict only
+    report = model.support()
+    verdict = model._provenance.proof.verdict
+    for index in range(model.num_layers):
+        assert report.declined(index) == [] and report.available("attention_head_outputs", index)
+        reason = report.gradient_reason("attention_head_outputs", index)
+        assert "gradients on layers" in reason and "error" in reason and "> 1e-05" in reason
+        failed = verdict.failures(index, "attention_head_outputs", gradient=True)[0]
+        assert failed.check == "gradients" and failed.error > 1e-2, failed.describe()
+        assert report.gradient_provenance_of("attention_head_outputs", index) == f"declined: {reason}"
+        others = [v for v in GRADIENT_VALUES if v != "attention_head_outputs" and report.available(v, index)]
+        assert others and all(report.gradient_reason(v, index) is None for v in others)
+        assert report.gradient_provenance_of("attention_output", index) == report.provenance
+    assert "yes, no .grad [1]" in str(report) and "[1] .grad not served: not proved" in str(report)
+    assert report.to_dict()["layers"][0]["gradients_declined"] == {
+        "attention_head_outputs": report.gradient_reason("attention_head_outputs", 0)}
+    with torch.no_grad(), model.trace(PROMPTS[0]):  # the value is served
+        heads = model.layers[0].self_attn.attention_head_outputs.save()
+    assert heads.shape[-2:] == (model.num_heads, model.head_dim)
+    with pytest.raises(nncanon.GradientNotAvailable, match=r"attention_head_outputs\.grad is not served: .*gradients "
+                                                           r"on layers\[0\].*error"):
+        with model.trace(PROMPTS[0]):
+            heads = model.layers[0].self_attn.attention_head_outputs
+            attention = model.layers[0].self_attn.attention_output
+            logit = model.logits[0, -1, 5]
+            with logit.backward():
+                attention.grad.save()
+                heads.grad.save()
+    with pytest.raises(nncanon.GradientNotAvailable, match="is not served"):  # a write too
+        with model.trace(PROMPTS[0]):
+            heads = model.layers[1].self_attn.attention_head_outputs
+            logit = model.logits[0, -1, 5]
+            with logit.backward():
+                heads.grad = torch.zeros_like(heads)
+    with model.trace(PROMPTS[0]):  # the other gradients are served
+        attention = model.layers[0].self_attn.attention_output
+        logit = model.logits[0, -1, 5]
+        with logit.backward():
+            grad = attention.grad.save()
+    assert grad.shape[-1] == model.hidden_size and bool(grad.abs().any())
 
 
 def test_a_missing_scale_is_declined():
@@ -323,3 +386,22 @@ def test_the_key_follows_the_checks_run(monkeypatch):
     key = proof_load.cache_key(config, REGISTRY["llama"], transformers.LlamaForCausalLM)
     monkeypatch.setattr(proof_verdict, "CHECKS", proof_verdict.CHECKS[1:])
     assert proof_load.cache_key(config, REGISTRY["llama"], transformers.LlamaForCausalLM) != key
+
+
+def test_a_proof_made_without_the_gradient_checks_is_proved_again(monkeypatch, tmp_path):
+    """A cached proof from checks without the gradient ones (an older nncanon) is not read: the key differs,
+    and the load proves again, gradients included."""
+    from nncanon.proof import verdict as proof_verdict
+
+    monkeypatch.setenv("NNCANON_CACHE", str(tmp_path))
+    hf = tiny_hf_model("llama")
+    everything = proof_verdict.CHECKS
+    monkeypatch.setattr(proof_verdict, "CHECKS", tuple(c for c in everything if not c.gradient))
+    old = _load(hf, verify="auto")._provenance.proof
+    assert not any(r.gradient for r in old.verdict.results)
+    monkeypatch.setattr(proof_verdict, "CHECKS", everything)
+    new = _load(hf, verify="auto")._provenance.proof
+    assert not new.from_cache and new.key != old.key
+    assert {r.check for r in new.verdict.results if r.gradient} == {"gradients", "gradient_writes"}
+    assert new.verdict.proved(0, "attention_head_outputs", gradient=True)
+    assert len(list((tmp_path / "proofs").glob("*.json"))) == 2

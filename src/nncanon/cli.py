@@ -89,7 +89,7 @@ def _families(args: argparse.Namespace) -> int:
     for row in [header, *rows]:
         print("  ".join(f"{c!s:<{w}}" for c, w in zip(row, widths, strict=False)) + "  " + str(row[-1]))
     print(f"\n{len(rows) - failed - skipped} of {len(rows)} variants pass ({len({r[1] for r in rows})} model types)"
-          + (f", {skipped} skipped (not in this transformers)." if skipped else "."))
+          + (f", {skipped} skipped (not buildable here: see status)." if skipped else "."))
     return EXIT_FAILED if failed else EXIT_OK
 
 

@@ -18,6 +18,9 @@ def describe(site: Site | None) -> str:
     if site is None:
         return "-"
     where = f"`{site.module}`" if site.module else "the block"
+    if site.weighted is not None:  # a per-stream write, taken over (`Site.weighted`)
+        weight, output = site.weighted
+        return f"op `{weight}` × op `{output}` in {where}, per stream (added to op `{site.op}`)"
     if site.op is not None:
         where = f"op `{site.op}` in {where}"
     text = f"{where} {site.key}" + (f"[{site.index}]" if site.index is not None else "")
@@ -94,11 +97,13 @@ def shrinking_table() -> str:
 
 
 def checks_table() -> str:
-    """The verifier's checks (`nncanon.proof.checks.CHECKS`), in the order they run."""
+    """The verifier's checks (`nncanon.proof.checks.CHECKS`), in the order they run, and what each proves:
+    the values, or their gradients (``value.grad``)."""
     from .proof.checks import CHECKS
 
-    rows = ["| check | what it asserts |", "|---|---|"]
-    rows += [f"| `{check.name}` | {check.doc} |" for check in CHECKS]
+    rows = ["| check | proves | what it asserts |", "|---|---|---|"]
+    rows += [f"| `{check.name}` | {'`value.grad`' if check.gradient else 'the value'} | {check.doc} |"
+             for check in CHECKS]
     return "\n".join(rows)
 
 
@@ -149,11 +154,40 @@ def docs_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "docs"
 
 
-def write() -> Path:
+#: Tables pasted into hand-written pages, each after a ``<!-- generated: nncanon.docs_tables.NAME -->`` line.
+GENERATED_TABLES = {"shrinking_table": shrinking_table, "checks_table": checks_table}
+
+
+def refresh_tables(page: str) -> str:
+    """``page`` with the table after each generated-table marker replaced by the current one."""
+    lines, out, skipping = page.split("\n"), [], False
+    for line in lines:
+        if skipping:
+            if line.startswith("|"):
+                continue
+            skipping = False
+        out.append(line)
+        marker = line.strip().removeprefix("<!-- generated: nncanon.docs_tables.").removesuffix(" -->")
+        if marker in GENERATED_TABLES and line.strip().startswith("<!-- generated:"):
+            out.append(GENERATED_TABLES[marker]())
+            skipping = True
+    return "\n".join(out)
+
+
+def write() -> list[Path]:
+    """Write the families page and refresh the generated tables of every other page."""
     path = docs_dir() / "families.md"
     path.write_text(families_page())
-    return path
+    written = [path]
+    for page in sorted(docs_dir().glob("*.md")):
+        text = page.read_text()
+        refreshed = refresh_tables(text)
+        if refreshed != text:
+            page.write_text(refreshed)
+            written.append(page)
+    return written
 
 
 if __name__ == "__main__":
-    print(f"wrote {write()}")
+    for path in write():
+        print(f"wrote {path}")

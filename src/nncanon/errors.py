@@ -49,7 +49,8 @@ class ModelUnavailable(NncanonError, OSError):
 
 class GradientNotAvailable(NncanonError, RuntimeError):
     """A ``.grad`` asked where no gradient can come: outside ``with loss.backward():``, on a value
-    the backward never reaches, or a standard value first read inside the backward block."""
+    the backward never reaches, a standard value first read inside the backward block, or a value whose
+    gradient check failed on the load-time proof (the value is served, its gradient is not)."""
 
 
 class InvalidLayer(NncanonError, IndexError, TypeError):

@@ -16,7 +16,8 @@ A write to ``value.grad`` then changes the gradient that flows on, as on any nns
 
 Named errors (`GradientNotAvailable`): ``.grad`` of a served value asked in the forward part of a
 trace (outside the backward block), a served value first read inside the backward block (the forward
-is over), and a ``.grad`` the backward never reaches.
+is over), a ``.grad`` the backward never reaches, and the ``.grad`` of a value whose gradient check
+failed on the load-time proof (`refuse_gradient`: the value is served, its gradient is not).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from .errors import GradientNotAvailable
 
 #: The attribute that marks a served tensor with its name (``"layers[0].self_attn.attention_output"``).
 MARK = "_nncanon_value"
+
+#: The attribute that holds why a served tensor's gradient is not served (`refuse_gradient`).
+REFUSED = "_nncanon_no_grad"
 
 _GRAD = torch._C.TensorBase.grad  # torch's own ``.grad``
 
@@ -78,6 +82,25 @@ def mark(tensor: torch.Tensor, name: str) -> torch.Tensor:
     return tensor
 
 
+def refuse_gradient(tensor: torch.Tensor, reason: str | None) -> torch.Tensor:
+    """Mark the served ``tensor`` so that its ``.grad``, read or written, raises `GradientNotAvailable` with
+    ``reason`` (its gradient check failed); ``reason`` ``None`` leaves it as it is."""
+    if reason is not None:
+        try:
+            setattr(tensor, REFUSED, reason)
+        except (AttributeError, RuntimeError):  # pragma: no cover - a tensor subclass that refuses attributes
+            pass
+    return tensor
+
+
+def _refused(tensor: torch.Tensor) -> None:
+    """Raise `GradientNotAvailable` where ``tensor``'s gradient is refused (`refuse_gradient`)."""
+    attributes = tensor.__dict__ if hasattr(tensor, "__dict__") else {}
+    reason = attributes.get(REFUSED)
+    if reason is not None:
+        raise GradientNotAvailable(f"{attributes.get(MARK, 'this value')}.grad is not served: {reason}")
+
+
 def first_read_in_backward(name: str) -> GradientNotAvailable:
     """The error for a served value read for the first time inside a backward block."""
     return GradientNotAvailable(
@@ -88,6 +111,7 @@ def first_read_in_backward(name: str) -> GradientNotAvailable:
 
 
 def _forward_get(tensor: torch.Tensor) -> Any:
+    _refused(tensor)
     name = tensor.__dict__.get(MARK) if hasattr(tensor, "__dict__") else None
     if name is not None:
         raise GradientNotAvailable(
@@ -140,6 +164,7 @@ def _named_grad_property(interleaver: Any, seen: set, hooks: list) -> property:
     inner = _nnsight_grad_property(interleaver, seen, hooks)
 
     def getter(tensor: torch.Tensor) -> Any:
+        _refused(tensor)
         try:
             return inner.fget(tensor)
         except OutOfOrderError as error:
@@ -153,7 +178,11 @@ def _named_grad_property(interleaver: Any, seen: set, hooks: list) -> property:
                 f"of the forward order."
             ) from error
 
-    return property(getter, inner.fset)
+    def setter(tensor: torch.Tensor, value: Any) -> None:
+        _refused(tensor)
+        inner.fset(tensor, value)
+
+    return property(getter, setter)
 
 
 _nnsight_grad_property = _backward._grad_property

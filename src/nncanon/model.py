@@ -26,7 +26,7 @@ from .errors import (
 from .families import Family
 from .mounting import mount
 from .quiet import kernel_notices_filtered, wrapping_quietly
-from .served import check_write, model_value
+from .served import _rows, check_write, model_value, served_as_stacked
 
 
 def _config_of(model: Any, kwargs: dict) -> Any:
@@ -178,7 +178,8 @@ class StandardizedTransformer(TransformersModel):
         self.embed_tokens = self.get(family.embed_tokens)
         self.norm = self._optional(family.norm)
         self.lm_head = self.get(family.lm_head)
-        self._model_declines: dict[str, str] = dict(family.model_declines)
+        declines = family.model_declines
+        self._model_declines: dict[str, str] = dict(declines(self._text_config) if callable(declines) else declines)
         mount(self, family, self._text_config)
         self._provenance = self._prove(verify)
 
@@ -277,6 +278,7 @@ class StandardizedTransformer(TransformersModel):
     def _batch(self, invokes: list, fn: Any) -> tuple:
         """The batched forward input; refuses an empty row and a prompt longer than the model's positions."""
         args, kwargs = super()._batch(invokes, fn)
+        self._refuse_idle_inputs(kwargs)
         ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
         if isinstance(ids, torch.Tensor) and ids.dim() == 2:
             from torch._guards import detect_fake_mode
@@ -299,6 +301,18 @@ class StandardizedTransformer(TransformersModel):
                     "tokens, e.g. tokenizer(..., truncation=True, max_length=...)."
                 )
         return args, kwargs
+
+    def _refuse_idle_inputs(self, kwargs: dict) -> None:
+        """Refuse a forward argument that would run the blocks the family serves as idle (`Family.idle_inputs`)."""
+        given = [name for name in self._family.idle_inputs if kwargs.get(name) is not None]
+        if given:
+            idle = [i for i in range(self.num_layers) if self._family.idle_reason(self._text_config, i) is not None]
+            raise InvalidInput(
+                f"this {self._text_config.model_type} model was given {', '.join(given)}: with it the model runs "
+                f"blocks {idle}, which nncanon serves as idle blocks (the stream passes them; "
+                f"{self._family.idle_reason(self._text_config, idle[0])}). nncanon serves the text path: trace "
+                "text alone, or use the transformers model directly for image inputs."
+            )
 
     def _position_limit(self) -> int | None:
         """The longest sequence the model can embed, where it has a learned position table (GPT-2's ``n_positions``)."""
@@ -475,10 +489,13 @@ class StandardizedTransformer(TransformersModel):
 
         Applies the family's final norm, any module before the head, ``lm_head`` and the
         family's logit post-processing (soft-capping, scaling), so that on the last layer's
-        output it equals ``logits``. Works inside a trace and on plain tensors.
+        output it equals ``logits``. Works inside a trace and on plain tensors. A multi-stream
+        model takes its ``[..., k·hidden]`` stream, collapsed as the model collapses it.
         """
         self._model_value_check("project_on_vocab")
         x = hidden
+        if self._family.collapse is not None:
+            x = self._family.collapse(self._module, x)
         stream_divisor = self._family.step_factor("divide_stream", self._text_config)
         if stream_divisor is not None:
             x = x / stream_divisor
@@ -502,7 +519,8 @@ class StandardizedTransformer(TransformersModel):
         ``ValueError`` otherwise).
 
         Indices follow Python's rule, as ``model.layers[i]`` does: ``-1`` is the last block.
-        Skips of one trace are made in block order and do not overlap. Inside ``generate`` a skip
+        Skips of one trace are made in block order and do not overlap. A block the model does not run
+        (`Family.idle`: Mllama's cross-attention blocks on text alone) is passed over. Inside ``generate`` a skip
         needs ``use_cache=False`` (a skipped block would leave its cache without that step's tokens).
 
         Raises:
@@ -515,13 +533,22 @@ class StandardizedTransformer(TransformersModel):
         start, end = self._skip_range(start, end)
         self._check_not_generating_with_cache(start, end)
         record = self._new_skip(start, end)
+        if self._family.stacked_streams:
+            self._one_invoke(start, end)
+        refusal = self._family.refuse_skip(self._text_config, start, end) if self._family.refuse_skip else None
+        if refusal is not None:
+            raise InvalidSkip(f"skip_layers({start}, {end}) cannot run on this model: {refusal}")
         expected = self.layers[start].layer_input
         replacement = expected if skip_with is None else skip_with
         if skip_with is not None:
             self._check_replacement(skip_with, expected, start, end)
         record()
+        if self._family.stacked_streams:  # the blocks' own layout, [k, b, s, d]
+            replacement = served_as_stacked(replacement, replacement.shape[-1] // self.hidden_size)
         extras = (None,) * self._family.block_extras
         for index in range(start, end + 1):
+            if self.layers[index].__dict__["_nncanon"].bindings["layer_input"].block is not None:
+                continue  # an idle block (`Family.idle`): the model does not run it, the stream passes it already
             state = self._family.passes_state
             if isinstance(state, str):
                 extras = (self.layers[index].inputs[1].get(state), *(None,) * (self._family.block_extras - 1))
@@ -529,6 +556,19 @@ class StandardizedTransformer(TransformersModel):
                 extras = tuple(self.layers[index].inputs[0][1 : 1 + self._family.block_extras])
             tupled = extras or self._family.block_tuple
             self.layers[index].skip((replacement, *extras) if tupled else replacement)
+
+    @staticmethod
+    def _one_invoke(start: int, end: int) -> None:
+        """Refuse a skip in a trace with several invokes on a model whose blocks take stacked streams:
+        nnsight joins the invokes' skips on the first axis, which is the streams' there."""
+        from nnsight.intervention.interleaver import Mediator
+
+        if _rows(Mediator.current("skip_layers"))[1] is not None:
+            raise InvalidSkip(
+                f"skip_layers({start}, {end}) in a trace with several invokes: this model's blocks take their "
+                "streams stacked first ([k, b, s, d]) and nnsight joins the invokes' skips on the first axis. "
+                "Skip in a trace with one invoke (batch the prompts in that invoke)."
+            )
 
     def _check_not_generating_with_cache(self, start: int, end: int) -> None:
         """Refuse a skip inside ``generate`` with a cache, before the forward runs (see `skip_layers`)."""

@@ -88,7 +88,10 @@ def _binder(layer: Envoy, where: str, config: Any) -> Callable[..., Binding]:
         module = _child(layer, site.module) if site.module else layer  # fail at load if the path is wrong
         path = f"{layer.path}.{site.module}" if site.module else layer.path
         prepare = None
+        weighted = None
         if site.op is not None:
+            if site.weighted is not None:
+                weighted = tuple(f"{path}.source.{op}.output" for op in site.weighted)
             path = f"{path}.source.{site.op}"
 
             def prepare(module: Envoy = module) -> None:
@@ -99,7 +102,7 @@ def _binder(layer: Envoy, where: str, config: Any) -> Callable[..., Binding]:
             prepare()
 
         label = f"{where}.{component}" if component else where
-        return Binding(name, f"{path}.{site.key}", site, config, label, heads, prepare)
+        return Binding(name, f"{path}.{site.key}", site, config, label, heads, prepare, weighted=weighted)
 
     return bind
 
@@ -127,8 +130,13 @@ def mount(model: Any, family: Family, config: Any) -> None:
     # refuse the global attribute)
     heads = None if family.head_shape is not None else getattr(config, "num_attention_heads", None)
     adopt(model.layers, LayersEnvoy)
+    running = [i for i in range(len(model.layers)) if family.idle_reason(config, i) is None]
     for index, layer in enumerate(model.layers):
         adopt(layer, LayerEnvoy)
+        idle = family.idle_reason(config, index)
+        if idle is not None:
+            _mount_idle(model, family, config, index, idle, running)
+            continue
         spec, kind = family.for_layer(config, index)
         where = f"layers[{index}]"
         label = _label(index, kind, layer)
@@ -139,8 +147,9 @@ def mount(model: Any, family: Family, config: Any) -> None:
         state = ComponentState(
             where,
             {
-                "layer_input": bind("layer_input", Site(key="input")),
-                "layer_output": bind("layer_output", Site(index=0 if spec.block_extras or spec.block_tuple else None)),
+                "layer_input": bind("layer_input", Site(key="input", stacked=spec.stacked_streams)),
+                "layer_output": bind("layer_output", Site(index=0 if spec.block_extras or spec.block_tuple else None,
+                                                          stacked=spec.stacked_streams)),
             },
         )
         layer._nncanon = state
@@ -232,6 +241,34 @@ def mount(model: Any, family: Family, config: Any) -> None:
             decline(layer, name, reason)
 
 
+def _mount_idle(model: Any, family: Family, config: Any, index: int, reason: str, running: list[int]) -> None:
+    """Mount block ``index``, which the model does not run (`Family.idle`): its ``layer_input`` and
+    ``layer_output`` are the stream passing it, read where it enters the next block that runs (else where
+    it leaves the previous one); its components are not served, with ``reason``."""
+    layer = model.layers[index]
+    where, label = f"layers[{index}]", _label(index, None, layer)
+    after, before = [j for j in running if j > index], [j for j in running if j < index]
+    if after:
+        block, site, read_at = after[0], Site(key="input"), f"where it enters layers[{after[0]}]"
+    elif before:
+        block, read_at = before[-1], f"where it leaves layers[{before[-1]}]"
+        spec = family.for_layer(config, block)[0]
+        site = Site(index=0 if spec.block_extras or spec.block_tuple else None)
+    else:
+        raise ValueError(f"{family.name}: no block of this model runs ({reason})")
+    bind = _binder(model.layers[block], where, config)
+    bindings = {name: bind(name, site) for name in ("layer_input", "layer_output")}
+    for binding in bindings.values():
+        binding.block = block
+    state = ComponentState(where, bindings)
+    for name in ("self_attn", "linear_attn", "mlp"):
+        state.reasons[name] = (
+            f"{label} does not run: {reason}; its layer_input and layer_output are that stream, read {read_at}"
+        )
+        layer.__dict__.pop(name, None)
+    layer._nncanon = state
+
+
 def component_states(layer: Envoy) -> list[ComponentState]:
     """The mounted states of block ``layer``: the block's own, then its components' (where it has them)."""
     states = [layer.__dict__["_nncanon"]]
@@ -255,3 +292,11 @@ def decline(layer: Envoy, name: str, reason: str) -> None:
         if name in state.bindings or name in state.reasons:
             state.reasons[name] = reason
             state.absent.discard(name)
+
+
+def decline_gradient(layer: Envoy, name: str, reason: str) -> None:
+    """Stop serving ``name``'s gradient on the mounted block ``layer``: the value is still served, and
+    ``support()`` and ``value.grad`` give ``reason`` (`nncanon.errors.GradientNotAvailable`)."""
+    for state in component_states(layer):
+        if name in state.bindings or name in state.reasons:
+            state.gradient_reasons[name] = reason

@@ -19,7 +19,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from .versions import missing_from_transformers
+from .versions import missing_from_transformers, missing_libraries
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class Variant:
     config_class: str
     config: dict
     model_class: str | None = None
+    requires: tuple[str, ...] = ()
 
     def build_config(self, **overrides: Any) -> Any:
         """The transformers config object of this variant."""
@@ -40,12 +41,15 @@ class Variant:
 
     @property
     def unavailable(self) -> str | None:
-        """Why the installed transformers cannot build this variant, or ``None`` when it can.
+        """Why this variant cannot be built here, or ``None`` when it can.
 
-        A record may name a model type that an older transformers minor does not have yet; the
-        suite skips its variants with this reason (`nncanon.versions.missing_from_transformers`).
+        A record may name a model type that an older transformers minor does not have yet
+        (`nncanon.versions.missing_from_transformers`), or a model class that imports a library not
+        installed (``"requires"``: `nncanon.versions.missing_libraries`); the suite skips its variants
+        with this reason.
         """
-        return missing_from_transformers(self.model_type, self.config_class, self.model_class)
+        return (missing_from_transformers(self.model_type, self.config_class, self.model_class)
+                or missing_libraries(self.requires))
 
 
 def registry_dir() -> Path:
@@ -81,7 +85,8 @@ def variants(available: bool = False) -> list[Variant]:
     out = []
     for model_type, record in records().items():
         for name, config in record["variants"].items():
-            out.append(Variant(name, model_type, record["config_class"], config, record.get("model_class")))
+            out.append(Variant(name, model_type, record["config_class"], config, record.get("model_class"),
+                               tuple(record.get("requires", ()))))
     return [v for v in out if v.unavailable is None] if available else out
 
 

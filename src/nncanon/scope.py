@@ -2,9 +2,9 @@
 
 nncanon serves decoder-only language models whose blocks add their sublayers' outputs to one
 residual stream (or a documented few streams). transformers' ``AutoModelForCausalLM`` also maps
-encoders run as decoders, the decoder halves of encoder-decoder models, and a few decoders whose
-stream is not a sum of block contributions. Loading one raises `OutOfScopeModel` with the reason
-below instead of a generic "no family" error.
+encoders run as decoders, the decoder halves of encoder-decoder models, a few decoders whose
+stream is not a sum of block contributions, and audio-code decoders that are not text models.
+Loading one raises `OutOfScopeModel` with the reason below instead of a generic "no family" error.
 """
 
 from __future__ import annotations
@@ -87,6 +87,28 @@ NOT_A_RESIDUAL_SUM: dict[str, str] = {
         "Reformer's blocks are reversible residual layers over two streams (y1 = x1 + attn(x2), "
         "y2 = x2 + ff(y1)), with LSH or chunked attention, not one residual stream"
     ),
+    "git": (
+        "GIT's text decoder is a BERT-style post-norm stack: each block computes LayerNorm(x + attention) and "
+        "then LayerNorm(h + feed-forward), so the stream is re-normalised after every sublayer and is not a sum "
+        "of what the sublayers add; it is an image-captioning decoder whose text tokens attend to image-patch "
+        "tokens prepended to the sequence"
+    ),
+}
+
+#: Decoders in the causal-LM mapping that are not text language models, with the reason.
+NOT_TEXT: dict[str, str] = {
+    "musicgen": (
+        "MusicGen's causal LM is the audio decoder of a text-to-music encoder-decoder: its input is "
+        "num_codebooks parallel streams of EnCodec audio codes ([batch · num_codebooks, seq], their embeddings "
+        "summed), it has one head per codebook (logits [batch, num_codebooks, seq, audio vocabulary]), and its "
+        "blocks cross-attend to the text encoder's states; it is not a language model over text tokens"
+    ),
+    "musicgen_melody": (
+        "MusicGen-Melody's causal LM is an audio decoder: its input is num_codebooks parallel streams of EnCodec "
+        "audio codes ([batch · num_codebooks, seq], their embeddings summed), it has one head per codebook, and "
+        "its conditioning (text encoder and chroma states) is prepended to the sequence; it is not a language "
+        "model over text tokens"
+    ),
 }
 
 
@@ -96,34 +118,11 @@ def out_of_scope_reason(model_type: str | None) -> str | None:
         return _ENCODER.format(model_type=model_type)
     if model_type in ENCODER_DECODER_HALVES:
         return _HALF.format(model_type=model_type)
-    return NOT_A_RESIDUAL_SUM.get(model_type)
+    return NOT_A_RESIDUAL_SUM.get(model_type) or NOT_TEXT.get(model_type)
 
 
 #: Decoder-only text types not served yet, with what is missing (their error stays `UnknownFamilyError`).
-NOT_YET: dict[str, str] = {
-    "mllama": (
-        "Mllama's text model interleaves gated cross-attention blocks (config.cross_attention_layers) that the "
-        "model itself skips on text alone (they do not run without an image), and nncanon has no surface yet "
-        "for blocks the model does not run"
-    ),
-    "gemma3n": (
-        "Gemma-3n keeps altup_num_inputs streams stacked first ([k, b, s, d]); each block predicts the streams "
-        "from each other (AltUp), adds attention to the active one and averages it with a LAuReL branch "
-        "((x + attn + laurel) / sqrt(2): the stream itself is scaled), then corrects every stream by a learned "
-        "mix and adds a per-layer-input term: the multi-stream surface for it is not built yet"
-    ),
-    "deepseek_v4": (
-        "DeepSeek-V4's blocks keep hc_mult hyper-connection streams as a [b, s, k, d] tensor and write each "
-        "sublayer into them inline (post ⊗ output + residual, no operation that returns the write), with "
-        "compressed sparse attention: the multi-stream surface for it is not built yet"
-    ),
-    "hy_v4": (
-        "HY-V4's blocks keep hc_mult hyper-connection streams as a [b, s, k, d] tensor and write each sublayer "
-        "into them inline (post ⊗ output + residual, no operation that returns the write): the multi-stream "
-        "surface for it is not built yet"
-    ),
-}
-NOT_YET["gemma3n_text"] = NOT_YET["gemma3n"]
+NOT_YET: dict[str, str] = {}
 
 
 def not_yet_reason(model_type: str | None) -> str | None:

@@ -23,8 +23,8 @@ from nnsight.intervention.eproperty import WriteBack, eproperty
 from nnsight.intervention.interleaver import Mediator, OutOfOrderError
 from nnsight.intervention.util import first_input, replace_first_input
 
-from .errors import InvalidWrite
-from .gradients import Through, first_read_in_backward, in_backward, mark, tracks
+from .errors import InvalidInput, InvalidWrite
+from .gradients import Through, first_read_in_backward, in_backward, mark, refuse_gradient, tracks
 from .order import note_read, translated
 
 
@@ -53,6 +53,17 @@ class Site:
             logits whose edit must change the routing.
         merge: The tensor's last two axes are one axis of the residual stream (hyper-connections:
             a sublayer writes ``[b, s, k, d]`` into a ``[b, s, k·d]`` stream); served merged, a view.
+        stacked: The tensor holds ``k`` streams stacked on a leading axis, ``[k, b, s, d]`` (Gemma-3n's
+            AltUp streams); served sequence-first with the streams side by side, ``[b, s, k·d]``, as a
+            merged stream is (`stacked_as_served`), a copy whose edits are written back.
+        weighted: ``(weight_op, output_op)``: two operations of the module's forward whose outputs the
+            model multiplies and adds, in one expression, to the tensor of operation ``op``, the streams
+            (hyper-connections written inline, DeepSeek-V4's ``post ⊗ out + streams``: per-stream weights
+            ``[b, s, k, 1]`` times the sublayer's output ``[b, s, 1, d]``, added to ``[b, s, k, d]``). The
+            product is no operation, so it is taken over: when the value is read, the weight is handed to
+            the model as zeros and the value, ``weight · output`` ``[b, s, k, d]`` (the model's own product,
+            bit for bit), is added to ``op``'s tensor instead. The sum is the model's, bit for bit, and a
+            write to the value is exactly what reaches the streams.
     """
 
     module: str = ""
@@ -64,6 +75,8 @@ class Site:
     op: str | None = None
     bias: int | None = None
     merge: bool = False
+    stacked: bool = False
+    weighted: tuple[str, str] | None = None
 
     def factor(self, config: Any) -> float:
         """The scale factor for ``config`` (``1.0`` where the site has none)."""
@@ -72,7 +85,21 @@ class Site:
     @property
     def needs_writeback(self) -> bool:
         """Whether the served tensor is not a view of the model's own, so edits must be written back."""
-        return self.scale is not None or self.clone or self.bias is not None
+        return (self.scale is not None or self.clone or self.bias is not None or self.stacked
+                or self.weighted is not None)
+
+
+def stacked_as_served(tensor: torch.Tensor) -> torch.Tensor:
+    """``k`` streams stacked first, ``[k, b, s, d]``, as the surface serves them: ``[b, s, k·d]`` (a copy).
+
+    Stream ``j`` is ``served.view(b, s, k, d)[:, :, j]``, as on a merged hyper-connection stream.
+    """
+    return tensor.permute(1, 2, 0, 3).flatten(-2)
+
+
+def served_as_stacked(value: torch.Tensor, streams: int) -> torch.Tensor:
+    """The inverse of `stacked_as_served`: ``[b, s, k·d]`` back to ``[k, b, s, d]`` (contiguous)."""
+    return value.unflatten(-1, (streams, -1)).permute(2, 0, 1, 3).contiguous()
 
 
 def config_factor(attribute: str | Callable[[Any], Any], config: Any) -> Any:
@@ -133,6 +160,9 @@ class Binding:
         heads: When set, the last axis is split into ``(heads, head_dim)``.
         prepare: Called before a read; installs nnsight's source hooks for an operation site.
         order: The order the model computes this block's values in, for the out-of-order message.
+        block: The index of the block ``site`` is relative to, where it is not the block serving the
+            value (an idle block's stream is read at the next block that runs: `Family.idle`).
+        weighted: For a ``weighted`` site, the locations of its weight and its output operations.
     """
 
     name: str
@@ -143,6 +173,8 @@ class Binding:
     heads: int | None = None
     prepare: Any | None = None
     order: str = ""
+    block: int | None = None
+    weighted: tuple[str, str] | None = None
 
     def _factor(self) -> float:
         return self.site.factor(self.config)
@@ -158,6 +190,8 @@ class Binding:
     def read(self, raw: Any, mediator: Mediator) -> torch.Tensor:
         """What the user reads: ``[b, s, ...]``, this invoke's rows only."""
         tensor = _pick(raw, self.site)
+        if self.site.stacked:
+            return stacked_as_served(self._own_rows(tensor, mediator))
         bias = self._bias(raw)
         if bias is not None:
             tensor = tensor + bias
@@ -172,6 +206,27 @@ class Binding:
         if self.site.clone:
             return tensor.clone()
         return tensor
+
+    def _own_rows(self, tensor: torch.Tensor, mediator: Mediator) -> torch.Tensor:
+        """This invoke's rows of a stacked ``[k, b, s, d]`` tensor (its batch is the second axis).
+
+        nnsight narrows a batched trace's values on their first axis, where it holds the trace's
+        total rows: on a stacked tensor that axis is the streams', so nncanon narrows the second one
+        itself, and refuses the one layout it cannot tell apart (as many rows as streams).
+        """
+        total, rows = _rows(mediator)
+        if getattr(tensor, "_nnsight_batch", False) or (rows is not None and tensor.shape[1] != total):
+            raise InvalidInput(
+                f"{self.where}.{self.name} cannot be served in this trace: the model keeps its "
+                f"{tensor.shape[0]} streams stacked first ([k, b, s, d]) and this trace's invokes have "
+                f"{total} rows in all, as many as the streams, so nnsight cut the streams' axis as if it "
+                "were the batch's. Run these prompts with another number of rows in all (one invoke per "
+                "trace, or add or drop a prompt)."
+            )
+        if rows is None:
+            return tensor
+        start, size = rows
+        return tensor.narrow(1, start, size)
 
     def _unflatten(self, tensor: torch.Tensor, mediator: Mediator) -> torch.Tensor:
         total, rows = _rows(mediator)
@@ -191,6 +246,15 @@ class Binding:
             value = value.flatten(-2)
         if self.site.merge:
             value = value.unflatten(-1, tensor.shape[-2:])
+        if self.site.stacked:
+            value = served_as_stacked(value, tensor.shape[0])
+            total, rows = _rows(mediator) if mediator is not None else (0, None)
+            if rows is None:
+                return value
+            full = tensor.clone()
+            start, size = rows
+            full[:, start : start + size] = value
+            return full
         if not self.site.flat:
             return value
         total, rows = _rows(mediator) if mediator is not None else (0, None)
@@ -210,6 +274,8 @@ class Binding:
         (`nncanon.gradients`), with the same data.
         """
         tensor = _pick(raw, self.site)
+        if self.weighted is not None:  # the streams, with what the sublayer writes into them (the model's sum)
+            return _put(raw, self.site, tensor + view)
         bias = self._bias(raw)
         if self.site.scale is not None or bias is not None:
             current = tensor if bias is None else tensor + bias
@@ -349,10 +415,16 @@ class served(eproperty):
         waiting = mediator.transform
         if waiting is not None and waiting.key == (self, location, occurrence):
             return waiting.view
-        raw = _value(binding, mediator, f"{binding.where}.{self.name}")
-        view = binding.read(raw, mediator)
-        tensor = _pick(raw, binding.site)
-        graph = tracks(tensor)
+        label = f"{binding.where}.{self.name}"
+        if binding.weighted is not None:
+            raw, view = _read_weighted(binding, mediator, label)
+            tensor = _pick(raw, binding.site)
+            graph = tracks(view)
+        else:
+            raw = _value(binding, mediator, label)
+            view = binding.read(raw, mediator)
+            tensor = _pick(raw, binding.site)
+            graph = tracks(tensor)
         # A value that is not the model's own tensor is handed back to the model: the write-back of
         # a copy, and, where gradients are tracked, a view (so that its gradient reaches it).
         if binding.site.needs_writeback or (graph and view is not tensor):
@@ -361,6 +433,7 @@ class served(eproperty):
             )
         if isinstance(view, torch.Tensor):
             mark(view, f"{binding.where}.{self.name}")
+            refuse_gradient(view, obj._nncanon_gradient_reason(self.name))
         return view
 
     def __set__(self, obj: Any, value: Any) -> None:
@@ -368,14 +441,38 @@ class served(eproperty):
         mediator = Mediator.current(binding.location)
         if binding.prepare is not None:
             binding.prepare()
-        raw = _value(binding, mediator, f"{binding.where}.{self.name}")
+        label = f"{binding.where}.{self.name}"
+        if binding.weighted is not None:
+            waiting = mediator.transform
+            if waiting is not None and waiting.key == (self, binding.location, mediator.wanted(binding.location)):
+                # Read already in this trace: the model is past the weight, and the read's write-back is pending.
+                check_write(value, waiting.view, label)
+                waiting.view.copy_(value.expand_as(waiting.view))
+                return
+            raw, current = _read_weighted(binding, mediator, label)
+            check_write(value, current, label)
+            Mediator.swap(binding.location, binding.write_back(value.expand_as(current), raw))
+            return
+        raw = _value(binding, mediator, label)
         Mediator.swap(binding.location, binding.assign(value, raw, mediator))
 
 
-def _value(binding: Binding, mediator: Mediator, label: str) -> Any:
-    """The raw value at ``binding``'s location; nnsight's ``OutOfOrderError`` named (`nncanon.order`)."""
+def _read_weighted(binding: Binding, mediator: Mediator, label: str) -> tuple[Any, torch.Tensor]:
+    """A ``weighted`` site: ``(raw value of the streams, weight · output)``, the weight handed to the model
+    as zeros (the product is added to the streams by the write-back instead, `Site.weighted`)."""
+    weight_at, output_at = binding.weighted
+    weight = _value(binding, mediator, label, weight_at)
+    Mediator.swap(weight_at, torch.zeros_like(weight))
+    output = _value(binding, mediator, label, output_at)
+    raw = _value(binding, mediator, label)
+    return raw, weight * output
+
+
+def _value(binding: Binding, mediator: Mediator, label: str, location: str | None = None) -> Any:
+    """The raw value at ``binding``'s location (or at ``location``, one of the operations it reads);
+    nnsight's ``OutOfOrderError`` named (`nncanon.order`)."""
     try:
-        raw = Mediator.value(binding.location)
+        raw = Mediator.value(binding.location if location is None else location)
     except OutOfOrderError as error:
         if mediator.iteration != 0:  # a tracer.iter loop that outran the run: nnsight warns, not an error
             raise

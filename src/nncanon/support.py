@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 #: Every standard value of a layer, in the order ``support()`` reports them.
@@ -46,12 +46,14 @@ _ANY_LAYER = re.compile(r"layers\[\d+\]")
 
 @dataclass(frozen=True)
 class LayerSupport:
-    """One layer's row: its block type and, per value, ``None`` (served) or the reason it is not."""
+    """One layer's row: its block type and, per value, ``None`` (served) or the reason it is not; per
+    served value whose gradient is not served (its gradient check failed), the reason."""
 
     index: int
     block_type: str
     reasons: dict
     absent: frozenset = frozenset()
+    gradient_reasons: dict = field(default_factory=dict)
 
 
 class SupportReport:
@@ -88,6 +90,7 @@ class SupportReport:
                 host = layer.__dict__.get(component)
                 states[component] = None if host is None else host.__dict__.get("_nncanon")
             reasons: dict[str, str | None] = {}
+            gradients: dict[str, str] = {}
             absent = frozenset(name for state in states.values() if state is not None for name in state.absent)
             for value in LAYER_VALUES:
                 if value in ("layer_input", "layer_output"):
@@ -103,7 +106,11 @@ class SupportReport:
                     component = COMPONENT_OF[value]
                     state = states[component]
                     reasons[value] = reasons[component] if state is None else state.reason(value)
-            rows.append(LayerSupport(index, type(layer._module).__name__, reasons, absent))
+                owner = "layer" if value in ("layer_input", "layer_output") else COMPONENT_OF.get(value)
+                state = states.get(owner) if reasons[value] is None else None
+                if state is not None and value in state.gradient_reasons:
+                    gradients[value] = state.gradient_reasons[value]
+            rows.append(LayerSupport(index, type(layer._module).__name__, reasons, absent, gradients))
         provenance = model.__dict__.get("_provenance")
         return cls(rows, model._text_config.model_type, model.family.name,
                    provenance.text if provenance is not None else "", model.__dict__.get("_model_declines"))
@@ -130,6 +137,22 @@ class SupportReport:
         """Where ``value`` on ``layer`` stands: the model's provenance where it is served (``proved on a
         twin of this config (transformers 5.24.0, ...)``, ``unproved: ...``), else ``declined: <reason>``."""
         reason = self.reason(value, layer)
+        return self.provenance if reason is None else f"declined: {reason}"
+
+    def gradient_reason(self, value: str, layer: int) -> str | None:
+        """Why ``value.grad`` is not served on ``layer`` (the value is not, it has none, or its gradient
+        check failed on the load-time proof), or ``None`` when it is."""
+        reason = self.reason(value, layer)
+        if reason is not None:
+            return reason
+        if value == "expert_indices":
+            return "expert_indices are integers: they have no gradient"
+        return self._row(layer).gradient_reasons.get(value)
+
+    def gradient_provenance_of(self, value: str, layer: int) -> str:
+        """Where ``value.grad`` on ``layer`` stands: the model's provenance where it is served (the
+        gradient checks ran with the others), else ``declined: <reason>``."""
+        reason = self.gradient_reason(value, layer)
         return self.provenance if reason is None else f"declined: {reason}"
 
     def layers_with(self, value: str) -> list[int]:
@@ -161,17 +184,20 @@ class SupportReport:
             "provenance": self.provenance,
             "model_declines": dict(self.model_declines),
             "layers": [
-                {"layer": row.index, "block_type": row.block_type, "values": dict(row.reasons)}
+                {"layer": row.index, "block_type": row.block_type, "values": dict(row.reasons),
+                 "gradients_declined": dict(row.gradient_reasons)}
                 for row in self.layers
             ],
         }
 
     def __str__(self) -> str:
-        """A table: one row per layer, one column per value served on some layer; reasons below."""
+        """A table: one row per layer, one column per value served on some layer; reasons below. A value
+        served without its gradient reads ``yes, no .grad [n]``."""
         columns = [v for v in LAYER_VALUES if any(row.reasons[v] is None for row in self.layers)]
         absent = [v for v in LAYER_VALUES if v not in columns]
         width = max([len("block"), *(len(row.block_type) for row in self.layers)])
-        widths = [max(len(v), 6) for v in columns]
+        refused = {v for row in self.layers for v in row.gradient_reasons}
+        widths = [max(len(v), 17 if v in refused else 6) for v in columns]
         lines = [
             f"support of {self.model_type} (family {self.family})",
             *([f"values served: {self.provenance}"] if self.provenance else []),
@@ -184,7 +210,11 @@ class SupportReport:
             cells = []
             for value, cell_width in zip(columns, widths, strict=True):
                 reason = row.reasons[value]
-                if reason is None:
+                refusal = row.gradient_reasons.get(value)
+                if reason is None and refusal is not None:
+                    mark = notes.setdefault(f".grad not served: {refusal}", len(notes) + 1)
+                    cells.append(f"{'yes, no .grad [' + str(mark) + ']':<{cell_width}}")
+                elif reason is None:
                     cells.append(f"{'yes':<{cell_width}}")
                 else:
                     mark = notes.setdefault(reason, len(notes) + 1)

@@ -42,3 +42,19 @@ def missing_from_transformers(model_type: str, *class_names: str | None) -> str 
         if name is not None and not hasattr(transformers, name):
             return f"transformers {version} has no {name} (model type {model_type!r})"
     return None
+
+
+def missing_libraries(names: tuple[str, ...] | list[str]) -> str | None:
+    """Why a model class cannot be built here for want of a library it imports (``names``), else ``None``.
+
+    Gemma-3n's multimodal class builds a timm vision tower: its record says ``"requires": ["timm"]``.
+
+    >>> missing_libraries(["torch"]) is None
+    True
+    """
+    from importlib.util import find_spec
+
+    absent = [name for name in names if find_spec(name) is None]
+    if not absent:
+        return None
+    return f"its model class needs {', '.join(absent)}, not installed here (pip install {' '.join(absent)})"

@@ -1,10 +1,10 @@
-"""Gradients of every served value, on every registered variant (fp32).
+"""Gradients of served values on every registered variant (fp32): what is not a check.
 
-Inside ``with loss.backward():`` of a trace, ``value.grad`` of each value a block serves equals the
-gradient of the same logit with respect to the tensor at the value's site, computed with plain PyTorch
-(`nncanon.proof.checks.gradient_reference`: tensor hooks and ``torch.autograd.grad`` on the unwrapped
-model), laid out and scaled as the value is served. A write to ``value.grad`` (zeroed) equals the
-plain model with that site's tensor detached.
+The gradient checks themselves (``value.grad`` against plain PyTorch's gradient at the value's site, a
+write to ``value.grad`` against the plain model with the site detached) are the verifier's
+(`nncanon.proof.checks.check_gradients`, ``check_gradient_writes``): they run with every other check in
+``test_invariants.py::test_check_holds``, at load on a twin of the user's config, and on inferred families.
+Here: the named errors, and attribution patching (a tool) against the plain model's first-order term.
 """
 
 from __future__ import annotations
@@ -13,111 +13,17 @@ import pytest
 import torch
 
 from nncanon import GradientNotAvailable
-from nncanon.proof.checks import encode, gradient_reference, hf_block, host, served
-from nncanon.served import _pick, _put
-from nncanon.support import COMPONENTS, LAYER_VALUES
+from nncanon.proof.checks import (
+    GRADIENT_TOKEN,
+    GRADIENT_VALUES,
+    NO_CACHE,
+    encode,
+    gradient_inputs,
+    gradient_reference,
+    host,
+    served,
+)
 from nncanon.testing import PROMPTS
-
-#: Every value a gradient can reach (``expert_indices`` are integers).
-GRADIENT_VALUES = tuple(v for v in LAYER_VALUES if v not in COMPONENTS and v != "expert_indices")
-TOL = dict(rtol=1e-5, atol=1e-6)
-TOKEN = 5
-
-
-#: RWKV's recurrent state is updated in place when it caches: no backward runs through it then.
-NO_CACHE = dict(use_cache=False)
-
-
-def _inputs(model) -> dict:
-    return {**encode(model), **NO_CACHE}
-
-
-def _target(model) -> tuple[int, int, int]:
-    return (0, encode(model)["input_ids"].shape[1] - 1, TOKEN)
-
-
-def _logit(model):
-    target = _target(model)
-    return lambda logits: logits[target]
-
-
-def _gradients(model, layer: int, names: list[str]) -> dict:
-    """``value.grad`` of each of ``names`` (in execution order) for ``logits[target]``, through nncanon."""
-    target = _target(model)
-    values: dict = {}
-    grads: dict = {}
-    with model.trace(PROMPTS[0], **NO_CACHE):
-        for name in names:
-            values[name] = getattr(host(model, layer, name), name)
-        logit = model.logits[target]
-        with logit.backward():
-            for name in reversed(names):
-                grads[name] = values[name].grad.save()
-    return grads
-
-
-def test_gradients_equal_autograd(model):
-    for layer in range(model.num_layers):
-        names = served(model, layer, GRADIENT_VALUES)
-        ours = _gradients(model, layer, names)
-        reference = gradient_reference(model, layer, names, _inputs(model), _logit(model))
-        assert set(reference) <= set(names)
-        for name in names:
-            if name not in reference:  # the backward does not reach it in the plain model either
-                assert not bool(ours[name].abs().any()), f"layers[{layer}].{name}"
-                continue
-            assert ours[name].shape == reference[name].shape, f"layers[{layer}].{name}"
-            torch.testing.assert_close(ours[name], reference[name], **TOL, msg=f"layers[{layer}].{name}")
-
-
-def _stream_gradient_with_site_detached(model, layer: int, name: str) -> torch.Tensor:
-    """d logit / d (block 0's input) in the plain model, with ``name``'s site tensor on ``layer`` detached."""
-    site = host(model, layer, name)._nncanon.bindings[name].site
-    block = hf_block(model, layer)
-    module = block.get_submodule(site.module) if site.module else block
-    first = hf_block(model, 0)
-    seen = {}
-
-    def entering(mod, args, kwargs):
-        seen["x"] = _pick((args, kwargs), type(site)(key="input"))
-        seen["x"].register_hook(lambda grad: seen.__setitem__("grad", grad))
-
-    if site.key == "input":
-        cut = module.register_forward_pre_hook(
-            lambda mod, args, kwargs: _put((args, kwargs), site, _pick((args, kwargs), site).detach()),
-            with_kwargs=True)
-    else:
-        cut = module.register_forward_hook(lambda mod, args, output: _put(output, site, _pick(output, site).detach()))
-    watch = first.register_forward_pre_hook(entering, with_kwargs=True)
-    try:
-        output = model._module(**_inputs(model))
-        parameters = [p for p in model._module.parameters() if p.requires_grad]
-        torch.autograd.grad(output.logits[_target(model)], parameters, allow_unused=True)
-    finally:
-        cut.remove()
-        watch.remove()
-    return seen.get("grad", torch.zeros_like(seen["x"]))  # no path left from the stream to the logit
-
-
-def test_gradient_write_equals_detached_site(model):
-    """``value.grad = 0`` on the last block equals the plain model with the value's site detached."""
-    layer = model.num_layers - 1
-    if layer == 0:
-        pytest.skip("one block: the stream entering it is the only upstream")
-    target = _target(model)
-    for name in served(model, layer, GRADIENT_VALUES):
-        binding = host(model, layer, name)._nncanon.bindings.get(name)
-        if binding is None or binding.site.op is not None:  # no module hook reaches an operation site
-            continue
-        with model.trace(PROMPTS[0], **NO_CACHE):
-            x = model.layers[0].layer_input
-            value = getattr(host(model, layer, name), name)
-            logit = model.logits[target]
-            with logit.backward():
-                value.grad = torch.zeros_like(value.grad)
-                ours = x.grad.save()
-        expected = _stream_gradient_with_site_detached(model, layer, name)
-        torch.testing.assert_close(ours, expected, **TOL, msg=f"layers[{layer}].{name}")
 
 
 def test_gradient_errors_are_named(model):
@@ -156,8 +62,8 @@ def test_attribution_patching_is_the_first_order_term(model):
     from nncanon.proof.checks import site_reference
     from nncanon.tools import attribution_patching, logit_difference
 
-    metric = logit_difference(TOKEN, TOKEN + 1)
-    clean = _inputs(model)
+    metric = logit_difference(GRADIENT_TOKEN, GRADIENT_TOKEN + 1)
+    clean = gradient_inputs(model)
     corrupted = _corrupted(model)
     for other in dict.fromkeys([None, corrupted]):
         result = attribution_patching(model, PROMPTS[0], other, metric)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from nncanon import InvalidSkip, InvalidWrite, SizeNotAvailable
-from nncanon.proof.checks import CHECKS, CONTRIBUTIONS, HEAD_VALUES, host, served
+from nncanon.proof.checks import CHECKS, CONTRIBUTIONS, GRADIENT_VALUES, HEAD_VALUES, host, served
 from nncanon.proof.verdict import Verdict
 from nncanon.support import COMPONENTS, LAYER_VALUES
 from nncanon.testing import PROMPTS
@@ -44,12 +44,16 @@ def test_check_holds(verdict, check):
 
 
 def test_every_served_value_is_proved(model, verdict):
-    """Each value a layer serves is covered by a check that held (no value is served unchecked)."""
+    """Each value a layer serves is covered by a check that held (no value is served unchecked), and so is
+    its gradient by a gradient check."""
     report = model.support()
     for index in range(model.num_layers):
         for value in LAYER_VALUES:
             if value not in COMPONENTS and report.available(value, layer=index):
                 assert verdict.proved(index, value), f"layers[{index}].{value}: {verdict.why_not(index, value)}"
+                if value in GRADIENT_VALUES:
+                    assert verdict.proved(index, value, gradient=True), (
+                        f"layers[{index}].{value}.grad: {verdict.why_not(index, value, gradient=True)}")
     for value in ("logits", "project_on_vocab", "skip_layers", "resume"):
         if value in model._model_declines:  # declined by the family, with its reason (ZAYA's resume)
             with pytest.raises(AttributeError, match="not available"):
@@ -128,7 +132,8 @@ def test_skip_layers_rejects_bad_replacements(model):
 
 
 def test_partial_batched_skip_raises(model):
-    with pytest.raises(ValueError, match="cover every row"):
+    # A model whose blocks take stacked streams refuses any skip in a trace with several invokes.
+    with pytest.raises(ValueError, match="several invokes" if model.family.stacked_streams else "cover every row"):
         with torch.no_grad(), model.trace() as tracer:
             with tracer.invoke(PROMPTS[0]):
                 model.skip_layers(0, 0)

@@ -177,10 +177,10 @@ def test_mlp_output_is_routed_plus_shared(model):
         has_weights = report.available("expert_weights", layer=index)
         has_logits = report.available("router_logits", layer=index)
         # Where the MLP's contribution is declined (MiniMax: not additive) or is not the MoE's output
-        # (Qwen4-Exp: the output injected into a hyper-connected stream), the routing is checked
+        # (Qwen4-Exp, HY-V4: the output written into hyper-connected streams), the routing is checked
         # against the MoE module's own output.
         site = mlp._nncanon.bindings["mlp_output"].site
-        contribution = report.available("mlp_output", layer=index) and not site.merge
+        contribution = report.available("mlp_output", layer=index) and not site.merge and site.weighted is None
         weights = logits = None  # assigned inside the trace only where served (a None set there does not come back)
         with torch.no_grad(), model.trace(PROMPTS[0]):
             hidden = mlp.input.save()

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from nnsight.intervention.envoy import Envoy
 
+from ..gradients import mark, refuse_gradient
 from ..served import check_write, served
 from .base import Component
 
@@ -47,7 +48,12 @@ class AttentionEnvoy(Component, Envoy):
         or by assignment.
         """
         self._nncanon_binding("attention_probabilities")
-        return self._probability_operation().input
+        probabilities = self._probability_operation().input
+        reason = self._nncanon_gradient_reason("attention_probabilities")
+        if reason is not None:  # (only then: the tensor is the model's own)
+            mark(probabilities, f"{self._nncanon.where}.attention_probabilities")
+            refuse_gradient(probabilities, reason)
+        return probabilities
 
     @attention_probabilities.setter
     def attention_probabilities(self, value: Any) -> None:

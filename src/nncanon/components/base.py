@@ -25,6 +25,7 @@ class ComponentState:
             MLP without a shared expert, a mixer without heads): not served, but not declined either.
         probabilities: For attention, the source-operation path to the probabilities
             (``None``: found through transformers' attention interface).
+        gradient_reasons: Values it serves whose gradient (``value.grad``) it does not, with the reason.
     """
 
     where: str
@@ -32,6 +33,7 @@ class ComponentState:
     reasons: dict[str, Reason] = field(default_factory=dict)
     absent: set[str] = field(default_factory=set)
     probabilities: tuple[str, ...] | None = None
+    gradient_reasons: dict[str, str] = field(default_factory=dict)
 
     def reason(self, name: str) -> str | None:
         """Why ``name`` is not served here, or ``None`` when it is."""
@@ -67,6 +69,10 @@ class Component:
         if reason is not None:
             raise ValueNotAvailable(f"{state.where}.{name} is not available: {reason}")
         return state.bindings.get(name)
+
+    def _nncanon_gradient_reason(self, name: str) -> str | None:
+        """Why ``name``'s gradient is not served here (`nncanon.mounting.decline_gradient`), or ``None``."""
+        return self._nncanon_state(name).gradient_reasons.get(name)
 
     def __getattr__(self, name: str) -> Any:
         # A served value that raised ValueNotAvailable lands here (it is an AttributeError):

@@ -110,7 +110,24 @@ class Family:
             not reach the stream through one output projection (JetMoE's mixture of attention heads):
             the heads check compares these instead of the heads through the projection.
         model_declines: Model-level values (``"resume"``) the family cannot serve exactly, with the reason
-            (ZAYA's router state flows from block to block: a forward resumed at a later block lacks it).
+            (ZAYA's router state flows from block to block: a forward resumed at a later block lacks it),
+            or a function of the config that returns them.
+        idle: ``(config, layer) -> reason or None``: blocks the model does not run on the inputs nncanon
+            gives it (Mllama's cross-attention blocks on text alone), with the reason. An idle block serves
+            ``layer_input`` and ``layer_output`` as the stream passing it (read where it enters the next
+            block that runs, else where it leaves the previous one), and no component; ``skip_layers``
+            passes over it (it does not run anyway).
+        idle_inputs: Forward arguments that would make an idle block run (Mllama's
+            ``cross_attention_states``): a trace or ``generate`` given one is refused by name.
+        stacked_streams: The blocks take and return ``k`` streams stacked first, ``[k, b, s, d]``
+            (Gemma-3n's AltUp): ``layer_input``/``layer_output`` serve them ``[b, s, k·d]``, side by side
+            (`nncanon.served.stacked_as_served`), and a skip hands the blocks the stacked layout back.
+        collapse: ``(model, stream) -> [b, s, d]``: how a multi-stream model turns its ``[b, s, k·d]``
+            stream into one before its final norm, where no module does it (Gemma-3n's AltUp
+            unembedding, inline in the model's forward); ``model`` is the unwrapped transformers model.
+            ``None``: the final norm takes the stream as it is.
+        refuse_skip: ``(config, start, end) -> reason or None``: skips of blocks ``start..end`` the model
+            cannot run (Gemma-3n: a skipped block that stores keys/values a later block reuses).
     """
 
     name: str
@@ -149,7 +166,12 @@ class Family:
     layout_of: Callable[[Any, int], str] | None = field(default=None, compare=False)
     token_shift_after: tuple[str, ...] = ()
     head_totals: Callable[[Any, int, Any, dict], tuple[Any, Any]] | None = field(default=None, compare=False)
-    model_declines: dict[str, str] = field(default_factory=dict, compare=False)
+    model_declines: dict[str, str] | Callable[[Any], dict[str, str]] = field(default_factory=dict, compare=False)
+    idle: Callable[[Any, int], str | None] | None = field(default=None, compare=False)
+    idle_inputs: tuple[str, ...] = ()
+    stacked_streams: bool = False
+    collapse: Callable[[Any, Any], Any] | None = field(default=None, compare=False)
+    refuse_skip: Callable[[Any, int, int], str | None] | None = field(default=None, compare=False)
 
     def for_layer(self, config: Any, layer: int) -> tuple[Family, str | None]:
         """The layout of block ``layer`` (this record with its kind's fields), and the kind's name."""
@@ -169,6 +191,10 @@ class Family:
     def all_layouts(self) -> list[Family]:
         """This record and every block layout it declares."""
         return [self] + [replace(self, layouts={}, layout_of=None, **fields) for fields in self.layouts.values()]
+
+    def idle_reason(self, config: Any, layer: int) -> str | None:
+        """Why block ``layer`` does not run on the inputs nncanon gives the model, or ``None`` when it runs."""
+        return self.idle(config, layer) if self.idle is not None else None
 
     def declined(self, config: Any, layer: int) -> dict:
         """The values layer ``layer`` of a model with ``config`` cannot serve, with the reasons."""

@@ -11,8 +11,17 @@ the heads, ``v_head_dim`` wide). EXAONE-3, InternLM3 and IQuest-Coder are ``Llam
 Emu3's causal LM is its text model (``emu3_text_model``), and Phi-4-multimodal's text path is a
 Phi-3 block whose residual dropouts are identities in eval (on text alone, its image and audio
 embedding ``embed_tokens_extend`` passes the token embeddings through).
+
+GOT-OCR2 and MOSS-Transcribe-Diarize: the causal LM is the conditional-generation class, a text model
+built from ``text_config`` (Qwen2, Qwen3) under ``model.language_model`` and ``lm_head``; image or audio
+features replace the embeddings of placeholder tokens, and on text alone the forward is the text model's.
+Moshi's causal LM is its text decoder (``MoshiForCausalLM``, "only usable for text"): Llama blocks whose
+projections are ``MoshiLinear`` wrappers around an ``nn.Linear`` (``o_proj.linear``).
 """
 
+from dataclasses import replace
+
+from ..served import Site
 from .base import Family
 
 LLAMA = Family(
@@ -50,4 +59,15 @@ LLAMA = Family(
     ),
 )
 
-FAMILIES = [LLAMA]
+GOT_OCR2 = replace(
+    LLAMA,
+    name="got_ocr2",
+    model_types=("got_ocr2", "moss_transcribe_diarize"),
+    layers="model.language_model.layers",
+    embed_tokens="model.language_model.embed_tokens",
+    norm="model.language_model.norm",
+)
+
+MOSHI = replace(LLAMA, name="moshi", model_types=("moshi",), head_outputs=Site("self_attn.o_proj.linear", key="input"))
+
+FAMILIES = [LLAMA, GOT_OCR2, MOSHI]

@@ -7,7 +7,7 @@ user's config) and on inferred families; `verify` runs them all.
 
 - ``read``: each value equals the tensor read with plain PyTorch hooks (or nnsight's source hooks
   for an operation inside a forward) on the unwrapped model, bit for bit; so do the logits.
-- ``identity``: ``layer_input + contributions == layer_output``.
+- ``identity``: ``layer_input + contributions == layer_output``; an idle block (not run) adds nothing.
 - ``ablation``: zeroing one contribution (the block's later contributions held at their clean
   values) moves ``layer_output`` by exactly that contribution: the value is what reaches the stream.
 - ``invokes``: a write in one invoke leaves the batch's other invokes bit-identical, and reaches its own.
@@ -20,6 +20,13 @@ user's config) and on inferred families; `verify` runs them all.
 - ``lens``: the lens at the last layer equals the logits, bit for bit.
 - ``skip``: skipped blocks pass the stream; the lens of the stream entering them equals the logits.
 - ``resume``: a forward resumed at a layer with the recorded stream is the forward, bit for bit.
+
+The gradient checks (`Check.gradient`) prove ``value.grad`` apart from the value: a value whose
+gradient check fails is still served, its ``.grad`` is not.
+
+- ``gradients``: ``value.grad`` of every served value, inside ``with logit.backward():``, equals the
+  gradient plain PyTorch computes at the value's site (tensor hooks, ``torch.autograd.grad``).
+- ``gradient_writes``: ``value.grad = 0`` equals the plain model with the value's site detached.
 """
 
 from __future__ import annotations
@@ -32,8 +39,8 @@ from typing import Any
 import torch
 from nnsight.intervention.util import first_input
 
-from ..served import _pick
-from ..support import COMPONENT_OF
+from ..served import _pick, _put, stacked_as_served
+from ..support import COMPONENT_OF, COMPONENTS, LAYER_VALUES
 from ..testing import PROMPTS
 
 #: Sums of fp32 tensors computed in another order than the model's (a parallel block adds its
@@ -48,6 +55,15 @@ HEAD_VALUES = ("attention_head_outputs", "linear_attention_head_outputs")
 ROUTING = ("router_logits", "expert_weights", "expert_indices")
 #: Model-level values the checks prove (not per layer).
 MODEL_VALUES = ("logits", "project_on_vocab", "skip_layers", "resume")
+#: The values a gradient reaches (``expert_indices`` are integers).
+GRADIENT_VALUES = tuple(v for v in LAYER_VALUES if v not in COMPONENTS and v != "expert_indices")
+#: Gradients are compared at this relative bar and `GRADIENT_ABSOLUTE` (a backward sums in its own order).
+GRADIENT_TOLERANCE = 1e-5
+GRADIENT_ABSOLUTE = 1e-6
+#: The logit whose gradients the gradient checks take: this token's, at the last position.
+GRADIENT_TOKEN = 5
+#: RWKV's recurrent state is updated in place when it caches: no backward runs through it then.
+NO_CACHE = {"use_cache": False}
 
 
 @dataclass(frozen=True)
@@ -62,6 +78,7 @@ class CheckResult:
         error: The measured discrepancy (max absolute difference), where it has one.
         tolerance: The bar ``error`` is held to.
         note: What was compared, or what went wrong.
+        gradient: Whether it proves the values' gradients (``value.grad``) rather than the values.
     """
 
     check: str
@@ -71,6 +88,7 @@ class CheckResult:
     error: float | None = None
     tolerance: float | None = None
     note: str = ""
+    gradient: bool = False
 
     def describe(self) -> str:
         """One line: ``ablation on layers[1] (mlp_output): failed, error 3.1e-01 > 1e-05 (...)``."""
@@ -95,6 +113,7 @@ class CheckResult:
             "error": self.error,
             "tolerance": self.tolerance,
             "note": self.note,
+            "gradient": self.gradient,
         }
 
     @classmethod
@@ -102,19 +121,21 @@ class CheckResult:
         """The inverse of `to_dict`."""
         return cls(
             data["check"], data["layer"], tuple(data["values"]), bool(data["passed"]), data.get("error"),
-            data.get("tolerance"), data.get("note", ""),
+            data.get("tolerance"), data.get("note", ""), bool(data.get("gradient", False)),
         )
 
 
 def _compare(check: str, layer: int | None, values: Sequence[str], actual: torch.Tensor, expected: torch.Tensor,
-             tolerance: float, note: str = "") -> CheckResult:
-    """``actual`` against ``expected``: max absolute difference within ``tolerance`` (relative too)."""
+             tolerance: float, note: str = "", absolute: float | None = None) -> CheckResult:
+    """``actual`` against ``expected``: max absolute difference within ``absolute`` (default ``tolerance``)
+    plus ``tolerance`` relative to ``expected``."""
     if actual.shape != expected.shape:
         return CheckResult(check, layer, tuple(values), False, None, tolerance,
                            f"shape {tuple(actual.shape)} where {tuple(expected.shape)} was expected")
+    actual, expected = actual.detach(), expected.detach()  # (a gradient may carry a graph of its own)
     difference = (actual.double() - expected.double()).abs()
     error = float(difference.max()) if difference.numel() else 0.0
-    bar = tolerance * (1 + expected.double().abs())
+    bar = (tolerance if absolute is None else absolute) + tolerance * expected.double().abs()
     passed = bool((difference <= bar).all()) if tolerance else error == 0.0
     return CheckResult(check, layer, tuple(values), passed, error, tolerance, note)
 
@@ -135,8 +156,6 @@ def _guarded(check: str, layer: int | None, values: Sequence[str], run: Callable
 def raised(model: Any, check: str, error: Exception) -> list[CheckResult]:
     """A check that raised outside its own guards (the model's forward itself fails, say): one failed
     result per layer over every value the layer serves, and one over the model-level values."""
-    from ..support import COMPONENTS, LAYER_VALUES
-
     report = model.support()
     results = []
     for layer in range(model.num_layers):
@@ -174,11 +193,25 @@ def hf_block(model: Any, layer: int) -> torch.nn.Module:
     return model._module.get_submodule(model.family.layers)[layer]
 
 
+def stream_block(model: Any, layer: int) -> int | None:
+    """The block whose input (or output) an idle block ``layer`` serves as its stream (`Family.idle`: the
+    model does not run it), ``None`` for a block that runs."""
+    return model.layers[layer].__dict__["_nncanon"].bindings["layer_input"].block
+
+
+def site_module(model: Any, layer: int, name: str) -> torch.nn.Module:
+    """The module of the unwrapped model at which block ``layer``'s ``name`` is read (its site's module; for
+    an idle block's stream, the block it is read at)."""
+    binding = host(model, layer, name)._nncanon.bindings[name]
+    block = hf_block(model, layer if binding.block is None else binding.block)
+    return block.get_submodule(binding.site.module) if binding.site.module else block
+
+
 def block_streams(model: Any, inputs: dict) -> tuple[list, list, Any]:
     """Every block's input and output read with plain hooks on the unwrapped model, and its output.
 
-    (Hooks, not ``output_hidden_states``: what a model reports there differs, e.g. Mamba's leaves
-    the embeddings out.)
+    ``None`` for a block the forward did not call (an idle block, `Family.idle`). (Hooks, not
+    ``output_hidden_states``: what a model reports there differs, e.g. Mamba's leaves the embeddings out.)
     """
     entering, leaving, handles = {}, {}, []
     for index, block in enumerate(model._module.get_submodule(model.family.layers)):
@@ -197,17 +230,21 @@ def block_streams(model: Any, inputs: dict) -> tuple[list, list, Any]:
         for handle in handles:
             handle.remove()
     count = model.num_layers
-    return [entering[i] for i in range(count)], [leaving[i] for i in range(count)], output
+    served_layout = stacked_as_served if model.family.stacked_streams else (lambda tensor: tensor)
+    entering_served = [None if entering.get(i) is None else served_layout(entering[i]) for i in range(count)]
+    leaving_served = [None if leaving.get(i) is None else served_layout(leaving[i]) for i in range(count)]
+    return entering_served, leaving_served, output
 
 
 def site_reference(model: Any, layer: int, name: str, inputs: dict) -> torch.Tensor:
     """A value read with plain forward hooks on the unwrapped model, at the site its family names."""
     binding = host(model, layer, name)._nncanon.bindings[name]
     site = binding.site
+    if site.weighted is not None:
+        return _weighted_reference(model, layer, site, inputs)
     if site.op is not None:
         return _finish(_operation_reference(model, layer, site, inputs), binding, inputs)
-    block = hf_block(model, layer)
-    module = block.get_submodule(site.module) if site.module else block
+    module = site_module(model, layer, name)
     seen = {}
 
     def pre(mod, args, kwargs):
@@ -246,6 +283,45 @@ def _operation_reference(model: Any, layer: int, site: Any, inputs: dict) -> tor
     return _pick(raw, site).clone()
 
 
+def _weighted_reference(model: Any, layer: int, site: Any, inputs: dict) -> torch.Tensor:
+    """A ``weighted`` site's product (what a sublayer writes into the streams): its two operations' outputs,
+    read by nnsight's own source hooks on a plain ``NNsight`` over a copy of the model, multiplied."""
+    from nnsight import NNsight
+
+    plain = NNsight(copy.deepcopy(model._module))
+    path = ".".join(part for part in (model.family.layers, str(layer), site.module) if part)
+    weight_op, output_op = site.weighted
+    with torch.no_grad(), plain.trace(**inputs):
+        source = plain.get(path).source
+        weight = getattr(source, weight_op).output.save()
+        output = getattr(source, output_op).output.save()
+    return weight * output
+
+
+def _weighted_gradient(model: Any, key: tuple[int, str], site: Any, inputs: dict, metric: Callable,
+                       keep: Callable) -> None:
+    """The gradient at a ``weighted`` site's product, which no hook reaches: on a plain ``NNsight`` over a copy
+    of the model, the product is made a tensor of its own (the weight's operation returns zeros, the product
+    is added to the streams' operation, as the model's sum has it) and hooked."""
+    from nnsight import NNsight
+
+    root = copy.deepcopy(model._module)
+    plain = NNsight(root)
+    path = ".".join(part for part in (model.family.layers, str(key[0]), site.module) if part)
+    weight_op, output_op = site.weighted
+    with torch.enable_grad():
+        with plain.trace(**inputs):
+            source = plain.get(path).source
+            weight = getattr(source, weight_op).output
+            getattr(source, weight_op).output = torch.zeros_like(weight)
+            product = weight * getattr(source, output_op).output
+            keep(key, product)
+            streams = getattr(source, site.op)
+            streams.output = streams.output + product
+            output = plain.output.save()
+        _backward(root, output, metric)
+
+
 def _finish(tensor: torch.Tensor, binding: Any, inputs: dict, divide: bool = False) -> torch.Tensor:
     """A raw site tensor as the binding serves it: token axis restored, heads split, scaled (``divide``:
     divided by the scale, as a gradient with respect to the served value is)."""
@@ -255,6 +331,8 @@ def _finish(tensor: torch.Tensor, binding: Any, inputs: dict, divide: bool = Fal
         tensor = tensor.view(batch, seq, -1)
     if site.merge:
         tensor = tensor.flatten(-2)
+    if site.stacked:
+        tensor = stacked_as_served(tensor)
     if binding.heads is not None:
         tensor = tensor.view(batch, seq, binding.heads, -1)
     if site.scale is not None:
@@ -266,31 +344,43 @@ def _finish(tensor: torch.Tensor, binding: Any, inputs: dict, divide: bool = Fal
 def gradient_reference(model: Any, layer: int, names: Sequence[str], inputs: dict,
                        metric: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
     """The gradient of ``metric(logits)`` (a scalar) with respect to each value of ``names`` on block
-    ``layer``, by plain PyTorch: a hook at each value's site (a forward hook, or nnsight's source hook on
-    a plain ``NNsight`` over a copy of the model for an operation site, one forward each) registers a
-    tensor hook on the model's own tensor, and ``torch.autograd.grad`` runs the backward. Laid out as the
-    value is served (token axis restored, heads split) and divided by the site's scale
-    (``value = tensor · scale``). A value the backward does not reach has no entry.
+    ``layer``, by plain PyTorch (`gradient_references` of that one block)."""
+    found = gradient_references(model, {layer: names}, inputs, metric)
+    return {name: grad for (_, name), grad in found.items()}
+
+
+def gradient_references(model: Any, names: dict[int, Sequence[str]], inputs: dict,
+                        metric: Callable[[torch.Tensor], torch.Tensor]) -> dict[tuple[int, str], torch.Tensor]:
+    """The gradient of ``metric(logits)`` (a scalar) with respect to each value of ``names[layer]`` on each
+    block ``layer``, by plain PyTorch, keyed ``(layer, name)``: a hook at each value's site registers a tensor
+    hook on the model's own tensor, and ``torch.autograd.grad`` runs the backward. One forward and one
+    backward for every module site (forward hooks) of every block; one each per operation site (nnsight's
+    source hook on a plain ``NNsight`` over a copy of the model). Laid out as the value is served (token
+    axis restored, heads split) and divided by the site's scale (``value = tensor · scale``). A value the
+    backward does not reach has no entry.
 
     ``attention_probabilities`` is the tensor the model returns with ``output_attentions=True``.
     """
-    grads: dict[str, torch.Tensor] = {}
+    grads: dict[tuple[int, str], torch.Tensor] = {}
 
-    def keep(name: str, tensor: torch.Tensor) -> None:
+    def keep(key: tuple[int, str], tensor: torch.Tensor) -> None:
         if tensor.requires_grad:
-            tensor.register_hook(lambda grad, name=name: grads.__setitem__(name, grad))
+            tensor.register_hook(lambda grad, key=key: grads.__setitem__(key, grad))
 
-    sites = {name: host(model, layer, name)._nncanon.bindings[name].site
-             for name in names if name != "attention_probabilities"}
-    modules = {name: site for name, site in sites.items() if site.op is None}
-    _module_gradients(model, layer, modules, "attention_probabilities" in names, inputs, metric, keep)
-    for name, site in sites.items():
-        if site.op is not None:
-            _operation_gradient(model, layer, name, site, inputs, metric, keep)
+    sites = {(layer, name): host(model, layer, name)._nncanon.bindings[name].site
+             for layer, listed in names.items() for name in listed if name != "attention_probabilities"}
+    modules = {key: site for key, site in sites.items() if site.op is None and site.weighted is None}
+    attentions = [layer for layer, listed in names.items() if "attention_probabilities" in listed]
+    _module_gradients(model, modules, attentions, inputs, metric, keep)
+    for key, site in sites.items():
+        if site.weighted is not None:
+            _weighted_gradient(model, key, site, inputs, metric, keep)
+        elif site.op is not None:
+            _operation_gradient(model, key, site, inputs, metric, keep)
     finished = {}
-    for name, grad in grads.items():
+    for (layer, name), grad in grads.items():
         binding = host(model, layer, name)._nncanon.bindings.get(name)
-        finished[name] = grad if binding is None else _finish(grad, binding, inputs, divide=True)
+        finished[layer, name] = grad if binding is None else _finish(grad, binding, inputs, divide=True)
     return finished
 
 
@@ -299,25 +389,25 @@ def _backward(root: torch.nn.Module, output: Any, metric: Callable) -> None:
     torch.autograd.grad(metric(output.logits), parameters, allow_unused=True)
 
 
-def _module_gradients(model: Any, layer: int, sites: dict, attentions: bool, inputs: dict, metric: Callable,
+def _module_gradients(model: Any, sites: dict, attentions: list[int], inputs: dict, metric: Callable,
                       keep: Callable) -> None:
-    """One forward with a hook at each module site (and the probabilities returned), one backward."""
-    block = hf_block(model, layer)
+    """One forward with a hook at each module site (and the probabilities of ``attentions`` returned), one
+    backward."""
     handles = []
-    for name, site in sites.items():
-        module = block.get_submodule(site.module) if site.module else block
+    for key, site in sites.items():
+        module = site_module(model, *key)
         if site.key == "input":
             handles.append(module.register_forward_pre_hook(
-                lambda mod, args, kwargs, name=name, site=site: keep(name, _pick((args, kwargs), site)),
+                lambda mod, args, kwargs, key=key, site=site: keep(key, _pick((args, kwargs), site)),
                 with_kwargs=True))
         else:
             handles.append(module.register_forward_hook(
-                lambda mod, args, output, name=name, site=site: keep(name, _pick(output, site))))
+                lambda mod, args, output, key=key, site=site: keep(key, _pick(output, site))))
     try:
         with torch.enable_grad():
-            output = model._module(**inputs, output_attentions=attentions)
-            if attentions:
-                keep("attention_probabilities", _attentions_of(model, output.attentions, layer))
+            output = model._module(**inputs, output_attentions=bool(attentions))
+            for layer in attentions:
+                keep((layer, "attention_probabilities"), _attentions_of(model, output.attentions, layer))
             _backward(model._module, output, metric)
     finally:
         for handle in handles:
@@ -337,18 +427,18 @@ def _attentions_of(model: Any, attentions: Sequence[Any], layer: int) -> torch.T
     return present[blocks.index(layer) * each]
 
 
-def _operation_gradient(model: Any, layer: int, name: str, site: Any, inputs: dict, metric: Callable,
+def _operation_gradient(model: Any, key: tuple[int, str], site: Any, inputs: dict, metric: Callable,
                         keep: Callable) -> None:
     """One forward of a copy of the model as a plain ``NNsight``, a tensor hook on the operation's tensor."""
     from nnsight import NNsight
 
     root = copy.deepcopy(model._module)
     plain = NNsight(root)
-    path = ".".join(part for part in (model.family.layers, str(layer), site.module) if part)
+    path = ".".join(part for part in (model.family.layers, str(key[0]), site.module) if part)
     with torch.enable_grad():
         with plain.trace(**inputs):
             operation = getattr(plain.get(path).source, site.op)
-            keep(name, _pick(operation.output if site.key == "output" else operation.inputs, site))
+            keep(key, _pick(operation.output if site.key == "output" else operation.inputs, site))
             output = plain.output.save()
         _backward(root, output, metric)
 
@@ -369,9 +459,31 @@ def check_read(model: Any) -> list[CheckResult]:
     results.append(_compare("read", None, ("logits",), logits, reference.logits, 0.0, "against a plain forward"))
     for index in range(model.num_layers):
         names = ["layer_input", *served(model, index, _READ_VALUES), "layer_output"]
+        block = stream_block(model, index)
+        if block is not None:  # idle: the stream where it enters the next block that runs (or leaves the last)
+            stream = entering[block] if block > index else leaving[block]
+            results += _guarded("read", index, names, lambda index=index, stream=stream, block=block: _read_idle(
+                model, index, stream, block, entering[index] is not None or leaving[index] is not None))
+            continue
         results += _guarded("read", index, names, lambda index=index, names=names: _read_layer(
             model, index, names, inputs, entering[index], leaving[index]))
     return results
+
+
+def _read_idle(model: Any, index: int, stream: torch.Tensor, block: int, ran: bool) -> list[CheckResult]:
+    """An idle block's ``layer_input`` and ``layer_output`` against the stream read by a plain hook at
+    ``block``; fails where the model ran the block after all."""
+    names = ("layer_input", "layer_output")
+    if ran:
+        return [CheckResult("read", index, names, False, None, 0.0,
+                            "the model ran this block, which the family says it does not run (idle)")]
+    saved: list = []  # bound outside the trace, filled inside
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        saved.append(model.layers[index].layer_input.save())
+        saved.append(model.layers[index].layer_output.save())
+    side = "input" if block > index else "output"
+    return [_compare("read", index, (name,), value, stream, 0.0, f"against a hook at layers[{block}]'s {side}")
+            for name, value in zip(names, saved, strict=True)]
 
 
 def _read_layer(model: Any, index: int, names: list[str], inputs: dict, entering: torch.Tensor,
@@ -392,12 +504,35 @@ def _read_layer(model: Any, index: int, names: list[str], inputs: dict, entering
 
 
 def check_identity(model: Any) -> list[CheckResult]:
-    """``layer_input + contributions == layer_output`` on every block that serves all its contributions."""
+    """``layer_input + contributions == layer_output`` on every block that serves all its contributions; a
+    block the model does not run (`Family.idle`) adds nothing: the stream leaving the block that runs before
+    it enters the one after it unchanged (plain hooks)."""
     results = []
     for index in _whole_layers(model):
         names = served(model, index)
         results += _guarded("identity", index, names, lambda index=index, names=names: [_identity(model, index, names)])
+    idle = [index for index in range(model.num_layers) if stream_block(model, index) is not None]
+    if idle:
+        entering, leaving, _ = block_streams(model, encode(model))
+        for index in idle:
+            results += _guarded("identity", index, ("layer_input", "layer_output"), lambda index=index: [
+                _idle_identity(index, entering, leaving)])
     return results
+
+
+def _idle_identity(index: int, entering: list, leaving: list) -> CheckResult:
+    """An idle block adds nothing: the model does not call it, and the stream leaving the block that runs
+    before it enters the one that runs after it unchanged (plain hooks)."""
+    names = ("layer_input", "layer_output")
+    if entering[index] is not None or leaving[index] is not None:
+        return CheckResult("identity", index, names, False, None, 0.0, "the model ran this block (idle by its family)")
+    before = next((i for i in range(index - 1, -1, -1) if leaving[i] is not None), None)
+    after = next((i for i in range(index + 1, len(entering)) if entering[i] is not None), None)
+    if before is None or after is None:
+        return CheckResult("identity", index, names, True, None, None,
+                           "the model does not call it (no block runs on one side to compare)")
+    return _compare("identity", index, names, entering[after], leaving[before], 0.0,
+                    f"not called; layers[{before}]'s output enters layers[{after}] unchanged")
 
 
 def _whole_layers(model: Any) -> list[int]:
@@ -719,21 +854,167 @@ def check_resume(model: Any) -> list[CheckResult]:
     return _guarded("resume", None, ("resume",), run)
 
 
+def gradient_inputs(model: Any) -> dict:
+    """The gradient checks' forward: `encode` without a cache (`NO_CACHE`)."""
+    return {**encode(model), **NO_CACHE}
+
+
+def gradient_target(model: Any) -> tuple[int, int, int]:
+    """The logit the gradient checks differentiate: ``logits[0, -1, GRADIENT_TOKEN]`` as an index."""
+    return (0, encode(model)["input_ids"].shape[1] - 1, GRADIENT_TOKEN)
+
+
+def served_gradients(model: Any, names: dict[int, Sequence[str]]) -> dict[tuple[int, str], torch.Tensor]:
+    """``value.grad`` of each value of ``names[layer]`` (each block's in execution order) for the logit
+    `gradient_target`, through nncanon: one trace, one ``with logit.backward():`` block, the gradients asked
+    in the reverse of the forward order. Keyed ``(layer, name)``.
+
+    Raises:
+        GradientNotAvailable: a gradient never arrived (and what else the trace raises).
+    """
+    target = gradient_target(model)
+    values: dict = {}  # bound outside the trace, filled inside
+    grads: dict = {}
+    with torch.enable_grad(), model.trace(PROMPTS[0], **NO_CACHE):
+        for layer, listed in names.items():
+            for name in listed:
+                values[layer, name] = getattr(host(model, layer, name), name)
+        logit = model.logits[target]
+        with logit.backward():
+            for key in reversed(list(values)):
+                grads[key] = values[key].grad.save()
+    return grads
+
+
+def check_gradients(model: Any) -> list[CheckResult]:
+    """``value.grad`` of every served value, inside ``with logit.backward():``, equals the gradient of the
+    same logit at the value's site by plain PyTorch (tensor hooks, ``torch.autograd.grad``), laid out and
+    scaled as the value is served."""
+    from ..errors import GradientNotAvailable
+
+    names = {layer: served(model, layer, GRADIENT_VALUES) for layer in range(model.num_layers)}
+    inputs = gradient_inputs(model)
+    target = gradient_target(model)
+    reference = gradient_references(model, names, inputs, lambda logits: logits[target])
+    try:  # every value in one backward; where that fails, each value alone says which one
+        ours: dict | None = served_gradients(model, names)
+    except Exception:
+        ours = None
+    results = []
+    for layer, listed in names.items():
+        for name in listed:
+            def run(layer: int = layer, name: str = name) -> list[CheckResult]:
+                key = (layer, name)
+                if ours is not None:
+                    grad = ours[key]
+                else:
+                    try:
+                        grad = served_gradients(model, {layer: [name]})[key]
+                    except GradientNotAvailable:
+                        grad = None
+                return [_gradient_result(layer, name, grad, reference.get(key))]
+
+            results += _guarded("gradients", layer, (name,), run)
+    return results
+
+
+def _gradient_result(layer: int, name: str, grad: torch.Tensor | None, expected: torch.Tensor | None
+                     ) -> CheckResult:
+    """nncanon's gradient of ``name`` (``None``: it never arrived) against plain PyTorch's (``None``: the
+    backward does not reach the site): one missing is a zero gradient."""
+    if expected is None:
+        error = 0.0 if grad is None else float(grad.detach().abs().max())
+        note = "the backward does not reach it in the plain model" + (
+            "" if grad is None else "; nncanon's gradient should be zero")
+        return CheckResult("gradients", layer, (name,), error == 0.0, error, 0.0, note)
+    if grad is None:
+        return CheckResult("gradients", layer, (name,), False, float(expected.detach().abs().max()), GRADIENT_TOLERANCE,
+                           "the backward never reached the served value; plain PyTorch's gradient is not zero")
+    return _compare("gradients", layer, (name,), grad, expected, GRADIENT_TOLERANCE,
+                    "against tensor hooks at its site and torch.autograd.grad", absolute=GRADIENT_ABSOLUTE)
+
+
+def check_gradient_writes(model: Any) -> list[CheckResult]:
+    """``value.grad = 0`` on a value of the last block equals the plain model with the value's site detached:
+    the gradient reaching the stream entering block 0 is the same."""
+    layer = model.num_layers - 1
+    results = []
+    for name in served(model, layer, GRADIENT_VALUES):
+        binding = host(model, layer, name)._nncanon.bindings.get(name)
+        if binding is None or binding.site.op is not None or (layer == 0 and name == "layer_input"):
+            continue  # no module hook detaches an operation's tensor or the probabilities; the stream is block 0's
+        results += _guarded("gradient_writes", layer, (name,), lambda name=name: [
+            _gradient_write(model, layer, name)])
+    return results
+
+
+def _gradient_write(model: Any, layer: int, name: str) -> CheckResult:
+    target = gradient_target(model)
+    with torch.enable_grad(), model.trace(PROMPTS[0], **NO_CACHE):
+        stream = model.layers[0].layer_input
+        value = getattr(host(model, layer, name), name)
+        logit = model.logits[target]
+        with logit.backward():
+            value.grad = torch.zeros_like(value.grad)
+            ours = stream.grad.save()
+    expected = _stream_gradient_with_site_detached(model, layer, name)
+    return _compare("gradient_writes", layer, (name,), ours, expected, GRADIENT_TOLERANCE,
+                    "the stream's gradient against the plain model with the site detached", absolute=GRADIENT_ABSOLUTE)
+
+
+def _stream_gradient_with_site_detached(model: Any, layer: int, name: str) -> torch.Tensor:
+    """d logit / d (block 0's input) in the plain model, with ``name``'s site tensor on ``layer`` detached."""
+    site = host(model, layer, name)._nncanon.bindings[name].site
+    module = site_module(model, layer, name)
+    seen: dict = {}
+
+    def entering(mod: Any, args: Any, kwargs: Any) -> None:
+        seen["x"] = first_input(args, kwargs)
+        if seen["x"].requires_grad:
+            seen["x"].register_hook(lambda grad: seen.__setitem__("grad", grad))
+
+    if site.key == "input":
+        cut = module.register_forward_pre_hook(
+            lambda mod, args, kwargs: _put((args, kwargs), site, _pick((args, kwargs), site).detach()),
+            with_kwargs=True)
+    else:
+        cut = module.register_forward_hook(lambda mod, args, output: _put(output, site, _pick(output, site).detach()))
+    watch = site_module(model, 0, "layer_input").register_forward_pre_hook(entering, with_kwargs=True)
+    try:
+        with torch.enable_grad():
+            output = model._module(**gradient_inputs(model))
+            _backward(model._module, output, lambda logits: logits[gradient_target(model)])
+    finally:
+        cut.remove()
+        watch.remove()
+    grad = seen.get("grad", torch.zeros_like(seen["x"]))  # no path left from the stream to the logit
+    return stacked_as_served(grad) if model.family.stacked_streams else grad  # laid out as layer_input is served
+
+
 @dataclass(frozen=True)
 class Check:
-    """A named check and the function that runs it."""
+    """A named check and the function that runs it.
+
+    ``gradient``: it proves the values' gradients (``value.grad``), not the values: a value whose gradient
+    check fails is served, its ``.grad`` is not.
+    """
 
     name: str
     run: Callable[[Any], list[CheckResult]]
     doc: str = field(default="", compare=False)
+    gradient: bool = False
 
 
-#: Every check, in the order `verify` runs them.
-CHECKS: tuple[Check, ...] = tuple(
-    Check(function.__name__.removeprefix("check_"), function,
-          " ".join((function.__doc__ or "").split("\n\n")[0].split()))
-    for function in (
+def _check(function: Callable[[Any], list[CheckResult]], gradient: bool = False) -> Check:
+    doc = " ".join((function.__doc__ or "").split("\n\n")[0].split())
+    return Check(function.__name__.removeprefix("check_"), function, doc, gradient)
+
+
+#: Every check, in the order `verify` runs them: the values' checks, then the gradients'.
+CHECKS: tuple[Check, ...] = (
+    *(_check(function) for function in (
         check_read, check_identity, check_ablation, check_invokes, check_locality, check_heads,
         check_probabilities, check_routing, check_lens, check_skip, check_resume,
-    )
+    )),
+    *(_check(function, gradient=True) for function in (check_gradients, check_gradient_writes)),
 )

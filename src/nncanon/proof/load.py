@@ -274,9 +274,11 @@ class Provenance:
 
 
 def apply_proof(model: Any, proof: Proof) -> Provenance:
-    """Decline on ``model`` every value its proof does not prove; return the served values' provenance."""
-    from ..mounting import decline
+    """Decline on ``model`` every value its proof does not prove, and the gradient of every served value
+    whose gradient it does not prove; return the served values' provenance."""
+    from ..mounting import decline, decline_gradient
     from ..support import COMPONENTS, LAYER_VALUES
+    from .checks import GRADIENT_VALUES
 
     report = model.support()
     measured = [value for value in LAYER_VALUES if value not in COMPONENTS]
@@ -288,6 +290,10 @@ def apply_proof(model: Any, proof: Proof) -> Provenance:
             reason = _not_proved(proof, twin, value, report.layers[index].block_type)
             if reason is not None:
                 decline(model.layers[index], value, reason)
+            elif value in GRADIENT_VALUES:
+                reason = _not_proved(proof, twin, value, report.layers[index].block_type, gradient=True)
+                if reason is not None:
+                    decline_gradient(model.layers[index], value, reason)
     for value in ("logits", "project_on_vocab", "skip_layers"):
         reason = _not_proved(proof, None, value, None, model_level=True)
         if reason is not None:
@@ -295,15 +301,16 @@ def apply_proof(model: Any, proof: Proof) -> Provenance:
     return Provenance("proved", proof.describe(), proof)
 
 
-def _not_proved(proof: Proof, twin: int | None, value: str, block: str | None, model_level: bool = False
-                ) -> str | None:
+def _not_proved(proof: Proof, twin: int | None, value: str, block: str | None, model_level: bool = False,
+                gradient: bool = False) -> str | None:
+    """Why ``value`` (``gradient``: its gradient) is not proved on the block ``twin`` stands for, or ``None``."""
     if not model_level and twin is None:
         return f"not proved: a twin of this config has no block of this kind ({block})"
     layer = None if model_level else twin
-    if proof.verdict.proved(layer, value):
+    if proof.verdict.proved(layer, value, gradient):
         return None
     where = "" if model_level else f" (its block layers[{twin}] stands for layers[{proof.twin_layers[twin]}])"
-    return f"not proved on a twin of this config{where}: {proof.verdict.why_not(layer, value)}"
+    return f"not proved on a twin of this config{where}: {proof.verdict.why_not(layer, value, gradient)}"
 
 
 def load_provenance(model: Any, config: Any, mode: str) -> Provenance:

@@ -122,7 +122,12 @@ RULES: tuple[Rule, ...] = (
     Rule("head width", ("head_dim", "attention_head_dim", "kv_channels", "swa_head_dim", "global_head_dim",
                         "index_head_dim", "linear_head_dim", "linear_key_head_dim", "linear_value_head_dim"),
          f"≤ {HEAD_WIDTH}", _at_most(HEAD_WIDTH)),
-    Rule("latent attention", ("q_lora_rank", "kv_lora_rank"), f"≤ {LORA}", _at_most(LORA)),
+    Rule("latent attention", ("q_lora_rank", "kv_lora_rank", "o_lora_rank"), f"≤ {LORA}", _at_most(LORA)),
+    Rule("output projection groups", ("o_groups",), "≤ 2", _at_most(2)),
+    Rule("sparse-attention indexer heads", ("index_n_heads",), f"≤ {HEADS}", _at_most(HEADS)),
+    Rule("hyper-connection streams", ("hc_mult",), "≤ 2", _at_most(2)),
+    Rule("low-rank branches", ("laurel_rank",), f"≤ {LORA}", _at_most(LORA)),
+    Rule("per-layer input width", ("hidden_size_per_layer_input",), f"≤ {HEAD_WIDTH}", _at_most(HEAD_WIDTH)),
     Rule("latent head parts", ("qk_nope_head_dim", "v_head_dim"), f"≤ {HEAD_WIDTH}", _at_most(HEAD_WIDTH)),
     Rule("latent rotary part", ("qk_rope_head_dim",), f"≤ {ROPE_WIDTH}", _at_most(ROPE_WIDTH)),
     Rule("MLP width", ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "d_ff", "dff",
@@ -186,9 +191,12 @@ def _shrink_sizes(config: dict, path: str, changes: list[Change]) -> None:
         if name == _PER_LAYER and isinstance(value, dict):  # each block's own sizes: after the global ones
             continue
         rule = _RULE_OF.get(name)
-        if rule is None or isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        if rule is not None and _sizes(value):  # one size per block (Gemma-3n's intermediate_size)
+            new = type(value)(rule.value(v, original) for v in value)
+        elif rule is None or isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             continue
-        new = rule.value(value, original)
+        else:
+            new = rule.value(value, original)
         if new != value:
             config[name] = new
             changes.append(Change(path + name, value, new, rule.what))
@@ -200,6 +208,12 @@ def _shrink_sizes(config: dict, path: str, changes: list[Change]) -> None:
             merged = {**config, **own}
             _keep_relations(merged, {**original, **before}, f"{path}{_PER_LAYER}.{layer}.", changes)
             own.update({k: v for k, v in merged.items() if k in own or merged[k] != config.get(k)})
+
+
+def _sizes(value: Any) -> bool:
+    """Whether ``value`` is a list of positive sizes (one per block)."""
+    return (isinstance(value, (list, tuple)) and bool(value)
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value))
 
 
 def _set(config: dict, name: str, value: Any, path: str, changes: list[Change], why: str) -> None:
@@ -223,6 +237,10 @@ def _keep_relations(config: dict, original: dict, path: str, changes: list[Chang
             _set(config, "head_dim", rope + nope, path, changes, "head width = rotary + non-rotary part")
         if isinstance(config.get("qk_head_dim"), int):
             _set(config, "qk_head_dim", rope + nope, path, changes, "latent head = rotary + non-rotary part")
+    rates = config.get("compress_rates")
+    if isinstance(rates, dict) and all(isinstance(v, int) for v in rates.values()):  # DeepSeek-V4's, per block kind
+        _set(config, "compress_rates", {kind: min(rate, WINDOW) for kind, rate in rates.items()}, path, changes,
+             f"compression rates ≤ {WINDOW} tokens, so the proof's prompts have compressed entries")
     experts = _first(config, _EXPERT_NAMES)
     groups = config.get("n_group")
     if experts and isinstance(groups, int) and groups > 1 and experts % groups:
@@ -281,6 +299,9 @@ def _layer_count_of(values: dict) -> int:
     raise TwinError(f"the config has no layer count ({', '.join(LAYER_COUNT + _BLOCK_TYPE_LISTS)})")
 
 
+#: Counts of the last blocks that behave differently (Gemma-3n's last ``num_kv_shared_layers`` reuse
+#: earlier blocks' keys/values): the twin counts the blocks it keeps among them.
+_TRAILING_COUNT = ("num_kv_shared_layers",)
 #: Per-layer lists a layer count may be derived from.
 _BLOCK_TYPE_LISTS = ("layers_block_type", "layer_types", "hybrid_override_pattern", "block_types")
 
@@ -292,6 +313,8 @@ def _keep_layers(config: dict, keep: list[int], count: int, path: str, changes: 
         value = config[name]
         if name in LAYER_COUNT and value == count:
             config[name] = len(keep)
+        elif name in _TRAILING_COUNT and isinstance(value, int) and 0 < value <= count:
+            config[name] = sum(1 for i in keep if i >= count - value)
         elif name == _PER_LAYER and isinstance(value, dict):
             config[name] = {str(position[int(i)]): own for i, own in value.items() if int(i) in position}
         elif isinstance(value, str) and len(value) == count and count > 1:
@@ -331,8 +354,10 @@ def _settings(module: torch.nn.Module) -> tuple:
     for name, value in vars(module).items():
         if name.startswith("_") or _SKIPPED_SETTINGS.search(name):
             continue
-        if value is None or isinstance(value, (bool, int, str)):  # not floats: scales that vary with depth
+        if value is None or isinstance(value, (bool, int, str)):
             items.append((name, value))
+        elif isinstance(value, float):  # not its value (scales vary with depth), but whether it is zero:
+            items.append((name, value == 0.0))  # a rate that switches code on (Gemma-3n's activation sparsity)
     return tuple(sorted(items))
 
 

@@ -3,10 +3,33 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .checks import CHECKS, Check, CheckResult, raised
+
+
+class _Doubts:
+    """Which (layer, value) pairs some results cover, and the failed results that put each in doubt."""
+
+    def __init__(self, results: list[CheckResult]) -> None:
+        alone = {(r.layer, value) for r in results if not r.passed for value in r.values if len(r.values) == 1}
+        held = {(r.layer, value) for r in results if r.passed for value in r.values}
+        self.failed: dict[tuple[int | None, str], list[CheckResult]] = {}
+        self.covered: set[tuple[int | None, str]] = set()
+        for result in results:
+            for value in result.values:
+                self.covered.add((result.layer, value))
+            if result.passed:
+                continue
+            raised = result.error is None and result.tolerance is None  # nothing measured: all in doubt
+            doubted = list(result.values) if raised else (
+                [v for v in result.values if (result.layer, v) in alone]
+                or [v for v in result.values if (result.layer, v) not in held]
+                or list(result.values)
+            )
+            for value in doubted:
+                self.failed.setdefault((result.layer, value), []).append(result)
 
 
 @dataclass
@@ -19,48 +42,38 @@ class Verdict:
     them that failed a check of their own; where none did, those that no check that held covers;
     where every one is covered by a check that held, all of them. A check that raised (measured
     nothing) puts all its values in doubt.
+
+    A value's gradient (``value.grad``) is proved the same way by the gradient checks alone
+    (``gradient=True`` in each method); the value itself by the other checks alone.
     """
 
     results: list[CheckResult]
 
     def __post_init__(self) -> None:
-        alone = {(r.layer, value) for r in self.results if not r.passed for value in r.values if len(r.values) == 1}
-        held = {(r.layer, value) for r in self.results if r.passed for value in r.values}
-        self._failed: dict[tuple[int | None, str], list[CheckResult]] = {}
-        self._covered: set[tuple[int | None, str]] = set()
-        for result in self.results:
-            for value in result.values:
-                self._covered.add((result.layer, value))
-            if result.passed:
-                continue
-            raised = result.error is None and result.tolerance is None  # nothing measured: all in doubt
-            doubted = list(result.values) if raised else (
-                [v for v in result.values if (result.layer, v) in alone]
-                or [v for v in result.values if (result.layer, v) not in held]
-                or list(result.values)
-            )
-            for value in doubted:
-                self._failed.setdefault((result.layer, value), []).append(result)
+        self._doubts = {kind: _Doubts([r for r in self.results if r.gradient == kind]) for kind in (False, True)}
 
-    def failures(self, layer: int | None, value: str) -> list[CheckResult]:
-        """The failed checks that put ``value`` on ``layer`` (``None``: a model-level value) in doubt."""
-        return self._failed.get((layer, value), [])
+    def failures(self, layer: int | None, value: str, gradient: bool = False) -> list[CheckResult]:
+        """The failed checks that put ``value`` on ``layer`` (``None``: a model-level value) in doubt
+        (``gradient``: its gradient)."""
+        return self._doubts[gradient].failed.get((layer, value), [])
 
-    def proved(self, layer: int | None, value: str) -> bool:
-        """Whether a check covered ``value`` on ``layer`` and every check covering it held."""
-        return (layer, value) in self._covered and not self.failures(layer, value)
+    def proved(self, layer: int | None, value: str, gradient: bool = False) -> bool:
+        """Whether a check covered ``value`` on ``layer`` and every check covering it held (``gradient``:
+        the gradient checks, for ``value.grad``)."""
+        return self.covered(layer, value, gradient) and not self.failures(layer, value, gradient)
 
-    def covered(self, layer: int | None, value: str) -> bool:
-        """Whether some check covered ``value`` on ``layer``."""
-        return (layer, value) in self._covered
+    def covered(self, layer: int | None, value: str, gradient: bool = False) -> bool:
+        """Whether some check covered ``value`` on ``layer`` (``gradient``: some gradient check)."""
+        return (layer, value) in self._doubts[gradient].covered
 
-    def why_not(self, layer: int | None, value: str) -> str | None:
-        """Why ``value`` is not proved on ``layer`` (the failed checks and their numbers), or ``None``."""
-        failures = self.failures(layer, value)
+    def why_not(self, layer: int | None, value: str, gradient: bool = False) -> str | None:
+        """Why ``value`` (``gradient``: its gradient) is not proved on ``layer`` (the failed checks and their
+        numbers), or ``None``."""
+        failures = self.failures(layer, value, gradient)
         if failures:
             return "; ".join(result.describe() for result in failures)
-        if not self.covered(layer, value):
-            return "no check covered it"
+        if not self.covered(layer, value, gradient):
+            return "no gradient check covered it" if gradient else "no check covered it"
         return None
 
     @property
@@ -94,14 +107,15 @@ def verify(model: Any, checks: Sequence[Check] | None = None) -> Verdict:
 
     Example:
         >>> verdict = verify(tiny_model("llama"))
-        >>> verdict.passed, verdict.proved(0, "attention_output")
-        (True, True)
+        >>> verdict.passed, verdict.proved(0, "attention_output"), verdict.proved(0, "mlp_output", gradient=True)
+        (True, True, True)
         >>> print(verdict.table())      # one line per check, with the measured error
     """
     results: list[CheckResult] = []
     for check in checks if checks is not None else CHECKS:
         try:
-            results += check.run(model)
+            found = check.run(model)
         except Exception as error:  # a check that cannot run proves nothing: its values are declined
-            results += raised(model, check.name, error)
+            found = raised(model, check.name, error)
+        results += [replace(result, gradient=True) for result in found] if check.gradient else found
     return Verdict(results)

@@ -1,0 +1,139 @@
+"""Gemma-3n (text, and the text path of the multimodal model): AltUp streams stacked first, ``[k, b, s, d]``.
+
+The model keeps ``k = altup_num_inputs`` streams (the embeddings and ``k - 1`` learned projections of
+them, rescaled to their magnitude) and hands each block the stack ``X`` ``[k, b, s, d]``. A block:
+
+``P = X + mix(X)`` (AltUp predict: every stream predicted from all of them, by coefficients routed from
+the active stream); ``a = P[active]``; ``n = input_layernorm(a)``;
+``h = (a + post_attention_layernorm(attn(n)) + laurel(n)) / sqrt(2)`` (LAuReL: ``n`` plus a low-rank
+branch, post-normed); ``act = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))``;
+``Y = P + c(act) ⊗ (act - a)`` (AltUp correct: the innovation ``act - a`` written into every stream with
+coefficients ``c`` routed from ``act`` itself); ``Y[1:] += per_layer_input_term(Y[active])``.
+
+What nncanon serves:
+
+- ``layer_input`` / ``layer_output``: the model's own stream stack, sequence-first with the streams side
+  by side, ``[b, s, k·d]`` (stream ``j`` is ``.view(b, s, k, d)[:, :, j]``), as hyper-connected streams
+  are served; a copy, whose edits are written back into the stack.
+- Heads (``o_proj``'s input), probabilities (eager; also on the blocks that reuse another block's
+  keys/values), the lens and skips.
+- ``project_on_vocab`` takes the ``[b, s, k·d]`` stream and collapses it as the model does after its
+  last block (each non-active stream through its ``altup_unembed_projections``, rescaled to the active
+  stream's magnitude, then the mean of the ``k``), before the final norm, head and soft-cap.
+
+What it declines, and why: ``attention_output`` and ``mlp_output``. No additive decomposition of
+``Y - X`` into an attention term and an MLP term exists: the prediction ``mix(X)`` belongs to no
+sublayer; the active stream is rescaled by ``1/sqrt(2)`` together with LAuReL's branch
+(``a·(1/sqrt(2) - 1)`` is part of ``act - a``); the correction coefficients ``c(act)`` depend on the
+sublayers' outputs (through a tanh router), so a sublayer's share of ``Y`` is not a fixed function of
+its own output; and the per-layer-input term is computed from the corrected stream. ``resume`` is
+declined where blocks share keys/values (``num_kv_shared_layers > 0``): the blocks after the sharing
+point read keys/values an earlier block stores during the same forward, which a resumed forward never
+runs; a skip that would leave such a block without them is refused with that reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..served import Site
+from .base import Family, LogitStep
+
+
+def _collapse(text_model: str, model: torch.nn.Module, stream: torch.Tensor) -> torch.Tensor:
+    """Gemma-3n's AltUp unembedding of a ``[b, s, k·d]`` stream: ``[b, s, d]``, as the model computes it."""
+    text = model.get_submodule(text_model)
+    streams = stream.unflatten(-1, (text.config.altup_num_inputs, -1))
+    first = streams[..., 0, :].contiguous()
+    target = torch.mean(first**2, dim=-1, keepdim=True) ** 0.5
+    parts = [first]
+    for index, projection in enumerate(text.altup_unembed_projections, start=1):
+        current = F.linear(streams[..., index, :].contiguous(), projection.weight, projection.bias)
+        magnitude = torch.sqrt(torch.mean(current**2, dim=-1, keepdim=True).clamp(min=1e-5))
+        parts.append(current * target / magnitude)
+    return torch.mean(torch.stack(parts), dim=0)
+
+
+_MIXING = (
+    "a Gemma-3n block has no additive attention or MLP contribution to its streams: AltUp predicts every "
+    "stream from all of them (a term no sublayer owns), the active stream and attention are averaged with "
+    "the LAuReL branch and scaled by 1/sqrt(2) (rescaling the stream itself), AltUp's correction writes the "
+    "sublayers' result into each stream with coefficients routed from that result (tanh), and a per-layer-"
+    "input term is added to the non-active streams: layer_input + attention_output + mlp_output == "
+    "layer_output holds for no choice of the two values"
+)
+
+
+def _declines(config: Any, layer: int) -> dict:
+    return {"attention_output": _MIXING, "mlp_output": _MIXING}
+
+
+def _shared_kv(config: Any) -> dict[int, list[int]]:
+    """Each block that stores keys/values for later blocks, with the blocks that reuse them."""
+    modes = config.kv_sharing_modes
+    kinds = config.layer_types
+    return {
+        store: [j for j, mode in enumerate(modes) if mode == "reuse" and kinds[j] == kinds[store]]
+        for store, mode in enumerate(modes) if mode == "store"
+    }
+
+
+def _refuse_skip(config: Any, start: int, end: int) -> str | None:
+    for store, readers in _shared_kv(config).items():
+        later = [j for j in readers if j > end]
+        if start <= store <= end and later:
+            return (
+                f"layers[{store}] stores the {config.layer_types[store]} keys/values that layers {later} reuse "
+                f"(Gemma-3n's KV sharing, num_kv_shared_layers={config.num_kv_shared_layers}), and a skipped "
+                f"block stores none. Skip through layers[{max(later)}] as well, or leave layers[{store}] running"
+            )
+    return None
+
+
+def _model_declines(config: Any) -> dict[str, str]:
+    if not any(_shared_kv(config).values()):
+        return {}
+    return {"resume": (
+        f"the last {config.num_kv_shared_layers} blocks reuse the keys/values that earlier blocks store during "
+        "the same forward (Gemma-3n's KV sharing); a forward resumed past those blocks would run without them"
+    )}
+
+
+_RESIDUAL = (
+    "P = X + altup.predict(X); a = P[active]; n = input_layernorm(a); "
+    "h = (a + post_attention_layernorm(attn(n)) + laurel(n)) / sqrt(2); "
+    "act = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h))); "
+    "Y = P + altup.correct_coefs(act) ⊗ (act - a); Y[1:] += per_layer_input_term(Y[active])"
+)
+
+GEMMA3N_TEXT = Family(
+    name="gemma3n_text",
+    model_types=("gemma3n_text",),
+    # Where each sublayer's output enters the mixing (post-normed, as Gemma-2's): declined on every block.
+    attention_output=Site("post_attention_layernorm"),
+    mlp_output=Site("post_feedforward_layernorm"),
+    stacked_streams=True,
+    collapse=partial(_collapse, "model"),
+    refuse_skip=_refuse_skip,
+    model_declines=_model_declines,
+    declines=_declines,
+    logit_steps=(LogitStep("softcap", "final_logit_softcapping"),),
+    residual=_RESIDUAL,
+)
+
+GEMMA3N = replace(
+    GEMMA3N_TEXT,
+    name="gemma3n",
+    model_types=("gemma3n",),
+    layers="model.language_model.layers",
+    embed_tokens="model.language_model.embed_tokens",
+    norm="model.language_model.norm",
+    collapse=partial(_collapse, "model.language_model"),
+)
+
+FAMILIES = [GEMMA3N_TEXT, GEMMA3N]
