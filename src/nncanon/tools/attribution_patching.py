@@ -74,8 +74,15 @@ def _plan(model: Any, over: Sequence[str]) -> dict[int, dict[str, str]]:
         chosen = {}
         for item in over:
             value = next((v for v in _VALUES[item] if report.available(v, layer=layer)), None)
-            if value is not None:
-                chosen[item] = value
+            if value is None:
+                continue
+            refused = report.gradient_reason(value, layer)
+            if refused is not None:  # its gradient check failed on the load-time proof
+                raise GradientNotAvailable(
+                    f"layers[{layer}].{value}'s gradient is not served ({refused}), so attribution patching "
+                    f"cannot estimate {item!r} there; leave {item!r} out of over= (see model.support())"
+                )
+            chosen[item] = value
         plan[layer] = chosen
     return plan
 
