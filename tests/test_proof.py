@@ -228,6 +228,13 @@ def test_a_detached_gradient_declines_exactly_its_grad(monkeypatch, tmp_path):
             logit = model.logits[0, -1, 5]
             with logit.backward():
                 heads.grad = torch.zeros_like(heads)
+    # attribution patching takes its gradients with torch.autograd.grad, not .grad: it refuses them too
+    from nncanon.tools import attribution_patching, logit_difference
+
+    with pytest.raises(nncanon.GradientNotAvailable, match=r"attention_head_outputs's gradient is not served"):
+        attribution_patching(model, PROMPTS[0], None, logit_difference(5, 6))
+    others = attribution_patching(model, PROMPTS[0], None, logit_difference(5, 6), over=("attention", "mlp"))
+    assert others.heads is None and not bool(others.attention.isnan().any())
     with model.trace(PROMPTS[0]):  # the other gradients are served
         attention = model.layers[0].self_attn.attention_output
         logit = model.logits[0, -1, 5]

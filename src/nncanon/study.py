@@ -119,7 +119,7 @@ def head_effects(model: Any, prompt: str, target: str, fast: bool = False) -> to
         def probability(logits: torch.Tensor) -> torch.Tensor:
             return torch.softmax(logits[:, -1].float(), -1)[:, token]
 
-        return -attribution_patching(model, prompt, None, probability, over=("heads",)).heads
+        return -attribution_patching(model, prompt, None, probability, over=("heads",), next_token_only=True).heads
     with torch.no_grad(), model.trace(prompt, **next_token_only(model)):
         clean = model.next_token_probs[0, token].save()
     report = model.support()

@@ -6,9 +6,11 @@ One clean forward (with gradients), one corrupted forward and one backward give 
 every head and sublayer of every layer at once, where exact patching costs a forward for each.
 With no corrupted prompt, ``a' = 0``: the estimate of zero-ablating each one (``nncanon ablate --fast``).
 
-The gradients are nnsight's ``value.grad`` in a ``with loss.backward():`` block of the clean trace
-(see the gradients page of the docs). The backward runs from the stream entering the first block:
-the model's weights get no gradient, and nothing of theirs is left behind.
+The gradients are taken inside the clean trace by one ``torch.autograd.grad`` of the metric with
+respect to the served values (the same gradients as ``value.grad`` in a ``with loss.backward():`` block,
+see the gradients page of the docs, without a hook per value). The stream entering the first block is
+a leaf that requires a gradient, the model's weights do not: the backward computes the gradients of
+the values asked for and nothing below the earliest of them, and leaves nothing on the weights.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from typing import Any
 
 import torch
 
+from ..errors import GradientNotAvailable
 from ._common import in_execution_order, prompt_list, read, token_count
+from .resume import next_token_only as next_token_kwargs
 
 #: What `attribution_patching` can estimate: each head, the block's token mixer, its MLP.
 OVER = ("heads", "attention", "mlp")
@@ -70,8 +74,15 @@ def _plan(model: Any, over: Sequence[str]) -> dict[int, dict[str, str]]:
         chosen = {}
         for item in over:
             value = next((v for v in _VALUES[item] if report.available(v, layer=layer)), None)
-            if value is not None:
-                chosen[item] = value
+            if value is None:
+                continue
+            refused = report.gradient_reason(value, layer)
+            if refused is not None:  # its gradient check failed on the load-time proof
+                raise GradientNotAvailable(
+                    f"layers[{layer}].{value}'s gradient is not served ({refused}), so attribution patching "
+                    f"cannot estimate {item!r} there; leave {item!r} out of over= (see model.support())"
+                )
+            chosen[item] = value
         plan[layer] = chosen
     return plan
 
@@ -90,28 +101,37 @@ def _no_weight_gradients(model: Any) -> Iterator[None]:
 
 
 def _corrupted_values(model: Any, prompts: list[str], order: list[tuple[int, str]]) -> dict:
+    """The values of ``order`` on the corrupted run; the forward stops after the last (no logits computed)."""
     saved: dict = {}
-    with torch.no_grad(), model.trace(prompts):
+    with torch.no_grad(), model.trace(prompts) as tracer:
         for layer, name in order:
             saved[(layer, name)] = read(model, layer, name).save()
+        tracer.stop()
     return saved
 
 
 def _clean_values_and_gradients(model: Any, prompts: list[str], order: list[tuple[int, str]],
-                                metric: Callable[[torch.Tensor], torch.Tensor]) -> tuple[dict, dict]:
+                                metric: Callable[[torch.Tensor], torch.Tensor],
+                                keep: dict[str, int]) -> tuple[dict, dict]:
     values: dict = {}
     grads: dict = {}
     # No cache: a recurrent model that updates its cached state in place (RWKV) has no backward then.
-    with torch.enable_grad(), _no_weight_gradients(model), model.trace(prompts, use_cache=False):
+    with torch.enable_grad(), _no_weight_gradients(model), model.trace(prompts, use_cache=False, **keep):
         stream = model.layers[0].layer_input
         # The backward starts here: a leaf with the stream's data (the weights take no gradient).
         model.layers[0].layer_input = stream.detach().requires_grad_(True)
         for layer, name in order:
             values[(layer, name)] = read(model, layer, name)
         loss = metric(model.logits).sum()
-        with loss.backward():
-            for key in reversed(order):
-                grads[key] = values[key].grad.detach().save()
+        # One backward for the values asked only (the part of the graph below the earliest is not computed),
+        # with no hook per value.
+        found = torch.autograd.grad(loss, [values[key] for key in order], allow_unused=True)
+        for key, grad in zip(order, found, strict=True):
+            if grad is None:
+                layer, name = key
+                raise GradientNotAvailable(f"the metric does not depend on layers[{layer}] {name}: no gradient "
+                                           "reaches it, so attribution patching has no estimate for it")
+            grads[key] = grad.save()
         for key in order:
             values[key] = values[key].detach().save()
     return values, grads
@@ -123,6 +143,7 @@ def attribution_patching(
     corrupted: str | Sequence[str] | None,
     metric: Callable[[torch.Tensor], torch.Tensor],
     over: Sequence[str] = OVER,
+    next_token_only: bool = False,
 ) -> AttributionPatching:
     """The linear estimate of patching each head and sublayer of every layer from ``corrupted`` into ``clean``.
 
@@ -139,6 +160,10 @@ def attribution_patching(
         metric: The clean run's logits ``[batch, seq, vocab]`` to one number per prompt ``[batch]`` (or a
             scalar): e.g. `logit_difference`, or ``lambda logits: logits[:, -1].softmax(-1)[:, token]``.
         over: Which of ``"heads"``, ``"attention"`` (the block's token mixer) and ``"mlp"`` to estimate.
+        next_token_only: The model computes the last position's logits only (`nncanon.tools.next_token_only`),
+            so ``metric`` sees ``[batch, 1, vocab]`` where the model takes ``logits_to_keep``: the same
+            estimate for a metric of the next token (``logits[:, -1]``), without unembedding (forward and
+            backward) the other positions. Default: every position's logits.
 
     Returns:
         An `AttributionPatching`: ``heads`` ``[layers, heads]``, ``attention`` and ``mlp`` ``[layers]``,
@@ -167,7 +192,8 @@ def attribution_patching(
              for name in in_execution_order(model, layer, list(chosen.values()))]
     if not order:
         raise ValueError(f"no layer of this model serves any of {tuple(over)}: see model.support()")
-    values, grads = _clean_values_and_gradients(model, batch, order, metric)
+    keep = next_token_kwargs(model) if next_token_only else {}
+    values, grads = _clean_values_and_gradients(model, batch, order, metric, keep)
     patched = _corrupted_values(model, prompt_list(corrupted), order) if corrupted is not None else None
     estimates = {}
     for key in order:
