@@ -1,4 +1,5 @@
-"""Hyper-connection streams kept as ``[b, s, k, d]`` (HY-V4, DeepSeek-V4): the per-stream writes (`Site.weighted`).
+"""Hyper-connection streams the model keeps as ``[b, s, k, d]`` (HY-V4, DeepSeek-V4), served ``[b, s, k·d]`` like
+every multi-stream family's: the per-stream writes (`Site.weighted`, merged).
 
 A sublayer's write ``post ⊗ out`` is no operation of the model: nncanon takes it over (the weight is handed
 to the model as zeros and the product added to the streams). These tests check that taking it over is
@@ -52,12 +53,14 @@ def test_a_per_stream_write_is_exactly_what_reaches_the_streams():
     model = tiny_model("hy_v4")
     layer = model.layers[1]
     tokens = encode(model)["input_ids"].shape[1]
-    written = torch.randn(1, tokens, model._text_config.hc_mult, model.hidden_size)
+    k, d = model._text_config.hc_mult, model.hidden_size
+    written = torch.randn(1, tokens, k * d)
     with torch.no_grad(), model.trace(PROMPTS[0]):
         x = layer.layer_input.save()
         layer.self_attn.attention_output = written
-        streams = layer.ffn_hc.input.save()
-    assert torch.equal(streams, x + written)
+        streams = layer.ffn_hc.input.save()  # the model's own [b, s, k, d]
+    assert x.shape == written.shape
+    assert torch.equal(streams, (x + written).view(1, tokens, k, d))
 
 
 def test_deepseek_v4_declines_attention_naming_the_comb_mixing():
@@ -68,14 +71,14 @@ def test_deepseek_v4_declines_attention_naming_the_comb_mixing():
     with pytest.raises(ValueNotAvailable, match=r"layers\[1\]\.self_attn\.attention_output is not available.*comb"):
         with model.trace(PROMPTS[0]):
             model.layers[1].self_attn.attention_output.save()
-    # its MLP's write is served, [b, s, k, d] like the streams, and moves layer_output by exactly itself
+    # its MLP's write is served, [b, s, k·d] like the streams, and moves layer_output by exactly itself
     with torch.no_grad(), model.trace(PROMPTS[0]):
         mlp = model.layers[1].mlp.mlp_output.save()
         y = model.layers[1].layer_output.save()
     with torch.no_grad(), model.trace(PROMPTS[0]):
         model.layers[1].mlp.mlp_output = torch.zeros_like(mlp)
         ablated = model.layers[1].layer_output.save()
-    assert mlp.shape == y.shape and mlp.shape[2] == model._text_config.hc_mult
+    assert mlp.shape == y.shape and mlp.shape[2] == model._text_config.hc_mult * model.hidden_size
     torch.testing.assert_close(y - ablated, mlp, rtol=1e-5, atol=1e-6)
 
 

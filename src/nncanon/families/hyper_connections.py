@@ -53,11 +53,12 @@ HY_V4 = Family(
     model_types=("hy_v4",),
     norm="model.hc_head",
     before_head=("model.norm",),
-    attention_output=Site(op="residual_float_0", weighted=("unsqueeze_0", "unsqueeze_1")),
-    mlp_output=Site(op="residual_float_1", weighted=("unsqueeze_2", "unsqueeze_3")),
+    attention_output=Site(op="residual_float_0", weighted=("unsqueeze_0", "unsqueeze_1"), merge=True),
+    mlp_output=Site(op="residual_float_1", weighted=("unsqueeze_2", "unsqueeze_3"), merge=True),
     head_shape=lambda config, layer: (config.num_attention_heads, config.v_head_dim),
     block_extras=1,
     passes_state="prev_topk_indices",
+    merged_streams=True,
     residual=(
         "(post_a, u) = attn_hc(x); h = x + post_a ⊗ attn(norm1(u)); "
         "(post_m, v) = ffn_hc(h); y = h + post_m ⊗ mlp(norm2(v)), on [b, s, k, d] streams"
@@ -113,14 +114,16 @@ DEEPSEEK_V4 = Family(
     model_types=("deepseek_v4",),
     norm="model.hc_head",
     before_head=("model.norm",),
-    attention_output=Site(op="torch_matmul_0", weighted=("unsqueeze_0", "attn_output_unsqueeze_0")),
-    mlp_output=Site(op="torch_matmul_1", weighted=("unsqueeze_1", "mlp_output_unsqueeze_0")),
+    attention_output=Site(op="torch_matmul_0", weighted=("unsqueeze_0", "attn_output_unsqueeze_0"),
+                          merge=True),
+    mlp_output=Site(op="torch_matmul_1", weighted=("unsqueeze_1", "mlp_output_unsqueeze_0"), merge=True),
     head_outputs=Site("self_attn.o_a_proj", key="input", merge=True),
     head_totals=_grouped_head_totals,
     router_logits=Site("mlp.gate", op="logits_0", flat=True),
     expert_weights=Site("mlp.gate", index=1, flat=True),
     expert_indices=Site("mlp.gate", index=2, flat=True),
     shared_expert_output=Site("mlp.shared_experts"),
+    merged_streams=True,
     residual=(
         "(post_a, comb_a, u) = attn_hc(x); h = comb_aᵀ·x + post_a ⊗ attn(norm1(u)); "
         "(post_m, comb_m, v) = ffn_hc(h); y = comb_mᵀ·h + post_m ⊗ mlp(norm2(v)), on [b, s, k, d] streams"
