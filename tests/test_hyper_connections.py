@@ -14,7 +14,7 @@ import copy
 import pytest
 import torch
 
-from nncanon import StandardizedTransformer, ValueNotAvailable
+from nncanon import InvalidWrite, StandardizedTransformer, ValueNotAvailable
 from nncanon.proof.checks import encode
 from nncanon.testing import PROMPTS, tiny_model
 
@@ -61,6 +61,10 @@ def test_a_per_stream_write_is_exactly_what_reaches_the_streams():
         streams = layer.ffn_hc.input.save()  # the model's own [b, s, k, d]
     assert x.shape == written.shape
     assert torch.equal(streams, (x + written).view(1, tokens, k, d))
+    # the model's own [b, s, k, d] is not the served layout: refused, naming the shape it expects
+    with pytest.raises(InvalidWrite, match=rf"expects shape \(1, {tokens}, {k * d}\)"):
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            layer.self_attn.attention_output = written.view(1, tokens, k, d)
 
 
 def test_deepseek_v4_declines_attention_naming_the_comb_mixing():
