@@ -1,4 +1,5 @@
-"""Hyper-connection streams kept as ``[b, s, k, d]`` (HY-V4, DeepSeek-V4): the per-stream writes (`Site.weighted`).
+"""Hyper-connection streams the model keeps as ``[b, s, k, d]`` (HY-V4, DeepSeek-V4), served ``[b, s, k·d]`` like
+every multi-stream family's: the per-stream writes (`Site.weighted`, merged).
 
 A sublayer's write ``post ⊗ out`` is no operation of the model: nncanon takes it over (the weight is handed
 to the model as zeros and the product added to the streams). These tests check that taking it over is
@@ -13,7 +14,7 @@ import copy
 import pytest
 import torch
 
-from nncanon import StandardizedTransformer, ValueNotAvailable
+from nncanon import InvalidWrite, StandardizedTransformer, ValueNotAvailable
 from nncanon.proof.checks import encode
 from nncanon.testing import PROMPTS, tiny_model
 
@@ -52,12 +53,18 @@ def test_a_per_stream_write_is_exactly_what_reaches_the_streams():
     model = tiny_model("hy_v4")
     layer = model.layers[1]
     tokens = encode(model)["input_ids"].shape[1]
-    written = torch.randn(1, tokens, model._text_config.hc_mult, model.hidden_size)
+    k, d = model._text_config.hc_mult, model.hidden_size
+    written = torch.randn(1, tokens, k * d)
     with torch.no_grad(), model.trace(PROMPTS[0]):
         x = layer.layer_input.save()
         layer.self_attn.attention_output = written
-        streams = layer.ffn_hc.input.save()
-    assert torch.equal(streams, x + written)
+        streams = layer.ffn_hc.input.save()  # the model's own [b, s, k, d]
+    assert x.shape == written.shape
+    assert torch.equal(streams, (x + written).view(1, tokens, k, d))
+    # the model's own [b, s, k, d] is not the served layout: refused, naming the shape it expects
+    with pytest.raises(InvalidWrite, match=rf"expects shape \(1, {tokens}, {k * d}\)"):
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            layer.self_attn.attention_output = written.view(1, tokens, k, d)
 
 
 def test_deepseek_v4_declines_attention_naming_the_comb_mixing():
@@ -68,14 +75,14 @@ def test_deepseek_v4_declines_attention_naming_the_comb_mixing():
     with pytest.raises(ValueNotAvailable, match=r"layers\[1\]\.self_attn\.attention_output is not available.*comb"):
         with model.trace(PROMPTS[0]):
             model.layers[1].self_attn.attention_output.save()
-    # its MLP's write is served, [b, s, k, d] like the streams, and moves layer_output by exactly itself
+    # its MLP's write is served, [b, s, k·d] like the streams, and moves layer_output by exactly itself
     with torch.no_grad(), model.trace(PROMPTS[0]):
         mlp = model.layers[1].mlp.mlp_output.save()
         y = model.layers[1].layer_output.save()
     with torch.no_grad(), model.trace(PROMPTS[0]):
         model.layers[1].mlp.mlp_output = torch.zeros_like(mlp)
         ablated = model.layers[1].layer_output.save()
-    assert mlp.shape == y.shape and mlp.shape[2] == model._text_config.hc_mult
+    assert mlp.shape == y.shape and mlp.shape[2] == model._text_config.hc_mult * model.hidden_size
     torch.testing.assert_close(y - ablated, mlp, rtol=1e-5, atol=1e-6)
 
 
@@ -98,3 +105,56 @@ def test_hy_v4_skip_of_a_shared_indexer_block_hands_on_the_picks_it_was_given():
 
         with model.trace(PROMPTS[0]):
             resume_at(model, last, entering)
+
+
+STREAMS = {"qwen4_exp_text": "hc_count", "gemma3n_text_unshared": "altup_num_inputs", "hy_v4": "hc_mult",
+           "deepseek_v4": "hc_mult"}
+
+
+@pytest.mark.parametrize("name", sorted(STREAMS))
+def test_every_multi_stream_family_serves_one_layout(name):
+    """``layer_input``, ``layer_output`` and every served contribution are ``[b, s, k·d]`` on each multi-stream
+    family, whatever the model's own tensor (``[b, s, k·d]``, ``[b, s, k, d]``, ``[k, b, s, d]``), and
+    ``project_on_vocab`` of the last block's output in that layout is the model's logits."""
+    skip_unavailable(name)
+    model = tiny_model(name)
+    k, d = getattr(model._text_config, STREAMS[name]), model.hidden_size
+    tokens = encode(model)["input_ids"].shape[1]
+    served = model.support()
+    last = model.num_layers - 1
+    streams, parts = [], []
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        streams.append(model.layers[0].layer_input.save())
+        if served.reason("mlp_output", 0) is None:
+            parts.append(model.layers[0].mlp.mlp_output.save())
+        streams.append(model.layers[last].layer_output.save())
+        logits = model.logits.save()
+    assert (name == "gemma3n_text_unshared") == (not parts)  # AltUp declines its contributions
+    assert all(tensor.shape == (1, tokens, k * d) for tensor in [*streams, *parts])
+    assert torch.equal(model.project_on_vocab(streams[1]), logits)
+
+
+def test_a_write_to_the_merged_stream_reaches_the_models_own_streams():
+    """DeepSeek-V4 keeps ``[b, s, k, d]``: an in-place edit of the served ``[b, s, k·d]`` view, an assignment, and
+    a skip's replacement each reach the block's own tensor, element for element."""
+    skip_unavailable("deepseek_v4")
+    model = tiny_model("deepseek_v4")
+    k, d = model._text_config.hc_mult, model.hidden_size
+    tokens = encode(model)["input_ids"].shape[1]
+    written = torch.randn(1, tokens, k * d)
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        model.layers[1].layer_input[:, -1, d:] = 0  # stream 1 at the last position, in place
+        edited = model.layers[1].attn_hc.input.save()  # the model's own [b, s, k, d]
+        model.layers[1].layer_output = written
+        assigned = model.layers[2].attn_hc.input.save()
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        clean = model.layers[1].attn_hc.input.save()
+    expected = clean.clone()
+    expected[:, -1, 1] = 0
+    assert torch.equal(edited, expected)
+    assert torch.equal(assigned, written.view(1, tokens, k, d))
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        model.skip_layers(0, 0, skip_with=written)
+        entering = model.layers[1].layer_input.save()
+        raw = model.layers[1].attn_hc.input.save()
+    assert torch.equal(entering, written) and torch.equal(raw, written.view(1, tokens, k, d))

@@ -496,6 +496,8 @@ class StandardizedTransformer(TransformersModel):
         x = hidden
         if self._family.collapse is not None:
             x = self._family.collapse(self._module, x)
+        if self._family.merged_streams:  # the final norm takes the model's own [..., k, hidden]
+            x = x.unflatten(-1, (-1, self.hidden_size))
         stream_divisor = self._family.step_factor("divide_stream", self._text_config)
         if stream_divisor is not None:
             x = x / stream_divisor
@@ -545,6 +547,8 @@ class StandardizedTransformer(TransformersModel):
         record()
         if self._family.stacked_streams:  # the blocks' own layout, [k, b, s, d]
             replacement = served_as_stacked(replacement, replacement.shape[-1] // self.hidden_size)
+        if self._family.merged_streams:  # the blocks' own layout, [b, s, k, d]
+            replacement = replacement.unflatten(-1, (-1, self.hidden_size))
         extras = (None,) * self._family.block_extras
         for index in range(start, end + 1):
             if self.layers[index].__dict__["_nncanon"].bindings["layer_input"].block is not None:

@@ -147,9 +147,11 @@ def mount(model: Any, family: Family, config: Any) -> None:
         state = ComponentState(
             where,
             {
-                "layer_input": bind("layer_input", Site(key="input", stacked=spec.stacked_streams)),
+                "layer_input": bind("layer_input", Site(key="input", stacked=spec.stacked_streams,
+                                                        merge=spec.merged_streams)),
                 "layer_output": bind("layer_output", Site(index=0 if spec.block_extras or spec.block_tuple else None,
-                                                          stacked=spec.stacked_streams)),
+                                                          stacked=spec.stacked_streams,
+                                                          merge=spec.merged_streams)),
             },
         )
         layer._nncanon = state

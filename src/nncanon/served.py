@@ -52,7 +52,9 @@ class Site:
             to the operation. For values that exist only inside a forward, such as router
             logits whose edit must change the routing.
         merge: The tensor's last two axes are one axis of the residual stream (hyper-connections:
-            a sublayer writes ``[b, s, k, d]`` into a ``[b, s, k·d]`` stream); served merged, a view.
+            a sublayer writes ``[b, s, k, d]`` into a ``[b, s, k·d]`` stream, or the model keeps its
+            streams as ``[b, s, k, d]``, `nncanon.families.Family.merged_streams`); served merged,
+            ``[b, s, k·d]``, a view (on a ``weighted`` site, the product merged).
         stacked: The tensor holds ``k`` streams stacked on a leading axis, ``[k, b, s, d]`` (Gemma-3n's
             AltUp streams); served sequence-first with the streams side by side, ``[b, s, k·d]``, as a
             merged stream is (`stacked_as_served`), a copy whose edits are written back.
@@ -63,7 +65,7 @@ class Site:
             product is no operation, so it is taken over: when the value is read, the weight is handed to
             the model as zeros and the value, ``weight · output`` ``[b, s, k, d]`` (the model's own product,
             bit for bit), is added to ``op``'s tensor instead. The sum is the model's, bit for bit, and a
-            write to the value is exactly what reaches the streams.
+            write to the value is exactly what reaches the streams. With ``merge``, served ``[b, s, k·d]``.
     """
 
     module: str = ""
@@ -275,7 +277,7 @@ class Binding:
         """
         tensor = _pick(raw, self.site)
         if self.weighted is not None:  # the streams, with what the sublayer writes into them (the model's sum)
-            return _put(raw, self.site, tensor + view)
+            return _put(raw, self.site, tensor + self._in_layout(view, tensor, mediator))
         bias = self._bias(raw)
         if self.site.scale is not None or bias is not None:
             current = tensor if bias is None else tensor + bias
@@ -459,13 +461,15 @@ class served(eproperty):
 
 def _read_weighted(binding: Binding, mediator: Mediator, label: str) -> tuple[Any, torch.Tensor]:
     """A ``weighted`` site: ``(raw value of the streams, weight · output)``, the weight handed to the model
-    as zeros (the product is added to the streams by the write-back instead, `Site.weighted`)."""
+    as zeros (the product is added to the streams by the write-back instead, `Site.weighted`); the product
+    ``[b, s, k, d]``, served ``[b, s, k·d]`` where the site merges (a view of it)."""
     weight_at, output_at = binding.weighted
     weight = _value(binding, mediator, label, weight_at)
     Mediator.swap(weight_at, torch.zeros_like(weight))
     output = _value(binding, mediator, label, output_at)
     raw = _value(binding, mediator, label)
-    return raw, weight * output
+    product = weight * output
+    return raw, product.flatten(-2) if binding.site.merge else product
 
 
 def _value(binding: Binding, mediator: Mediator, label: str, location: str | None = None) -> Any:

@@ -122,6 +122,10 @@ class Family:
         stacked_streams: The blocks take and return ``k`` streams stacked first, ``[k, b, s, d]``
             (Gemma-3n's AltUp): ``layer_input``/``layer_output`` serve them ``[b, s, k·d]``, side by side
             (`nncanon.served.stacked_as_served`), and a skip hands the blocks the stacked layout back.
+        merged_streams: The blocks take and return ``k`` streams on their own axis, ``[b, s, k, d]``
+            (HY-V4's and DeepSeek-V4's hyper-connections): ``layer_input``/``layer_output`` serve them
+            merged, ``[b, s, k·d]``, as a view (`nncanon.served.Site.merge`), ``project_on_vocab`` takes
+            that layout, and a skip hands the blocks ``[b, s, k, d]`` back.
         collapse: ``(model, stream) -> [b, s, d]``: how a multi-stream model turns its ``[b, s, k·d]``
             stream into one before its final norm, where no module does it (Gemma-3n's AltUp
             unembedding, inline in the model's forward); ``model`` is the unwrapped transformers model.
@@ -170,6 +174,7 @@ class Family:
     idle: Callable[[Any, int], str | None] | None = field(default=None, compare=False)
     idle_inputs: tuple[str, ...] = ()
     stacked_streams: bool = False
+    merged_streams: bool = False
     collapse: Callable[[Any, Any], Any] | None = field(default=None, compare=False)
     refuse_skip: Callable[[Any, int, int], str | None] | None = field(default=None, compare=False)
 

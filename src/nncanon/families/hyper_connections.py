@@ -1,13 +1,15 @@
 """HY-V4 and DeepSeek-V4: blocks on ``k = hc_mult`` hyper-connection streams, kept as ``[b, s, k, d]``.
 
-``layer_input`` and ``layer_output`` are the model's own stream tensor, ``[b, s, k, d]`` (axis 2: the
-stream; the embeddings repeated ``k`` times enter block 0). Each sublayer reads a learned mix of the
-streams (``pre``, from its hyper-connection module ``attn_hc`` / ``ffn_hc``) and writes its output ``out``
-(``[b, s, d]``) into every stream with a learned per-stream weight ``post`` (``[b, s, k]``), in one
-expression of the block's forward: ``post[..., None] · out[..., None, :] + streams``. That product is
-what the sublayer adds to each stream, ``[b, s, k, d]``; it is no operation, so it is served as a
-``weighted`` site (`nncanon.served.Site.weighted`): read as the model's own product of its two
-operands, written by adding it to the streams in the model's own sum.
+The model's stream tensor is ``[b, s, k, d]`` (the embeddings repeated ``k`` times enter block 0); like
+every multi-stream family's, ``layer_input`` and ``layer_output`` serve it merged, the ``k`` streams side by
+side, ``[b, s, k·d]`` (a view; ``.view(b, s, k, d)`` gives the stream axis; `Family.merged_streams`). Each
+sublayer reads a learned mix of the streams (``pre``, from its hyper-connection module ``attn_hc`` /
+``ffn_hc``) and writes its output ``out`` (``[b, s, d]``) into every stream with a learned per-stream weight
+``post`` (``[b, s, k]``), in one expression of the block's forward: ``post[..., None] · out[..., None, :] +
+streams``. That product is what the sublayer adds to each stream, ``[b, s, k, d]``, served merged like the
+stream, ``[b, s, k·d]``; it is no operation, so it is served as a ``weighted`` site
+(`nncanon.served.Site.weighted`): read as the model's own product of its two operands, written by adding it
+to the streams in the model's own sum.
 
 - HY-V4 adds it to the streams as they are: ``h = x + post_a ⊗ attn``, ``y = h + post_m ⊗ mlp``, so
   ``layer_input + attention_output + mlp_output == layer_output`` stream by stream.
@@ -30,7 +32,7 @@ run over the sequence's keys and then the compressor's entries, ``[b, H, q, s + 
 they leave out the learned sink, so a row sums to less than one.
 
 The final collapse of the streams (``model.hc_head``: a learned mix, ``[b, s, k, d] → [b, s, d]``) and
-the norm after it are the model's final norm, so ``project_on_vocab`` takes a ``[b, s, k, d]`` stream.
+the norm after it are the model's final norm, so ``project_on_vocab`` takes the served ``[b, s, k·d]`` stream.
 """
 
 from __future__ import annotations
@@ -53,11 +55,12 @@ HY_V4 = Family(
     model_types=("hy_v4",),
     norm="model.hc_head",
     before_head=("model.norm",),
-    attention_output=Site(op="residual_float_0", weighted=("unsqueeze_0", "unsqueeze_1")),
-    mlp_output=Site(op="residual_float_1", weighted=("unsqueeze_2", "unsqueeze_3")),
+    attention_output=Site(op="residual_float_0", weighted=("unsqueeze_0", "unsqueeze_1"), merge=True),
+    mlp_output=Site(op="residual_float_1", weighted=("unsqueeze_2", "unsqueeze_3"), merge=True),
     head_shape=lambda config, layer: (config.num_attention_heads, config.v_head_dim),
     block_extras=1,
     passes_state="prev_topk_indices",
+    merged_streams=True,
     residual=(
         "(post_a, u) = attn_hc(x); h = x + post_a ⊗ attn(norm1(u)); "
         "(post_m, v) = ffn_hc(h); y = h + post_m ⊗ mlp(norm2(v)), on [b, s, k, d] streams"
@@ -113,14 +116,16 @@ DEEPSEEK_V4 = Family(
     model_types=("deepseek_v4",),
     norm="model.hc_head",
     before_head=("model.norm",),
-    attention_output=Site(op="torch_matmul_0", weighted=("unsqueeze_0", "attn_output_unsqueeze_0")),
-    mlp_output=Site(op="torch_matmul_1", weighted=("unsqueeze_1", "mlp_output_unsqueeze_0")),
+    attention_output=Site(op="torch_matmul_0", weighted=("unsqueeze_0", "attn_output_unsqueeze_0"),
+                          merge=True),
+    mlp_output=Site(op="torch_matmul_1", weighted=("unsqueeze_1", "mlp_output_unsqueeze_0"), merge=True),
     head_outputs=Site("self_attn.o_a_proj", key="input", merge=True),
     head_totals=_grouped_head_totals,
     router_logits=Site("mlp.gate", op="logits_0", flat=True),
     expert_weights=Site("mlp.gate", index=1, flat=True),
     expert_indices=Site("mlp.gate", index=2, flat=True),
     shared_expert_output=Site("mlp.shared_experts"),
+    merged_streams=True,
     residual=(
         "(post_a, comb_a, u) = attn_hc(x); h = comb_aᵀ·x + post_a ⊗ attn(norm1(u)); "
         "(post_m, comb_m, v) = ffn_hc(h); y = comb_mᵀ·h + post_m ⊗ mlp(norm2(v)), on [b, s, k, d] streams"

@@ -230,10 +230,17 @@ def block_streams(model: Any, inputs: dict) -> tuple[list, list, Any]:
         for handle in handles:
             handle.remove()
     count = model.num_layers
-    served_layout = stacked_as_served if model.family.stacked_streams else (lambda tensor: tensor)
-    entering_served = [None if entering.get(i) is None else served_layout(entering[i]) for i in range(count)]
-    leaving_served = [None if leaving.get(i) is None else served_layout(leaving[i]) for i in range(count)]
+    entering_served = [None if entering.get(i) is None else stream_as_served(model, entering[i]) for i in range(count)]
+    leaving_served = [None if leaving.get(i) is None else stream_as_served(model, leaving[i]) for i in range(count)]
     return entering_served, leaving_served, output
+
+
+def stream_as_served(model: Any, tensor: torch.Tensor) -> torch.Tensor:
+    """A block's own stream tensor laid out as ``layer_input`` serves it: ``[b, s, k·d]`` where the blocks take
+    stacked (``[k, b, s, d]``) or merged (``[b, s, k, d]``) streams, else as it is."""
+    if model.family.stacked_streams:
+        return stacked_as_served(tensor)
+    return tensor.flatten(-2) if model.family.merged_streams else tensor
 
 
 def site_reference(model: Any, layer: int, name: str, inputs: dict) -> torch.Tensor:
@@ -241,7 +248,7 @@ def site_reference(model: Any, layer: int, name: str, inputs: dict) -> torch.Ten
     binding = host(model, layer, name)._nncanon.bindings[name]
     site = binding.site
     if site.weighted is not None:
-        return _weighted_reference(model, layer, site, inputs)
+        return _finish(_weighted_reference(model, layer, site, inputs), binding, inputs)
     if site.op is not None:
         return _finish(_operation_reference(model, layer, site, inputs), binding, inputs)
     module = site_module(model, layer, name)
@@ -988,7 +995,7 @@ def _stream_gradient_with_site_detached(model: Any, layer: int, name: str) -> to
         cut.remove()
         watch.remove()
     grad = seen.get("grad", torch.zeros_like(seen["x"]))  # no path left from the stream to the logit
-    return stacked_as_served(grad) if model.family.stacked_streams else grad  # laid out as layer_input is served
+    return stream_as_served(model, grad)  # laid out as layer_input is served
 
 
 @dataclass(frozen=True)

@@ -199,7 +199,7 @@ def attribution_patching(
     for key in order:
         delta = (patched[key] if patched is not None else torch.zeros_like(values[key])) - values[key]
         product = (delta.float() * grads[key].float())
-        # heads [b, s, H, head_dim] -> [b, H]; a contribution [b, s, d] (or [b, s, k, d] on k streams) -> [b]
+        # heads [b, s, H, head_dim] -> [b, H]; a contribution [b, s, d] (or [b, s, k·d] on k streams) -> [b]
         heads = key[1].endswith("head_outputs")
         estimates[key] = product.sum(dim=(1, -1)) if heads else product.flatten(1).sum(-1)
     return _labelled(model, plan, over, estimates, len(batch), not isinstance(clean, str))
