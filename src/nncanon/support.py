@@ -11,6 +11,9 @@ LAYER_VALUES = (
     "layer_input",
     "layer_output",
     "self_attn",
+    "query_states",
+    "key_states",
+    "value_states",
     "attention_probabilities",
     "attention_head_outputs",
     "attention_output",
@@ -27,6 +30,9 @@ LAYER_VALUES = (
 
 #: The component each value is served on.
 COMPONENT_OF = {
+    "query_states": "self_attn",
+    "key_states": "self_attn",
+    "value_states": "self_attn",
     "attention_probabilities": "self_attn",
     "attention_head_outputs": "self_attn",
     "attention_output": "self_attn",

@@ -15,6 +15,10 @@ user's config) and on inferred families; `verify` runs them all.
 - ``heads``: the heads, each through its slice of the output projection (plus the bias), sum to the
   projection's output.
 - ``probabilities``: zeroing a head's probabilities equals zeroing its output.
+- ``kernel``: ``softmax(q·kᵀ·scale + mask)`` of the kernel's inputs reproduces the eager probabilities;
+  zeroing one group of values zeroes exactly its heads' kernel output.
+- ``recomputed``: under sdpa, the probabilities recomputed from the kernel's inputs equal eager's, and
+  multiply the values to sdpa's output.
 - ``routing``: the chosen experts are distinct and valid; a router logit set to ``-inf`` removes that
   expert from exactly the tokens routed to it.
 - ``lens``: the lens at the last layer equals the logits, bit for bit.
@@ -32,7 +36,8 @@ from typing import Any
 import torch
 from nnsight.intervention.util import first_input
 
-from ..served import _pick
+from ..components.kernel import RECOMPUTED, STATES, interface_reason
+from ..served import INTERFACE, _pick, operation_name
 from ..support import COMPONENT_OF
 from ..testing import PROMPTS
 
@@ -44,6 +49,8 @@ TOLERANCE = 1e-5
 CONTRIBUTIONS = ("attention_output", "linear_attention_output", "mlp_output")
 #: Per-head values.
 HEAD_VALUES = ("attention_head_outputs", "linear_attention_head_outputs")
+#: The attention kernel's per-head inputs.
+KERNEL_INPUTS = tuple(STATES)
 #: The routing values of a mixture of experts.
 ROUTING = ("router_logits", "expert_weights", "expert_indices")
 #: Model-level values the checks prove (not per layer).
@@ -241,7 +248,8 @@ def _operation_reference(model: Any, layer: int, site: Any, inputs: dict) -> tor
     path = ".".join(part for part in (model.family.layers, str(layer), site.module) if part)
     plain = NNsight(fresh)
     with torch.no_grad(), plain.trace(**inputs):
-        operation = getattr(plain.get(path).source, site.op)
+        source = plain.get(path).source
+        operation = getattr(source, operation_name(source.names, site.op))
         raw = (operation.output if site.key == "output" else operation.inputs).save()
     return _pick(raw, site).clone()
 
@@ -257,6 +265,8 @@ def _finish(tensor: torch.Tensor, binding: Any, inputs: dict, divide: bool = Fal
         tensor = tensor.flatten(-2)
     if binding.heads is not None:
         tensor = tensor.view(batch, seq, binding.heads, -1)
+    if site.heads_first:
+        tensor = tensor.transpose(1, 2)
     if site.scale is not None:
         factor = site.factor(binding.config)
         tensor = tensor / factor if divide else tensor * factor
@@ -347,7 +357,8 @@ def _operation_gradient(model: Any, layer: int, name: str, site: Any, inputs: di
     path = ".".join(part for part in (model.family.layers, str(layer), site.module) if part)
     with torch.enable_grad():
         with plain.trace(**inputs):
-            operation = getattr(plain.get(path).source, site.op)
+            source = plain.get(path).source
+            operation = getattr(source, operation_name(source.names, site.op))
             keep(name, _pick(operation.output if site.key == "output" else operation.inputs, site))
             output = plain.output.save()
         _backward(root, output, metric)
@@ -356,7 +367,7 @@ def _operation_gradient(model: Any, layer: int, name: str, site: Any, inputs: di
 # -- the checks -------------------------------------------------------------------------------
 
 
-_READ_VALUES = (*HEAD_VALUES, *CONTRIBUTIONS, *ROUTING, "shared_expert_output")
+_READ_VALUES = (*KERNEL_INPUTS, *HEAD_VALUES, *CONTRIBUTIONS, *ROUTING, "shared_expert_output")
 
 
 def check_read(model: Any) -> list[CheckResult]:
@@ -453,7 +464,7 @@ def _ablation(model: Any, index: int, name: str, later: list[str]) -> CheckResul
 def check_invokes(model: Any) -> list[CheckResult]:
     """A write in the middle invoke of three leaves the other two bit-identical and reaches its own."""
     results = []
-    writable = HEAD_VALUES + CONTRIBUTIONS
+    writable = KERNEL_INPUTS + HEAD_VALUES + CONTRIBUTIONS
     for index in range(model.num_layers):
         for name in served(model, index, writable):
             results += _guarded("invokes", index, (name,), lambda index=index, name=name: [
@@ -608,6 +619,133 @@ def _probabilities(model: Any, index: int, head: int) -> CheckResult:
     return result
 
 
+def check_kernel(model: Any) -> list[CheckResult]:
+    """The kernel's inputs are what it attends with: ``softmax(q·kᵀ·scale + mask)`` (with the call's
+    softcap and sinks) reproduces the eager probabilities, and zeroing one group of ``value_states``
+    zeroes exactly its heads' kernel output."""
+    results = []
+    report = model.support()
+    for index in report.layers_with("query_states"):
+        if report.available("attention_probabilities", layer=index) and _runs_eager(model):
+            results += _guarded("kernel", index, ("query_states", "key_states", "attention_probabilities"),
+                                lambda index=index: [_attends(model, index)])
+        results += _guarded("kernel", index, ("value_states",), lambda index=index: [_values_reach(model, index)])
+    return results
+
+
+def _runs_eager(model: Any) -> bool:
+    return getattr(model._module.config, "_attn_implementation", None) == "eager"
+
+
+def _interface(model: Any, index: int) -> Any:
+    """Block ``index``'s attention-interface call, as an nnsight operation (inside a trace)."""
+    source = model.layers[index].self_attn.source
+    return getattr(source, operation_name(source.names, INTERFACE))
+
+
+def _attends(model: Any, index: int) -> CheckResult:
+    from ..components.kernel import _additive_mask
+
+    attention = model.layers[index].self_attn
+    with torch.no_grad(), model.trace(PROMPTS):
+        query, key = attention.query_states.save(), attention.key_states.save()
+        call = _interface(model, index).inputs.save()
+        probabilities = attention.attention_probabilities.save()
+    args, kwargs = call
+    q, k = query.transpose(1, 2), key.transpose(1, 2)  # [b, H, s, d]
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    scale = kwargs.get("scaling")
+    scores = q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if kwargs.get("softcap"):
+        scores = torch.tanh(scores / kwargs["softcap"]) * kwargs["softcap"]
+    mask = _additive_mask(args[4] if len(args) > 4 else kwargs.get("attention_mask"), q, k,
+                          getattr(hf_block(model, index).get_submodule(model.family.attention), "is_causal", True))
+    if mask is not None:
+        scores = scores + mask[..., : k.shape[-2]]
+    sinks = kwargs.get("s_aux")
+    if sinks is not None:
+        scores = torch.cat([scores, sinks.reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)], dim=-1)
+    expected = torch.softmax(scores.float(), dim=-1)[..., : k.shape[-2]].to(probabilities.dtype)
+    return _compare("kernel", index, ("query_states", "key_states", "attention_probabilities"), probabilities,
+                    expected, TOLERANCE, "softmax(q·kᵀ·scale + mask) against the eager probabilities")
+
+
+def _values_reach(model: Any, index: int) -> CheckResult:
+    attention = model.layers[index].self_attn
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        groups = attention.value_states.save()
+        clean = _interface(model, index).output[0].save()
+    groups = groups.shape[-2]
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        attention.value_states[..., -1, :] = 0
+        written = _interface(model, index).output[0].save()
+    heads = written.shape[-2]
+    silenced = torch.arange(heads) // (heads // groups) == groups - 1
+    zeroed = float(written[..., silenced, :].abs().max())
+    moved = float((written[..., ~silenced, :] - clean[..., ~silenced, :]).abs().max()) if (~silenced).any() else 0.0
+    reached = not torch.equal(written, clean)
+    passed = zeroed == 0.0 and moved == 0.0 and reached
+    note = (f"value group {groups - 1} zeroed: its {int(silenced.sum())} heads' kernel output max |x| {zeroed:.1e}, "
+            f"the other heads moved {moved:.1e}")
+    return CheckResult("kernel", index, ("value_states",), passed, max(zeroed, moved), 0.0, note)
+
+
+def check_recomputed(model: Any) -> list[CheckResult]:
+    """Under sdpa, the probabilities recomputed from the kernel's inputs equal eager's and multiply the
+    values to sdpa's own output (left-padded batch)."""
+    layers = [i for i in model.support().layers_with("attention_probabilities")
+              if interface_reason(type(hf_block(model, i).get_submodule(model.family.attention))) is None
+              and model.layers[i].self_attn._nncanon.reason(RECOMPUTED) is None]
+    if not layers:
+        return []
+    sdpa = _implementation_copy(model, "sdpa")
+    if sdpa is None:  # the model class has no sdpa path: nothing runs without eager
+        return []
+    eager = model if _runs_eager(model) else _implementation_copy(model, "eager")
+    results = []
+    for index in layers:
+        results += _guarded("recomputed", index, (RECOMPUTED,), lambda index=index: _recomputed(
+            eager, sdpa, index))
+    return results
+
+
+def _implementation_copy(model: Any, implementation: str) -> Any:
+    """A copy of ``model`` running ``implementation`` (``None``: its class does not support it)."""
+    from ..model import StandardizedTransformer
+
+    module = copy.deepcopy(model._module)
+    try:
+        module.set_attn_implementation(implementation)
+    except (ValueError, ImportError):
+        return None
+    return StandardizedTransformer(module, tokenizer=model.tokenizer, verify="never", family=model.family)
+
+
+def _recomputed(eager: Any, sdpa: Any, index: int) -> list[CheckResult]:
+    with torch.no_grad(), eager.trace(PROMPTS):
+        reference = eager.layers[index].self_attn.attention_probabilities.save()
+    attention = sdpa.layers[index].self_attn
+    with torch.no_grad(), sdpa.trace(PROMPTS):
+        values = attention.value_states.save()
+        probabilities = attention.attention_probabilities.save()
+        output = _interface(sdpa, index).output[0].save()
+    real = encode_batch(sdpa)["attention_mask"].bool()  # the query rows that are tokens, not padding
+    v = values.transpose(1, 2)
+    v = v.repeat_interleave(probabilities.shape[1] // v.shape[1], dim=1)
+    mixed = (probabilities @ v).transpose(1, 2)  # [b, q, H, d]
+    return [
+        _compare("recomputed", index, (RECOMPUTED,), probabilities, reference, TOLERANCE,
+                 "recomputed under sdpa against eager's probabilities"),
+        _compare("recomputed", index, (RECOMPUTED,), mixed[real], output[real], TOLERANCE,
+                 "recomputed probabilities · values against sdpa's output"),
+    ]
+
+
+def encode_batch(model: Any) -> dict:
+    """`PROMPTS` tokenized as a trace tokenizes a batch of them (left-padded)."""
+    return dict(model.tokenizer(PROMPTS, return_tensors="pt", padding=True))
+
+
 def check_routing(model: Any) -> list[CheckResult]:
     """The chosen experts are distinct and in range; masking one expert reroutes exactly its tokens."""
     results = []
@@ -734,6 +872,6 @@ CHECKS: tuple[Check, ...] = tuple(
           " ".join((function.__doc__ or "").split("\n\n")[0].split()))
     for function in (
         check_read, check_identity, check_ablation, check_invokes, check_locality, check_heads,
-        check_probabilities, check_routing, check_lens, check_skip, check_resume,
+        check_probabilities, check_kernel, check_recomputed, check_routing, check_lens, check_skip, check_resume,
     )
 )
