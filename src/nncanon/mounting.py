@@ -28,10 +28,10 @@ from .components import (
     MLPEnvoy,
     VirtualMLP,
 )
-from .families import Family
-from .order import block_order
 from .components.kernel import RECOMPUTED, STATES, interface_reason, recompute_reason
 from .errors import ValueNotAvailable
+from .families import Family
+from .order import block_order
 from .served import INTERFACE, Binding, Site, operation_name
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from nnsight.intervention.eproperty import WriteBack
 from nnsight.intervention.envoy import Envoy
+from nnsight.intervention.eproperty import WriteBack
 from nnsight.intervention.interleaver import Mediator
 
 from ..errors import InvalidWrite

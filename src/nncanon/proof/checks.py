@@ -621,7 +621,7 @@ def _probabilities(model: Any, index: int, head: int) -> CheckResult:
 
 def check_kernel(model: Any) -> list[CheckResult]:
     """The kernel's inputs are what it attends with: ``softmax(q·kᵀ·scale + mask)`` (with the call's
-    softcap and sinks) reproduces the eager probabilities, and zeroing one group of ``value_states``
+    softcap, position bias and sinks) reproduces the eager probabilities, and zeroing one group of ``value_states``
     zeroes exactly its heads' kernel output."""
     results = []
     report = model.support()
@@ -658,16 +658,22 @@ def _attends(model: Any, index: int) -> CheckResult:
     scores = q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
     if kwargs.get("softcap"):
         scores = torch.tanh(scores / kwargs["softcap"]) * kwargs["softcap"]
+    if kwargs.get("position_bias") is not None:  # an additive bias the interface takes (relative positions)
+        scores = scores + kwargs["position_bias"]
     mask = _additive_mask(args[4] if len(args) > 4 else kwargs.get("attention_mask"), q, k,
-                          getattr(hf_block(model, index).get_submodule(model.family.attention), "is_causal", True))
+                          getattr(attention._module, "is_causal", True))
     if mask is not None:
         scores = scores + mask[..., : k.shape[-2]]
+    expected = {"softmax": torch.softmax(scores.float(), dim=-1).to(probabilities.dtype)}
     sinks = kwargs.get("s_aux")
-    if sinks is not None:
-        scores = torch.cat([scores, sinks.reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)], dim=-1)
-    expected = torch.softmax(scores.float(), dim=-1)[..., : k.shape[-2]].to(probabilities.dtype)
-    return _compare("kernel", index, ("query_states", "key_states", "attention_probabilities"), probabilities,
-                    expected, TOLERANCE, "softmax(q·kᵀ·scale + mask) against the eager probabilities")
+    if sinks is not None:  # a sink is one more logit of the softmax (GPT-OSS), or only scales the output after
+        sunk = torch.cat([scores, sinks.reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)], dim=-1)
+        expected["softmax with the sink logit"] = torch.softmax(sunk.float(), dim=-1)[..., :-1].to(probabilities.dtype)
+    values = ("query_states", "key_states", "attention_probabilities")
+    results = [_compare("kernel", index, values, probabilities, formula, TOLERANCE,
+                        f"{name}(q·kᵀ·scale + mask) against the eager probabilities")
+               for name, formula in expected.items()]
+    return next((result for result in results if result.passed), results[0])
 
 
 def _values_reach(model: Any, index: int) -> CheckResult:
@@ -694,7 +700,7 @@ def check_recomputed(model: Any) -> list[CheckResult]:
     """Under sdpa, the probabilities recomputed from the kernel's inputs equal eager's and multiply the
     values to sdpa's own output (left-padded batch)."""
     layers = [i for i in model.support().layers_with("attention_probabilities")
-              if interface_reason(type(hf_block(model, i).get_submodule(model.family.attention))) is None
+              if interface_reason(type(model.layers[i].self_attn._module)) is None
               and model.layers[i].self_attn._nncanon.reason(RECOMPUTED) is None]
     if not layers:
         return []
