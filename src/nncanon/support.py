@@ -64,11 +64,11 @@ class SupportReport:
     """The support table of a model. Built from the mounted family data; runs no forward.
 
     Example:
-        >>> report = model.support()
+        >>> report = model.support()          # under sdpa, attention computed inline (Falcon)
         >>> report.available("attention_probabilities", layer=0)
         False
         >>> print(report.reason("attention_probabilities", layer=0))
-        attention probabilities are only computed under attn_implementation='eager'; ...
+        attention probabilities are not computed under attn_implementation='sdpa', and its attention ...
         >>> report.layers_with("self_attn")
         [0, 1, 2, ...]
     """
