@@ -122,7 +122,8 @@ def test_families_checks_the_selected_variants(capsys):
     assert main(["families", "-k", "mpt", "--quiet"]) == EXIT_OK
     out = capsys.readouterr().out
     # MPT computes attention inline: the kernel's per-head inputs are declined by rule.
-    assert re.search(r"^mpt\s+mpt\s+mpt\s+2\s+\S+\s+query_states, key_states, value_states\s+ok$", out, re.MULTILINE), out
+    row = r"^mpt\s+mpt\s+mpt\s+2\s+\S+\s+query_states, key_states, value_states\s+ok$"
+    assert re.search(row, out, re.MULTILINE), out
     assert "1 of 1 variants pass" in out
     # Falcon-H1 runs attention and a Mamba mixer side by side: the identity sums both.
     assert main(["families", "-k", "falcon_h1", "--quiet"]) == EXIT_OK
