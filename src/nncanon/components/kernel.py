@@ -16,7 +16,6 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Callable
-from functools import cache
 from typing import Any
 
 import torch
@@ -33,9 +32,10 @@ RECOMPUTED = "recomputed_probabilities"
 RECOMPUTABLE = ("sdpa",)
 
 
-@cache
 def interface_reason(cls: type) -> str | None:
     """Why ``cls`` (an attention module class) has no attention-interface call to read, or ``None``."""
+    # (Plain functions, no functools.cache: a remote request ships this module by value, and a cache
+    # wrapper would be pickled by reference to a module the server does not have.)
     forward = inspect.unwrap(cls.forward)
     code = getattr(forward, "__code__", None)
     if code is not None and "attention_interface" in code.co_varnames:
@@ -46,7 +46,6 @@ def interface_reason(cls: type) -> str | None:
     )
 
 
-@cache
 def _eager_function(cls: type) -> Callable | None:
     """The ``eager_attention_forward`` of ``cls``'s modeling module (``None`` where it has none)."""
     function = getattr(sys.modules.get(cls.__module__), "eager_attention_forward", None)
