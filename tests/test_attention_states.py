@@ -124,7 +124,7 @@ def test_generation_steps_see_the_cached_keys():
     attention = model.layers[0].self_attn
     shapes = []
     with torch.no_grad(), model.generate(PROMPTS[0], max_new_tokens=3, do_sample=False) as tracer:
-        for _ in tracer.iter[:]:
+        for _ in tracer.iter[:3]:
             shapes.append(tuple(attention.key_states.shape))
     prompt = len(model.tokenizer(PROMPTS[0])["input_ids"])
     assert [shape[1] for shape in shapes] == [prompt, prompt + 1, prompt + 2]
