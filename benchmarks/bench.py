@@ -222,8 +222,9 @@ PROBABILITY_SEQ, PROBABILITY_LAYER = 512, 6
 
 
 def probability_trace(model: StandardizedTransformer, ids: torch.Tensor, read: bool) -> None:
-    """One trace saving the logits, and block `PROBABILITY_LAYER`'s attention probabilities where ``read``."""
-    with torch.no_grad(), model.trace(ids):
+    """One trace saving the last position's logits, and block `PROBABILITY_LAYER`'s attention probabilities
+    where ``read``. (Last-position logits only: a 512 x 50k logit matrix would be the peak of every case.)"""
+    with torch.no_grad(), model.trace(ids, logits_to_keep=1):
         if read:
             model.layers[PROBABILITY_LAYER].self_attn.attention_probabilities.save()
         model.logits.save()
@@ -252,8 +253,11 @@ def probability_memory(name: str, implementation: str, read: bool) -> float:
         f"b.probability_trace(m, ids, {read!r});"
         "print((status('VmHWM:')-before)/1024)"
     )
+    # Every allocation over 64 KiB mapped and unmapped on its own: the RSS follows the live tensors (glibc's
+    # defaults keep freed memory for reuse, so a second trace's growth would measure fragmentation instead).
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=os.path.dirname(os.path.abspath(__file__)))
+                         cwd=os.path.dirname(os.path.abspath(__file__)), env=env)
     return float(out.stdout.strip().splitlines()[-1])
 
 

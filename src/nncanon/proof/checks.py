@@ -244,7 +244,7 @@ def _operation_reference(model: Any, layer: int, site: Any, inputs: dict) -> tor
     nnsight's own source hooks on a plain ``NNsight`` over a copy of the model."""
     from nnsight import NNsight
 
-    fresh = copy.deepcopy(model._module)
+    fresh = _fresh_copy(model._module)
     path = ".".join(part for part in (model.family.layers, str(layer), site.module) if part)
     plain = NNsight(fresh)
     with torch.no_grad(), plain.trace(**inputs):
@@ -252,6 +252,17 @@ def _operation_reference(model: Any, layer: int, site: Any, inputs: dict) -> tor
         operation = getattr(source, operation_name(source.names, site.op))
         raw = (operation.output if site.key == "output" else operation.inputs).save()
     return _pick(raw, site).clone()
+
+
+def _fresh_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of ``module``; tensors a gradient-tracking forward left on its modules (RecurrentGemma's
+    cached states, not leaves: torch cannot deep-copy them) are copied detached. The original is untouched."""
+    memo: dict = {}
+    for sub in module.modules():
+        for value in vars(sub).values():
+            if isinstance(value, torch.Tensor) and not value.is_leaf:
+                memo[id(value)] = value.detach().clone()
+    return copy.deepcopy(module, memo)
 
 
 def _finish(tensor: torch.Tensor, binding: Any, inputs: dict, divide: bool = False) -> torch.Tensor:
@@ -352,7 +363,7 @@ def _operation_gradient(model: Any, layer: int, name: str, site: Any, inputs: di
     """One forward of a copy of the model as a plain ``NNsight``, a tensor hook on the operation's tensor."""
     from nnsight import NNsight
 
-    root = copy.deepcopy(model._module)
+    root = _fresh_copy(model._module)
     plain = NNsight(root)
     path = ".".join(part for part in (model.family.layers, str(layer), site.module) if part)
     with torch.enable_grad():
@@ -629,7 +640,9 @@ def check_kernel(model: Any) -> list[CheckResult]:
         if report.available("attention_probabilities", layer=index) and _runs_eager(model):
             results += _guarded("kernel", index, ("query_states", "key_states", "attention_probabilities"),
                                 lambda index=index: [_attends(model, index)])
-        results += _guarded("kernel", index, ("value_states",), lambda index=index: [_values_reach(model, index)])
+        if report.available("value_states", layer=index):
+            results += _guarded("kernel", index, ("value_states",), lambda index=index: [
+                _values_reach(model, index)])
     return results
 
 
@@ -719,7 +732,7 @@ def _implementation_copy(model: Any, implementation: str) -> Any:
     """A copy of ``model`` running ``implementation`` (``None``: its class does not support it)."""
     from ..model import StandardizedTransformer
 
-    module = copy.deepcopy(model._module)
+    module = _fresh_copy(model._module)
     try:
         module.set_attn_implementation(implementation)
     except (ValueError, ImportError):
@@ -732,11 +745,11 @@ def _recomputed(eager: Any, sdpa: Any, index: int) -> list[CheckResult]:
         reference = eager.layers[index].self_attn.attention_probabilities.save()
     attention = sdpa.layers[index].self_attn
     with torch.no_grad(), sdpa.trace(PROMPTS):
-        values = attention.value_states.save()
+        call = _interface(sdpa, index).inputs.save()
         probabilities = attention.attention_probabilities.save()
         output = _interface(sdpa, index).output[0].save()
     real = encode_batch(sdpa)["attention_mask"].bool()  # the query rows that are tokens, not padding
-    v = values.transpose(1, 2)
+    v = call[0][3]  # the values the kernel received, [b, KV, k, d]
     v = v.repeat_interleave(probabilities.shape[1] // v.shape[1], dim=1)
     mixed = (probabilities @ v).transpose(1, 2)  # [b, q, H, d]
     return [
