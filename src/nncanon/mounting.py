@@ -55,7 +55,7 @@ def _combined(role: type, custom: type) -> type:
     return _COMBINED[key]
 
 
-class EagerOnly:
+class ProbabilitiesReason:
     """The reason ``attention_probabilities`` is not served, or ``None``: under eager attention they are
     read where they multiply the values; under another implementation, recomputed from the attention
     interface's inputs (`nncanon.components.kernel`) where that is exact for the module and proved.
@@ -194,7 +194,7 @@ def mount(model: Any, family: Family, config: Any) -> None:
                     ),
                     "attention_output": bind("attention_output", spec.attention_output, component="self_attn"),
                 },
-                {**reasons, "attention_probabilities": EagerOnly(attention), RECOMPUTED: None},
+                {**reasons, "attention_probabilities": ProbabilitiesReason(attention), RECOMPUTED: None},
                 probabilities=spec.probabilities(config) if callable(spec.probabilities) else spec.probabilities,
             )
             components.append(attention._nncanon)
