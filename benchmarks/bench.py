@@ -19,6 +19,9 @@ What is compared, per model:
   of one, so batching alone cannot reach 4x there);
 - memory: peak RSS growth of the read-everything trace, standardized against raw nnsight
   (target <= 1.05x), each measured in a fresh subprocess;
+- sdpa probabilities: a trace under sdpa reading one layer's attention probabilities (recomputed from
+  the kernel's inputs) at 1 x 512 tokens, against a plain sdpa trace (target <= 1.10x) and against the
+  same read under eager (faster and lighter: peak RSS growth of the trace, fresh process each);
 - proof: the load-time proof of a config nobody proved yet (twin built, every check run), for the
   full-size default configs of dense families (target <= 2 s) and hybrid / MoE ones (<= 5 s); the
   `load` figure above is a load whose proof is cached.
@@ -214,6 +217,84 @@ def peak_memory(name: str, which: str) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+#: The prompt length and the layer of the sdpa-probabilities section.
+PROBABILITY_SEQ, PROBABILITY_LAYER = 512, 6
+
+
+def probability_trace(model: StandardizedTransformer, ids: torch.Tensor, read: bool) -> None:
+    """One trace saving the last position's logits, and block `PROBABILITY_LAYER`'s attention probabilities
+    where ``read``. (Last-position logits only: a 512 x 50k logit matrix would be the peak of every case.)"""
+    with torch.no_grad(), model.trace(ids, logits_to_keep=1):
+        if read:
+            model.layers[PROBABILITY_LAYER].self_attn.attention_probabilities.save()
+        model.logits.save()
+
+
+def probability_model(name: str, implementation: str) -> StandardizedTransformer:
+    module = build(name)
+    module.set_attn_implementation(implementation)
+    return StandardizedTransformer(module, tokenizer=tiny_tokenizer())
+
+
+def probability_ids(model: Any) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(2)
+    return torch.randint(3, model._module.config.vocab_size, (1, PROBABILITY_SEQ), generator=generator)
+
+
+def probability_memory(name: str, implementation: str, read: bool) -> float:
+    """Peak RSS growth (MB) of one `probability_trace` over the RSS before it, in a fresh process (the
+    kernel's high-water mark reset through ``/proc/self/clear_refs`` after a warm-up trace)."""
+    code = (
+        "import sys; sys.argv=['x']; import bench as b;"
+        f"m=b.probability_model({name!r}, {implementation!r}); ids=b.probability_ids(m);"
+        f"b.probability_trace(m, ids, {read!r});"
+        "status=lambda key: int(next(l for l in open('/proc/self/status') if l.startswith(key)).split()[1]);"
+        "open('/proc/self/clear_refs','w').write('5'); before=status('VmRSS:');"
+        f"b.probability_trace(m, ids, {read!r});"
+        "print((status('VmHWM:')-before)/1024)"
+    )
+    # Every allocation over 64 KiB mapped and unmapped on its own: the RSS follows the live tensors (glibc's
+    # defaults keep freed memory for reuse, so a second trace's growth would measure fragmentation instead).
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.abspath(__file__)), env=env)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def sdpa_probabilities(name: str, repeats: int) -> dict:
+    """Probabilities of one layer under sdpa (recomputed) against a plain sdpa trace and eager."""
+    sdpa, eager = probability_model(name, "sdpa"), probability_model(name, "eager")
+    ids = probability_ids(sdpa)
+    times = interleaved(
+        {
+            "sdpa_plain": lambda: probability_trace(sdpa, ids, False),
+            "sdpa_probabilities": lambda: probability_trace(sdpa, ids, True),
+            "eager_probabilities": lambda: probability_trace(eager, ids, True),
+        },
+        repeats,
+    )
+    memory = {
+        "sdpa_plain": probability_memory(name, "sdpa", False),
+        "sdpa_probabilities": probability_memory(name, "sdpa", True),
+        "eager_probabilities": probability_memory(name, "eager", True),
+    }
+    return {
+        "model": name, "tokens": PROBABILITY_SEQ, "layer": PROBABILITY_LAYER, "seconds": times,
+        "peak_rss_growth_mb": memory,
+        "vs_sdpa_plain": times["sdpa_probabilities"] / times["sdpa_plain"],
+        "vs_eager": times["sdpa_probabilities"] / times["eager_probabilities"],
+        "memory_vs_eager": memory["sdpa_probabilities"] / memory["eager_probabilities"],
+    }
+
+
+def print_sdpa_probabilities(results: list[dict]) -> None:
+    print(f"{'sdpa probabilities':18} {'vs sdpa':>8} {'vs eager':>9} {'mem MB':>8} {'eager MB':>9} {'plain MB':>9}")
+    for r in results:
+        memory = r["peak_rss_growth_mb"]
+        print(f"{r['model']:18} {r['vs_sdpa_plain']:8.3f} {r['vs_eager']:9.3f} {memory['sdpa_probabilities']:8.1f} "
+              f"{memory['eager_probabilities']:9.1f} {memory['sdpa_plain']:9.1f}")
+
+
 #: Full-size default configs whose first proof is timed: dense, then hybrid and MoE.
 PROOF_CONFIGS = {
     "dense": ("GPT2Config", "LlamaConfig", "Gemma2Config", "Qwen3Config", "OlmoConfig"),
@@ -309,6 +390,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--models", nargs="+", default=["gpt2", "llama"])
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--only", choices=["sdpa-probabilities"], default=None,
+                        help="run one section only (its figures alone)")
     args = parser.parse_args()
     os.environ.setdefault("NNCANON_CACHE", tempfile.mkdtemp(prefix="nncanon-bench-"))  # start with no proofs
     if args.threads:
@@ -322,9 +405,16 @@ def main() -> None:
         "transformers": transformers.__version__,
         "nnsight": __import__("nnsight").__version__,
     }
+    print(json.dumps({"machine": machine}, indent=None))
+    probabilities = [sdpa_probabilities(name, args.repeats) for name in args.models]
+    print_sdpa_probabilities(probabilities)
+    if args.only:
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump({"machine": machine, "sdpa_probabilities": probabilities}, handle, indent=2)
+        return
     results = [run(name, args.repeats) for name in args.models]
     proof_times = proofs(args.repeats)
-    print(json.dumps({"machine": machine}, indent=None))
     header = (f"{'model':6} {'read/raw':>9} {'write/raw':>10} {'read/hooks':>11} {'load/raw':>9} "
               f"{'heads x':>8} {'invokes x':>10} {'mem/raw':>8}")
     print(header)
@@ -340,7 +430,8 @@ def main() -> None:
         print(f"{config_name:24} {figure['kind']:10} {figure['seconds']:8.2f} {figure['gradient_seconds']:19.2f}")
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"machine": machine, "results": results, "proofs": proof_times}, handle, indent=2)
+            json.dump({"machine": machine, "results": results, "proofs": proof_times,
+                       "sdpa_probabilities": probabilities}, handle, indent=2)
 
 
 if __name__ == "__main__":

@@ -200,19 +200,24 @@ def test_support_report_api():
     model = tiny_model("llama", attn_implementation="sdpa")
     report = model.support()
     assert report.available("attention_head_outputs", layer=1)
-    assert not report.available("attention_probabilities", layer=0)
-    assert "attn_implementation='eager'" in report.reason("attention_probabilities", layer=0)
-    assert report.layers_with("self_attn") == [0, 1]
-    assert report.layers_with("attention_probabilities") == []
-    table = str(report)
-    assert "LlamaDecoderLayer" in table and "attention_probabilities: attention probabilities" in table
+    assert report.available("attention_probabilities", layer=0)     # recomputed under sdpa
+    assert report.layers_with("self_attn") == [0, 1] == report.layers_with("query_states")
     assert report.to_dict()["layers"][0]["values"]["mlp_output"] is None
     with pytest.raises(KeyError, match="not a standard value"):
         report.available("attn_out", layer=0)
     with pytest.raises(IndexError, match="2 layers"):
         report.reason("mlp_output", layer=5)
+    # Falcon computes attention inline: under sdpa neither its kernel's inputs nor its probabilities exist.
+    falcon = tiny_model("falcon_7b_style", attn_implementation="sdpa").support()
+    assert not falcon.available("attention_probabilities", layer=0)
+    assert 'attn_implementation="eager"' in falcon.reason("attention_probabilities", layer=0)
+    assert falcon.layers_with("attention_probabilities") == []
+    table = str(falcon)
+    assert "FalconDecoderLayer" in table and "attention_probabilities: attention probabilities" in table
     # Declined: what a block's components have but do not serve; a dense MLP's routing is not declined.
-    assert report.declined() == ["attention_probabilities"] == report.declined(1)
+    kernel = ["query_states", "key_states", "value_states"]
+    assert falcon.declined() == [*kernel, "attention_probabilities"] == falcon.declined(1)
+    assert report.declined() == []
     assert tiny_model("mixtral").support().declined() == []
     assert tiny_model("kolibri1").support().declined() == ["router_logits", "shared_expert_output"]
 

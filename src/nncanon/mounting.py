@@ -28,9 +28,11 @@ from .components import (
     MLPEnvoy,
     VirtualMLP,
 )
+from .components.kernel import RECOMPUTED, STATES, interface_reason, recompute_reason
+from .errors import ValueNotAvailable
 from .families import Family
 from .order import block_order
-from .served import Binding, Site
+from .served import INTERFACE, Binding, Site, operation_name
 
 
 def adopt(envoy: Envoy, role: type) -> None:
@@ -53,8 +55,10 @@ def _combined(role: type, custom: type) -> type:
     return _COMBINED[key]
 
 
-class EagerOnly:
-    """The reason ``attention_probabilities`` is not served: ``None`` while the model runs eager attention.
+class ProbabilitiesReason:
+    """The reason ``attention_probabilities`` is not served, or ``None``: under eager attention they are
+    read where they multiply the values; under another implementation, recomputed from the attention
+    interface's inputs (`nncanon.components.kernel`) where that is exact for the module and proved.
 
     Read from the model's config at each call (nnsight can switch the implementation of a loaded
     model), through the envoy tree, so it travels with a remote request.
@@ -67,11 +71,10 @@ class EagerOnly:
         implementation = getattr(self.attention.root._module.config, "_attn_implementation", None)
         if implementation == "eager":
             return None
-        return (
-            f"attention probabilities are only computed under attn_implementation='eager'; "
-            f"this model runs {implementation!r}. Load it with "
-            f"StandardizedTransformer(..., attn_implementation='eager')."
-        )
+        reason = recompute_reason(type(self.attention._module), implementation)
+        if reason is None:
+            reason = self.attention._nncanon.reason(RECOMPUTED)
+        return reason
 
 
 def _child(layer: Envoy, path: str) -> Envoy:
@@ -89,6 +92,25 @@ def _binder(layer: Envoy, where: str, config: Any) -> Callable[..., Binding]:
         path = f"{layer.path}.{site.module}" if site.module else layer.path
         prepare = None
         weighted = None
+        if site.op is not None and site.op.endswith("*"):
+            # Found in the forward's operations at the first read (nnsight parses a forward in 6-130 ms:
+            # too slow for every attention module at load). Only for operations no earlier value of the
+            # module is read inside (the attention interface: nothing inside attention precedes it).
+            binding = Binding(name, "", site, config, f"{where}.{component}" if component else where, heads)
+
+            def prepare(module: Envoy = module, binding: Binding = binding, path: str = path) -> None:
+                if not binding.location:
+                    op = operation_name(module.source.names, site.op)
+                    if op is None:
+                        raise ValueNotAvailable(
+                            f"{binding.where}.{name} is not available: {type(module._module).__name__}.forward "
+                            f"calls no operation named {site.op!r}"
+                        )
+                    binding.location = f"{path}.source.{op}.{site.key}"
+                module.source  # noqa: B018 - installs nnsight's operation hooks (idempotent)
+
+            binding.prepare = prepare
+            return binding
         if site.op is not None:
             if site.weighted is not None:
                 weighted = tuple(f"{path}.source.{op}.output" for op in site.weighted)
@@ -105,6 +127,15 @@ def _binder(layer: Envoy, where: str, config: Any) -> Callable[..., Binding]:
         return Binding(name, f"{path}.{site.key}", site, config, label, heads, prepare, weighted=weighted)
 
     return bind
+
+
+def _kernel_inputs(attention: Envoy, path: str, bind: Callable[..., Binding], label: str) -> tuple[dict, dict]:
+    """The bindings of the attention kernel's per-head inputs, or the reason each is not served."""
+    reason = interface_reason(type(attention._module))
+    if reason is not None:
+        return {}, dict.fromkeys(STATES, f"{label}: {reason}")
+    sites = {name: Site(path, key="input", op=INTERFACE, arg=arg, heads_first=True) for name, arg in STATES.items()}
+    return {name: bind(name, site, component="self_attn") for name, site in sites.items()}, {}
 
 
 def _route(layer: Envoy, standard: str, native: str | None, target: Any, hidden: set) -> None:
@@ -161,9 +192,11 @@ def mount(model: Any, family: Family, config: Any) -> None:
             attention = _child(layer, spec.attention)
             adopt(attention, AttentionEnvoy)
             _route(layer, "self_attn", spec.attention, attention, hidden)
+            bindings, reasons = _kernel_inputs(attention, spec.attention, bind, label)
             attention._nncanon = ComponentState(
                 f"{where}.self_attn",
                 {
+                    **bindings,
                     "attention_head_outputs": bind(
                         "attention_head_outputs",
                         spec.head_outputs,
@@ -172,7 +205,7 @@ def mount(model: Any, family: Family, config: Any) -> None:
                     ),
                     "attention_output": bind("attention_output", spec.attention_output, component="self_attn"),
                 },
-                {"attention_probabilities": EagerOnly(attention)},
+                {**reasons, "attention_probabilities": ProbabilitiesReason(attention), RECOMPUTED: None},
                 probabilities=spec.probabilities(config) if callable(spec.probabilities) else spec.probabilities,
             )
             components.append(attention._nncanon)

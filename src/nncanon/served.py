@@ -66,6 +66,10 @@ class Site:
             the model as zeros and the value, ``weight · output`` ``[b, s, k, d]`` (the model's own product,
             bit for bit), is added to ``op``'s tensor instead. The sum is the model's, bit for bit, and a
             write to the value is exactly what reaches the streams. With ``merge``, served ``[b, s, k·d]``.
+        arg: With ``key="input"``, the positional argument that holds the tensor (``None``: the first
+            input). The attention interface takes ``(module, query, key, value, mask)``: 1, 2 and 3.
+        heads_first: The tensor is laid out ``[b, heads, s, head_dim]`` (as attention kernels take it);
+            served sequence-first, ``[b, s, heads, head_dim]``, a view.
     """
 
     module: str = ""
@@ -79,6 +83,8 @@ class Site:
     merge: bool = False
     stacked: bool = False
     weighted: tuple[str, str] | None = None
+    arg: int | None = None
+    heads_first: bool = False
 
     def factor(self, config: Any) -> float:
         """The scale factor for ``config`` (``1.0`` where the site has none)."""
@@ -116,11 +122,25 @@ def describe_factor(attribute: str | Callable[[Any], Any]) -> str:
     return f"`{attribute}`"
 
 
+#: An operation name ending in ``*``: the last operation of the forward whose name starts with the rest.
+#: The call of transformers' attention interface (``attention_interface(self, query, key, value, ...)``).
+INTERFACE = "attention_interface_*"
+
+
+def operation_name(names: Any, op: str) -> str | None:
+    """The operation ``op`` names among a forward's operation ``names``: ``op`` itself, or for a pattern
+    ending in ``*`` (`INTERFACE`), the last name that starts with the rest (``None``: there is none)."""
+    if not op.endswith("*"):
+        return op
+    found = [name for name in names if name.startswith(op[:-1])]
+    return found[-1] if found else None
+
+
 def _pick(raw: Any, site: Site) -> torch.Tensor:
     """The tensor of a site inside the raw served value (a tensor, a tuple, or ``(args, kwargs)``)."""
     if site.key == "input":
         args, kwargs = raw
-        return first_input(args, kwargs)
+        return first_input(args, kwargs) if site.arg is None else args[site.arg]
     if site.index is not None and isinstance(raw, (tuple, list)):
         return raw[site.index]
     if hasattr(raw, "last_hidden_state") and not isinstance(raw, torch.Tensor):
@@ -132,6 +152,8 @@ def _put(raw: Any, site: Site, tensor: torch.Tensor) -> Any:
     """The raw value with the site's tensor replaced by ``tensor`` (containers rebuilt, not mutated)."""
     if site.key == "input":
         args, kwargs = raw
+        if site.arg is not None:
+            return (*args[: site.arg], tensor, *args[site.arg + 1 :]), kwargs
         return replace_first_input(args, kwargs, tensor)
     if site.index is not None and isinstance(raw, (tuple, list)):
         items = list(raw)
@@ -203,6 +225,8 @@ class Binding:
             tensor = tensor.flatten(-2)
         if self.heads is not None:
             tensor = tensor.unflatten(-1, (self.heads, -1))
+        if self.site.heads_first:
+            tensor = tensor.transpose(1, 2)
         if self.site.scale is not None:
             return tensor * self._factor()
         if self.site.clone:
@@ -244,6 +268,8 @@ class Binding:
         """``value`` (served shape) laid out as the model's ``tensor``: heads merged back, merged axes
         split again, a flattened token axis restored. On a flattened site, whose raw tensor holds every
         invoke's rows, this invoke's rows are placed into a copy of ``tensor``."""
+        if self.site.heads_first:
+            value = value.transpose(1, 2)
         if self.heads is not None:
             value = value.flatten(-2)
         if self.site.merge:
@@ -407,12 +433,12 @@ class served(eproperty):
         if obj is None:
             return self
         binding: Binding = obj._nncanon_binding(self.name)
-        location = binding.location
         if in_backward():
             raise first_read_in_backward(f"{binding.where}.{self.name}")
-        mediator = Mediator.current(location)
         if binding.prepare is not None:
-            binding.prepare()
+            binding.prepare()  # an operation site found at the first read sets its location now
+        location = binding.location
+        mediator = Mediator.current(location)
         occurrence = mediator.wanted(location)
         waiting = mediator.transform
         if waiting is not None and waiting.key == (self, location, occurrence):
@@ -440,9 +466,9 @@ class served(eproperty):
 
     def __set__(self, obj: Any, value: Any) -> None:
         binding: Binding = obj._nncanon_binding(self.name)
-        mediator = Mediator.current(binding.location)
         if binding.prepare is not None:
             binding.prepare()
+        mediator = Mediator.current(binding.location)
         label = f"{binding.where}.{self.name}"
         if binding.weighted is not None:
             waiting = mediator.transform

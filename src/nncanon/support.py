@@ -11,6 +11,9 @@ LAYER_VALUES = (
     "layer_input",
     "layer_output",
     "self_attn",
+    "query_states",
+    "key_states",
+    "value_states",
     "attention_probabilities",
     "attention_head_outputs",
     "attention_output",
@@ -27,6 +30,9 @@ LAYER_VALUES = (
 
 #: The component each value is served on.
 COMPONENT_OF = {
+    "query_states": "self_attn",
+    "key_states": "self_attn",
+    "value_states": "self_attn",
     "attention_probabilities": "self_attn",
     "attention_head_outputs": "self_attn",
     "attention_output": "self_attn",
@@ -60,11 +66,11 @@ class SupportReport:
     """The support table of a model. Built from the mounted family data; runs no forward.
 
     Example:
-        >>> report = model.support()
+        >>> report = model.support()          # under sdpa, attention computed inline (Falcon)
         >>> report.available("attention_probabilities", layer=0)
         False
         >>> print(report.reason("attention_probabilities", layer=0))
-        attention probabilities are only computed under attn_implementation='eager'; ...
+        attention probabilities are not computed under attn_implementation='sdpa', and its attention ...
         >>> report.layers_with("self_attn")
         [0, 1, 2, ...]
     """

@@ -1,5 +1,6 @@
 """Attention implementations, on every registered family: ``attention_head_outputs`` under sdpa equals
-plain hooks and eager; probabilities under sdpa raise.
+plain hooks and eager; probabilities under sdpa, recomputed, equal eager's (and refuse writes) where the
+attention goes through transformers' interface, and are declined naming eager elsewhere.
 
 (bf16 write locality and the per-head decomposition are checks of the verifier, `nncanon.proof.checks`,
 run on every family by test_invariants.)
@@ -10,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nncanon import ValueNotAvailable
+from nncanon import InvalidWrite, ValueNotAvailable
 from nncanon.proof.checks import encode, site_reference
 from nncanon.registry import records
 from nncanon.testing import PROMPTS, tiny_model
@@ -18,7 +19,7 @@ from nncanon.testing import PROMPTS, tiny_model
 from ..conftest import recorded_declines
 
 
-def test_sdpa_heads_equal_hooks_and_eager_and_probabilities_decline(variant, model):
+def test_sdpa_heads_and_probabilities_equal_eager(variant, model):
     # eager only by the record, or in the installed transformers' own class (GPT-J before 5.24)
     if records()[variant.model_type].get("eager_only") or not type(model._module)._supports_sdpa:
         with pytest.raises(ValueError):
@@ -49,10 +50,31 @@ def test_sdpa_heads_equal_hooks_and_eager_and_probabilities_decline(variant, mod
             torch.testing.assert_close(sdpa_value, eager_value, rtol=1e-4, atol=atol)
     else:
         assert "upstream_issues" in records()[variant.model_type], "eager and sdpa differ in transformers itself"
+    _sdpa_probabilities(variant, model, sdpa, attention_layers)
+
+
+def _sdpa_probabilities(variant, model, sdpa, attention_layers) -> None:
+    """Under sdpa, probabilities are recomputed (equal to eager's, writes refused naming eager) on every layer
+    that serves them under eager through the attention interface, and declined naming eager elsewhere."""
+    from nncanon.components.kernel import interface_reason
+
     for index in attention_layers:
-        assert not sdpa.support().available("attention_probabilities", layer=index)
-        # Declined under sdpa for want of eager, unless the family declines them outright (DiffLlama).
-        reason = "eager" if "attention_probabilities" not in recorded_declines(variant, index) else "not available"
-        with pytest.raises(ValueNotAvailable, match=reason):
-            with sdpa.trace(PROMPTS[0]):
-                sdpa.layers[index].self_attn.attention_probabilities
+        eager_serves = model.support().available("attention_probabilities", layer=index)
+        through_interface = interface_reason(type(model.layers[index].self_attn._module)) is None
+        if not (eager_serves and through_interface):
+            assert not sdpa.support().available("attention_probabilities", layer=index)
+            # Declined for want of eager, unless the family declines them outright (DiffLlama).
+            reason = "eager" if "attention_probabilities" not in recorded_declines(variant, index) else "not available"
+            with pytest.raises(ValueNotAvailable, match=reason):
+                with sdpa.trace(PROMPTS[0]):
+                    sdpa.layers[index].self_attn.attention_probabilities
+            continue
+        assert sdpa.support().available("attention_probabilities", layer=index)
+        with torch.no_grad(), model.trace(PROMPTS):
+            eager = model.layers[index].self_attn.attention_probabilities.save()
+        with torch.no_grad(), sdpa.trace(PROMPTS):
+            recomputed = sdpa.layers[index].self_attn.attention_probabilities.save()
+        torch.testing.assert_close(recomputed, eager, rtol=1e-5, atol=1e-5, msg=f"layers[{index}]")
+        with pytest.raises(InvalidWrite, match='attn_implementation="eager"'):
+            with torch.no_grad(), sdpa.trace(PROMPTS[0]):
+                sdpa.layers[index].self_attn.attention_probabilities[:, 0] = 0

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from nncanon import InvalidSkip, InvalidWrite, SizeNotAvailable
-from nncanon.proof.checks import CHECKS, CONTRIBUTIONS, GRADIENT_VALUES, HEAD_VALUES, host, served
+from nncanon.proof.checks import CHECKS, CONTRIBUTIONS, GRADIENT_VALUES, HEAD_VALUES, KERNEL_INPUTS, host, served
 from nncanon.proof.verdict import Verdict
 from nncanon.support import COMPONENTS, LAYER_VALUES
 from nncanon.testing import PROMPTS
@@ -60,6 +60,24 @@ def test_every_served_value_is_proved(model, verdict):
                 model._model_value_check(value)
             continue
         assert verdict.proved(None, value), f"{value}: {verdict.why_not(None, value)}"
+
+
+def test_probabilities_recomputed_where_eager_serves_them(model, variant, verdict):
+    """Every layer serving probabilities under eager through transformers' attention interface has them
+    proved when recomputed under sdpa (where the model class runs sdpa at all); the kernel's inputs are
+    served wherever the interface is called (unless the record declines them: DiffLlama calls it twice)."""
+    from nncanon.components.kernel import RECOMPUTED, interface_reason
+
+    report = model.support()
+    for index in report.layers_with("self_attn"):
+        attention = model.layers[index].self_attn
+        through_interface = interface_reason(type(attention._module)) is None
+        served_inputs = [report.available(name, layer=index) for name in KERNEL_INPUTS]
+        recorded = set(KERNEL_INPUTS) & recorded_declines(variant, index)
+        assert all(served_inputs) == (through_interface and not recorded), f"layers[{index}]"
+        if report.available("attention_probabilities", layer=index) and through_interface and (
+                type(model._module)._supports_sdpa):
+            assert verdict.proved(index, RECOMPUTED), f"layers[{index}]: {verdict.why_not(index, RECOMPUTED)}"
 
 
 def test_head_shapes(model):

@@ -40,7 +40,7 @@ def test_cache_contribution_identity(model):
 
 
 def test_cache_skips_what_a_layer_declines():
-    model = build("llama", attn_implementation="sdpa")
+    model = build("falcon_7b_style", attn_implementation="sdpa")   # inline attention: no probabilities under sdpa
     cache = cache_activations(model, PROMPTS[0], layers=[1])
     assert "attention_probabilities" not in cache and "router_logits" not in cache
     assert "eager" in cache.declined[("attention_probabilities", 1)]

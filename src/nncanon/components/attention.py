@@ -1,4 +1,4 @@
-"""Softmax attention: its contribution, its per-head outputs and its probabilities."""
+"""Softmax attention: the kernel's per-head inputs, its probabilities, per-head outputs and contribution."""
 
 from __future__ import annotations
 
@@ -6,10 +6,14 @@ from typing import Any
 
 import torch
 from nnsight.intervention.envoy import Envoy
+from nnsight.intervention.eproperty import WriteBack
+from nnsight.intervention.interleaver import Mediator
 
-from ..gradients import mark, refuse_gradient
-from ..served import check_write, served
+from ..errors import InvalidWrite
+from ..gradients import first_read_in_backward, in_backward, mark, refuse_gradient
+from ..served import _value, check_write, served
 from .base import Component
+from .kernel import implementation, recompute_probabilities
 
 
 class AttentionEnvoy(Component, Envoy):
@@ -17,16 +21,41 @@ class AttentionEnvoy(Component, Envoy):
 
     Values, in the order the forward produces them:
 
+    - ``query_states``, ``key_states``, ``value_states`` ``[batch, seq, heads, head_dim]`` (key/value
+      heads for keys and values): what the attention kernel receives, queries and keys after rotary
+      (keys and values with the cache's earlier positions when generating).
     - ``attention_probabilities`` ``[batch, heads, query, key]``: the probabilities that
-      multiply the values; needs ``attn_implementation="eager"``.
+      multiply the values; read under ``attn_implementation="eager"``, recomputed from the
+      kernel's inputs under sdpa.
     - ``attention_head_outputs`` ``[batch, seq, heads, head_dim]``: each head's output before
       the output projection (the projection's input, viewed per head).
     - ``attention_output`` ``[batch, seq, hidden]``: exactly what attention adds to the
       residual stream (after any post-norm or scale the family applies).
     """
 
-    standard_values = ("attention_probabilities", "attention_head_outputs", "attention_output")
+    standard_values = (
+        "query_states", "key_states", "value_states", "attention_probabilities", "attention_head_outputs",
+        "attention_output",
+    )
 
+    query_states = served(
+        "query_states",
+        "per-head queries the attention kernel receives, after rotary [b, s, H, head_dim]",
+        "The queries the attention kernel receives, ``[batch, seq, heads, head_dim]``, after rotary: the "
+        "``query`` of transformers' attention interface, sequence-first (a view). Writable.",
+    )
+    key_states = served(
+        "key_states",
+        "per-head keys the attention kernel receives, after rotary [b, s, KV, head_dim]",
+        "The keys the attention kernel receives, ``[batch, key, kv_heads, head_dim]``, after rotary and "
+        "the cache (a generation step's keys include the cached positions). Writable.",
+    )
+    value_states = served(
+        "value_states",
+        "per-head values the attention kernel receives [b, s, KV, head_dim]",
+        "The values the attention kernel receives, ``[batch, key, kv_heads, head_dim]`` (with the cache's "
+        "positions when generating). Writable: ``[..., g, :] = 0`` silences the heads that share group ``g``.",
+    )
     attention_head_outputs = served(
         "attention_head_outputs",
         "per-head outputs before the output projection [b, s, H, head_dim]",
@@ -44,10 +73,13 @@ class AttentionEnvoy(Component, Envoy):
     def attention_probabilities(self) -> torch.Tensor:
         """The attention probabilities, ``[batch, heads, query, key]``, as they multiply the values.
 
-        Needs ``attn_implementation="eager"``. Writable in place (``[:, h] = 0`` removes head ``h``)
-        or by assignment.
+        Under ``attn_implementation="eager"``: the model's own tensor, writable in place
+        (``[:, h] = 0`` removes head ``h``) or by assignment. Under sdpa: recomputed from the
+        kernel's inputs for the layers read only (equal to eager's, proved per config); read-only.
         """
         self._nncanon_binding("attention_probabilities")
+        if not self._eager():
+            return self._recomputed()
         probabilities = self._probability_operation().input
         reason = self._nncanon_gradient_reason("attention_probabilities")
         if reason is not None:  # (only then: the tensor is the model's own)
@@ -58,9 +90,38 @@ class AttentionEnvoy(Component, Envoy):
     @attention_probabilities.setter
     def attention_probabilities(self, value: Any) -> None:
         self._nncanon_binding("attention_probabilities")
+        if not self._eager():
+            raise _read_only(self._nncanon.where)
         operation = self._probability_operation()
         check_write(value, operation.input, f"{self._nncanon.where}.attention_probabilities")
         operation.input = value.expand_as(operation.input)
+
+    def _eager(self) -> bool:
+        return implementation(self.root._module) == "eager"
+
+    def _recomputed(self) -> torch.Tensor:
+        """The probabilities recomputed from the attention interface's inputs; an in-place edit is refused
+        when the worker moves on (it would change nothing in the model)."""
+        binding = self._nncanon.bindings["query_states"]
+        label = f"{self._nncanon.where}.attention_probabilities"
+        if in_backward():
+            raise first_read_in_backward(label)
+        binding.prepare()
+        mediator = Mediator.current(binding.location)
+        occurrence = mediator.wanted(binding.location)
+        raw = _value(binding, mediator, label)
+        args, kwargs = raw
+        probabilities = recompute_probabilities(self._module, args, kwargs)
+        version = probabilities._version
+        where = self._nncanon.where
+
+        def refuse_edits() -> Any:
+            if probabilities._version != version:
+                raise _read_only(where)
+            return raw
+
+        mediator.transform = WriteBack(refuse_edits, probabilities, None, binding.location, occurrence)
+        return mark(probabilities, label)
 
     def _probability_operation(self) -> Any:
         """The source operation whose first input is the probabilities."""
@@ -74,3 +135,11 @@ class AttentionEnvoy(Component, Envoy):
         inner = getattr(self.source, calls[-1]).source
         products = [name for name in inner.names if name.startswith("torch_matmul_")]
         return getattr(inner, products[-1])
+
+
+def _read_only(where: str) -> InvalidWrite:
+    return InvalidWrite(
+        f"{where}.attention_probabilities was written, but this model does not run eager attention: its "
+        f"probabilities are recomputed from the kernel's inputs, and a write to them would not reach the model. "
+        f"Load it with StandardizedTransformer(..., attn_implementation=\"eager\") to write them."
+    )

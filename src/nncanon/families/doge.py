@@ -6,7 +6,9 @@ trained away from them). The block's update ``y - x = (b ⊙ a - 1) ⊙ x + b �
 a sum of what attention and the MLP add (it rescales the stream itself), so ``attention_output``
 and ``mlp_output`` are declined. The rest is served as in Llama: the stream before and after each
 block, the per-head outputs at ``o_proj``'s input (the dynamic mask only changes which keys a
-query sees, through the probabilities).
+query sees, through the probabilities). ``value_states`` is declined: the dynamic mask is computed from
+the values before they reach the kernel, so the kernel's value input is not the only way the values act
+(a write there, or its gradient, misses the mask).
 """
 
 from .base import Family
@@ -23,8 +25,14 @@ _MOE_REASON = (
 )
 
 
+_VALUES = (
+    "Doge computes its dynamic attention mask from the values before the attention kernel receives them: "
+    "a write to the kernel's value input (or its gradient) does not reach the mask"
+)
+
+
 def _declines(config, layer):
-    declined = {"attention_output": _REASON, "mlp_output": _REASON}
+    declined = {"attention_output": _REASON, "mlp_output": _REASON, "value_states": _VALUES}
     if getattr(config, "is_moe", False):
         declined.update(dict.fromkeys(("router_logits", "expert_weights", "expert_indices"), _MOE_REASON))
     return declined

@@ -4,11 +4,20 @@ GPT-SW3 is ``GPT2LMHeadModel`` (``gpt-sw3`` maps to ``GPT2Config``, whose ``mode
 only its tokenizer differs.
 
 Under eager attention, a GPT-2 config with ``reorder_and_upcast_attn`` computes its probabilities in
-the module's own ``_upcast_and_reordered_attn`` (in fp32), not in transformers' attention function.
+the module's own ``_upcast_and_reordered_attn`` (in fp32), not in transformers' attention function:
+the kernel's per-head inputs (``query_states``...), read at that function's call, are declined there.
 """
 
+from ..components.kernel import STATES
 from ..served import Site
 from .base import Family
+
+_REORDERED = ("under eager attention this config (reorder_and_upcast_attn) computes attention in "
+              "GPT2Attention._upcast_and_reordered_attn, without calling transformers' attention interface")
+
+
+def _declines(config, layer: int) -> dict:
+    return dict.fromkeys(STATES, _REORDERED) if getattr(config, "reorder_and_upcast_attn", False) else {}
 
 
 def _probabilities(config) -> tuple[str, ...] | None:
@@ -28,6 +37,7 @@ GPT2 = Family(
     attention_output=Site("attn", index=0),
     head_outputs=Site("attn.c_proj", key="input"),
     probabilities=_probabilities,
+    declines=_declines,
     residual="h = x + attn(ln_1(x)); y = h + mlp(ln_2(h))",
 )
 

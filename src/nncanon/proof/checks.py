@@ -15,6 +15,10 @@ user's config) and on inferred families; `verify` runs them all.
 - ``heads``: the heads, each through its slice of the output projection (plus the bias), sum to the
   projection's output.
 - ``probabilities``: zeroing a head's probabilities equals zeroing its output.
+- ``kernel``: ``softmax(q·kᵀ·scale + mask)`` of the kernel's inputs reproduces the eager probabilities;
+  zeroing one group of values zeroes exactly its heads' kernel output.
+- ``recomputed``: under sdpa, the probabilities recomputed from the kernel's inputs equal eager's, and
+  multiply the values to sdpa's output.
 - ``routing``: the chosen experts are distinct and valid; a router logit set to ``-inf`` removes that
   expert from exactly the tokens routed to it.
 - ``lens``: the lens at the last layer equals the logits, bit for bit.
@@ -39,7 +43,8 @@ from typing import Any
 import torch
 from nnsight.intervention.util import first_input
 
-from ..served import _pick, _put, stacked_as_served
+from ..components.kernel import RECOMPUTED, STATES, interface_reason
+from ..served import INTERFACE, _pick, _put, operation_name, stacked_as_served
 from ..support import COMPONENT_OF, COMPONENTS, LAYER_VALUES
 from ..testing import PROMPTS
 
@@ -51,6 +56,8 @@ TOLERANCE = 1e-5
 CONTRIBUTIONS = ("attention_output", "linear_attention_output", "mlp_output")
 #: Per-head values.
 HEAD_VALUES = ("attention_head_outputs", "linear_attention_head_outputs")
+#: The attention kernel's per-head inputs.
+KERNEL_INPUTS = tuple(STATES)
 #: The routing values of a mixture of experts.
 ROUTING = ("router_logits", "expert_weights", "expert_indices")
 #: Model-level values the checks prove (not per layer).
@@ -281,11 +288,12 @@ def _operation_reference(model: Any, layer: int, site: Any, inputs: dict) -> tor
     nnsight's own source hooks on a plain ``NNsight`` over a copy of the model."""
     from nnsight import NNsight
 
-    fresh = copy.deepcopy(model._module)
+    fresh = _fresh_copy(model._module)
     path = ".".join(part for part in (model.family.layers, str(layer), site.module) if part)
     plain = NNsight(fresh)
     with torch.no_grad(), plain.trace(**inputs):
-        operation = getattr(plain.get(path).source, site.op)
+        source = plain.get(path).source
+        operation = getattr(source, operation_name(source.names, site.op))
         raw = (operation.output if site.key == "output" else operation.inputs).save()
     return _pick(raw, site).clone()
 
@@ -295,7 +303,7 @@ def _weighted_reference(model: Any, layer: int, site: Any, inputs: dict) -> torc
     read by nnsight's own source hooks on a plain ``NNsight`` over a copy of the model, multiplied."""
     from nnsight import NNsight
 
-    plain = NNsight(copy.deepcopy(model._module))
+    plain = NNsight(_fresh_copy(model._module))
     path = ".".join(part for part in (model.family.layers, str(layer), site.module) if part)
     weight_op, output_op = site.weighted
     with torch.no_grad(), plain.trace(**inputs):
@@ -312,7 +320,7 @@ def _weighted_gradient(model: Any, key: tuple[int, str], site: Any, inputs: dict
     is added to the streams' operation, as the model's sum has it) and hooked."""
     from nnsight import NNsight
 
-    root = copy.deepcopy(model._module)
+    root = _fresh_copy(model._module)
     plain = NNsight(root)
     path = ".".join(part for part in (model.family.layers, str(key[0]), site.module) if part)
     weight_op, output_op = site.weighted
@@ -329,6 +337,17 @@ def _weighted_gradient(model: Any, key: tuple[int, str], site: Any, inputs: dict
         _backward(root, output, metric)
 
 
+def _fresh_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of ``module``; tensors a gradient-tracking forward left on its modules (RecurrentGemma's
+    cached states, not leaves: torch cannot deep-copy them) are copied detached. The original is untouched."""
+    memo: dict = {}
+    for sub in module.modules():
+        for value in vars(sub).values():
+            if isinstance(value, torch.Tensor) and not value.is_leaf:
+                memo[id(value)] = value.detach().clone()
+    return copy.deepcopy(module, memo)
+
+
 def _finish(tensor: torch.Tensor, binding: Any, inputs: dict, divide: bool = False) -> torch.Tensor:
     """A raw site tensor as the binding serves it: token axis restored, heads split, scaled (``divide``:
     divided by the scale, as a gradient with respect to the served value is)."""
@@ -342,6 +361,8 @@ def _finish(tensor: torch.Tensor, binding: Any, inputs: dict, divide: bool = Fal
         tensor = stacked_as_served(tensor)
     if binding.heads is not None:
         tensor = tensor.view(batch, seq, binding.heads, -1)
+    if site.heads_first:
+        tensor = tensor.transpose(1, 2)
     if site.scale is not None:
         factor = site.factor(binding.config)
         tensor = tensor / factor if divide else tensor * factor
@@ -439,12 +460,13 @@ def _operation_gradient(model: Any, key: tuple[int, str], site: Any, inputs: dic
     """One forward of a copy of the model as a plain ``NNsight``, a tensor hook on the operation's tensor."""
     from nnsight import NNsight
 
-    root = copy.deepcopy(model._module)
+    root = _fresh_copy(model._module)
     plain = NNsight(root)
     path = ".".join(part for part in (model.family.layers, str(key[0]), site.module) if part)
     with torch.enable_grad():
         with plain.trace(**inputs):
-            operation = getattr(plain.get(path).source, site.op)
+            source = plain.get(path).source
+            operation = getattr(source, operation_name(source.names, site.op))
             keep(key, _pick(operation.output if site.key == "output" else operation.inputs, site))
             output = plain.output.save()
         _backward(root, output, metric)
@@ -453,7 +475,7 @@ def _operation_gradient(model: Any, key: tuple[int, str], site: Any, inputs: dic
 # -- the checks -------------------------------------------------------------------------------
 
 
-_READ_VALUES = (*HEAD_VALUES, *CONTRIBUTIONS, *ROUTING, "shared_expert_output")
+_READ_VALUES = (*KERNEL_INPUTS, *HEAD_VALUES, *CONTRIBUTIONS, *ROUTING, "shared_expert_output")
 
 
 def check_read(model: Any) -> list[CheckResult]:
@@ -595,7 +617,7 @@ def _ablation(model: Any, index: int, name: str, later: list[str]) -> CheckResul
 def check_invokes(model: Any) -> list[CheckResult]:
     """A write in the middle invoke of three leaves the other two bit-identical and reaches its own."""
     results = []
-    writable = HEAD_VALUES + CONTRIBUTIONS
+    writable = KERNEL_INPUTS + HEAD_VALUES + CONTRIBUTIONS
     for index in range(model.num_layers):
         for name in served(model, index, writable):
             results += _guarded("invokes", index, (name,), lambda index=index, name=name: [
@@ -748,6 +770,141 @@ def _probabilities(model: Any, index: int, head: int) -> CheckResult:
         return CheckResult(result.check, index, result.values, False, result.error, TOLERANCE,
                            f"zeroing head {head} did not reach the logits")
     return result
+
+
+def check_kernel(model: Any) -> list[CheckResult]:
+    """The kernel's inputs are what it attends with: ``softmax(q·kᵀ·scale + mask)`` (with the call's
+    softcap, position bias and sinks) reproduces the eager probabilities, and zeroing one group of ``value_states``
+    zeroes exactly its heads' kernel output."""
+    results = []
+    report = model.support()
+    for index in report.layers_with("query_states"):
+        if report.available("attention_probabilities", layer=index) and _runs_eager(model):
+            results += _guarded("kernel", index, ("query_states", "key_states", "attention_probabilities"),
+                                lambda index=index: [_attends(model, index)])
+        if report.available("value_states", layer=index):
+            results += _guarded("kernel", index, ("value_states",), lambda index=index: [
+                _values_reach(model, index)])
+    return results
+
+
+def _runs_eager(model: Any) -> bool:
+    return getattr(model._module.config, "_attn_implementation", None) == "eager"
+
+
+def _interface(model: Any, index: int) -> Any:
+    """Block ``index``'s attention-interface call, as an nnsight operation (inside a trace)."""
+    source = model.layers[index].self_attn.source
+    return getattr(source, operation_name(source.names, INTERFACE))
+
+
+def _attends(model: Any, index: int) -> CheckResult:
+    from ..components.kernel import _additive_mask
+
+    attention = model.layers[index].self_attn
+    with torch.no_grad(), model.trace(PROMPTS):
+        query, key = attention.query_states.save(), attention.key_states.save()
+        call = _interface(model, index).inputs.save()
+        probabilities = attention.attention_probabilities.save()
+    args, kwargs = call
+    q, k = query.transpose(1, 2), key.transpose(1, 2)  # [b, H, s, d]
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    scale = kwargs.get("scaling")
+    scores = q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if kwargs.get("softcap"):
+        scores = torch.tanh(scores / kwargs["softcap"]) * kwargs["softcap"]
+    if kwargs.get("position_bias") is not None:  # an additive bias the interface takes (relative positions)
+        scores = scores + kwargs["position_bias"]
+    mask = _additive_mask(args[4] if len(args) > 4 else kwargs.get("attention_mask"), q, k,
+                          getattr(attention._module, "is_causal", True))
+    if mask is not None:
+        scores = scores + mask[..., : k.shape[-2]]
+    expected = {"softmax": torch.softmax(scores.float(), dim=-1).to(probabilities.dtype)}
+    sinks = kwargs.get("s_aux")
+    if sinks is not None:  # a sink is one more logit of the softmax (GPT-OSS), or only scales the output after
+        sunk = torch.cat([scores, sinks.reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)], dim=-1)
+        expected["softmax with the sink logit"] = torch.softmax(sunk.float(), dim=-1)[..., :-1].to(probabilities.dtype)
+    values = ("query_states", "key_states", "attention_probabilities")
+    results = [_compare("kernel", index, values, probabilities, formula, TOLERANCE,
+                        f"{name}(q·kᵀ·scale + mask) against the eager probabilities")
+               for name, formula in expected.items()]
+    return next((result for result in results if result.passed), results[0])
+
+
+def _values_reach(model: Any, index: int) -> CheckResult:
+    attention = model.layers[index].self_attn
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        groups = attention.value_states.save()
+        clean = _interface(model, index).output[0].save()
+    groups = groups.shape[-2]
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        attention.value_states[..., -1, :] = 0
+        written = _interface(model, index).output[0].save()
+    heads = written.shape[-2]
+    silenced = torch.arange(heads) // (heads // groups) == groups - 1
+    zeroed = float(written[..., silenced, :].abs().max())
+    moved = float((written[..., ~silenced, :] - clean[..., ~silenced, :]).abs().max()) if (~silenced).any() else 0.0
+    reached = not torch.equal(written, clean)
+    passed = zeroed == 0.0 and moved == 0.0 and reached
+    note = (f"value group {groups - 1} zeroed: its {int(silenced.sum())} heads' kernel output max |x| {zeroed:.1e}, "
+            f"the other heads moved {moved:.1e}")
+    return CheckResult("kernel", index, ("value_states",), passed, max(zeroed, moved), 0.0, note)
+
+
+def check_recomputed(model: Any) -> list[CheckResult]:
+    """Under sdpa, the probabilities recomputed from the kernel's inputs equal eager's and multiply the
+    values to sdpa's own output (left-padded batch)."""
+    layers = [i for i in model.support().layers_with("attention_probabilities")
+              if interface_reason(type(model.layers[i].self_attn._module)) is None
+              and model.layers[i].self_attn._nncanon.reason(RECOMPUTED) is None]
+    if not layers:
+        return []
+    sdpa = _implementation_copy(model, "sdpa")
+    if sdpa is None:  # the model class has no sdpa path: nothing runs without eager
+        return []
+    eager = model if _runs_eager(model) else _implementation_copy(model, "eager")
+    results = []
+    for index in layers:
+        results += _guarded("recomputed", index, (RECOMPUTED,), lambda index=index: _recomputed(
+            eager, sdpa, index))
+    return results
+
+
+def _implementation_copy(model: Any, implementation: str) -> Any:
+    """A copy of ``model`` running ``implementation`` (``None``: its class does not support it)."""
+    from ..model import StandardizedTransformer
+
+    module = _fresh_copy(model._module)
+    try:
+        module.set_attn_implementation(implementation)
+    except (ValueError, ImportError):
+        return None
+    return StandardizedTransformer(module, tokenizer=model.tokenizer, verify="never", family=model.family)
+
+
+def _recomputed(eager: Any, sdpa: Any, index: int) -> list[CheckResult]:
+    with torch.no_grad(), eager.trace(PROMPTS):
+        reference = eager.layers[index].self_attn.attention_probabilities.save()
+    attention = sdpa.layers[index].self_attn
+    with torch.no_grad(), sdpa.trace(PROMPTS):
+        call = _interface(sdpa, index).inputs.save()
+        probabilities = attention.attention_probabilities.save()
+        output = _interface(sdpa, index).output[0].save()
+    real = encode_batch(sdpa)["attention_mask"].bool()  # the query rows that are tokens, not padding
+    v = call[0][3]  # the values the kernel received, [b, KV, k, d]
+    v = v.repeat_interleave(probabilities.shape[1] // v.shape[1], dim=1)
+    mixed = (probabilities @ v).transpose(1, 2)  # [b, q, H, d]
+    return [
+        _compare("recomputed", index, (RECOMPUTED,), probabilities, reference, TOLERANCE,
+                 "recomputed under sdpa against eager's probabilities"),
+        _compare("recomputed", index, (RECOMPUTED,), mixed[real], output[real], TOLERANCE,
+                 "recomputed probabilities · values against sdpa's output"),
+    ]
+
+
+def encode_batch(model: Any) -> dict:
+    """`PROMPTS` tokenized as a trace tokenizes a batch of them (left-padded)."""
+    return dict(model.tokenizer(PROMPTS, return_tensors="pt", padding=True))
 
 
 def check_routing(model: Any) -> list[CheckResult]:
@@ -1021,7 +1178,7 @@ def _check(function: Callable[[Any], list[CheckResult]], gradient: bool = False)
 CHECKS: tuple[Check, ...] = (
     *(_check(function) for function in (
         check_read, check_identity, check_ablation, check_invokes, check_locality, check_heads,
-        check_probabilities, check_routing, check_lens, check_skip, check_resume,
+        check_probabilities, check_kernel, check_recomputed, check_routing, check_lens, check_skip, check_resume,
     )),
     *(_check(function, gradient=True) for function in (check_gradients, check_gradient_writes)),
 )

@@ -276,6 +276,7 @@ class Provenance:
 def apply_proof(model: Any, proof: Proof) -> Provenance:
     """Decline on ``model`` every value its proof does not prove, and the gradient of every served value
     whose gradient it does not prove; return the served values' provenance."""
+    from ..components.kernel import RECOMPUTED
     from ..mounting import decline, decline_gradient
     from ..support import COMPONENTS, LAYER_VALUES
     from .checks import GRADIENT_VALUES
@@ -294,6 +295,14 @@ def apply_proof(model: Any, proof: Proof) -> Provenance:
                 reason = _not_proved(proof, twin, value, report.layers[index].block_type, gradient=True)
                 if reason is not None:
                     decline_gradient(model.layers[index], value, reason)
+    for index in range(len(report.layers)):  # probabilities recomputed where the model runs sdpa
+        twin = proof.layer_map[index] if index < len(proof.layer_map) else None
+        reason = _not_proved(proof, twin, RECOMPUTED, report.layers[index].block_type)
+        if reason is not None:
+            decline(model.layers[index], RECOMPUTED, (
+                f"attention probabilities are not computed by this model's attention implementation, and "
+                f"recomputing them from the kernel's inputs is {reason}. Load it with "
+                f"StandardizedTransformer(..., attn_implementation=\"eager\") to read them."))
     for value in ("logits", "project_on_vocab", "skip_layers"):
         reason = _not_proved(proof, None, value, None, model_level=True)
         if reason is not None:
