@@ -29,6 +29,7 @@ from .components import (
     VirtualMLP,
 )
 from .components.kernel import RECOMPUTED, STATES, interface_reason, recompute_reason
+from .components.kernel import implementation as kernel_implementation
 from .errors import ValueNotAvailable
 from .families import Family
 from .order import block_order
@@ -68,9 +69,10 @@ class ProbabilitiesReason:
         self.attention = attention
 
     def __call__(self) -> str | None:
-        implementation = getattr(self.attention.root._module.config, "_attn_implementation", None)
-        if implementation == "eager":
+        if self.attention._eager():
             return None
+        implementation = kernel_implementation(self.attention._module) or kernel_implementation(
+            self.attention.root._module)
         reason = recompute_reason(type(self.attention._module), implementation)
         if reason is None:
             reason = self.attention._nncanon.reason(RECOMPUTED)

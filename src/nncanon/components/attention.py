@@ -97,7 +97,9 @@ class AttentionEnvoy(Component, Envoy):
         operation.input = value.expand_as(operation.input)
 
     def _eager(self) -> bool:
-        return implementation(self.root._module) == "eager"
+        """Whether this attention runs eager: its own config's implementation (a multimodal model's text
+        config may differ from the root's), else the root's."""
+        return (implementation(self._module) or implementation(self.root._module)) == "eager"
 
     def _recomputed(self) -> torch.Tensor:
         """The probabilities recomputed from the attention interface's inputs; an in-place edit is refused

@@ -70,7 +70,15 @@ _MIXING = (
 
 
 def _declines(config: Any, layer: int) -> dict:
-    return {"attention_output": _MIXING, "mlp_output": _MIXING}
+    declines = {"attention_output": _MIXING, "mlp_output": _MIXING}
+    for store, readers in _shared_kv(config).items():
+        if readers and layer in (store, *readers):
+            declines.update(dict.fromkeys(("key_states", "value_states"), (
+                f"layers[{store}]'s keys and values are also those of layers {readers} (Gemma-3n's KV sharing, "
+                f"num_kv_shared_layers={config.num_kv_shared_layers}): the kernel's key and value inputs here are "
+                f"one tensor shared by those blocks, so a write to them (or their gradient) is not this block's "
+                f"alone")))
+    return declines
 
 
 def _shared_kv(config: Any) -> dict[int, list[int]]:

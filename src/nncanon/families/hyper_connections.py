@@ -101,6 +101,11 @@ def _deepseek_v4_declines(config, layer: int) -> dict:
             "them): attention reaches layer_output as combₘᵀ·(post ⊗ attn), through a mixing that depends on it, "
             "not as an additive term, and layer_input reaches it as combₘᵀ·combₐᵀ·x"
         ),
+        **dict.fromkeys(("key_states", "value_states"), (
+            "DeepSeek-V4's attention hands one tensor, kv, to the kernel as both its keys and its values: "
+            "key_states and value_states would be one tensor, so a write to either (or its gradient) is "
+            "also the other's"
+        )),
     }
     if config.mlp_layer_types[layer] == "hash_moe":
         reason = (

@@ -44,6 +44,7 @@ import torch
 from nnsight.intervention.util import first_input
 
 from ..components.kernel import RECOMPUTED, STATES, interface_reason
+from ..components.kernel import implementation as kernel_implementation
 from ..served import INTERFACE, _pick, _put, operation_name, stacked_as_served
 from ..support import COMPONENT_OF, COMPONENTS, LAYER_VALUES
 from ..testing import PROMPTS
@@ -780,8 +781,10 @@ def check_kernel(model: Any) -> list[CheckResult]:
     report = model.support()
     for index in report.layers_with("query_states"):
         if report.available("attention_probabilities", layer=index) and _runs_eager(model):
-            results += _guarded("kernel", index, ("query_states", "key_states", "attention_probabilities"),
-                                lambda index=index: [_attends(model, index)])
+            values = ("query_states", *(("key_states",) if report.available("key_states", layer=index) else ()),
+                      "attention_probabilities")
+            results += _guarded("kernel", index, values, lambda index=index, values=values: [
+                _attends(model, index, values)])
         if report.available("value_states", layer=index):
             results += _guarded("kernel", index, ("value_states",), lambda index=index: [
                 _values_reach(model, index)])
@@ -789,7 +792,7 @@ def check_kernel(model: Any) -> list[CheckResult]:
 
 
 def _runs_eager(model: Any) -> bool:
-    return getattr(model._module.config, "_attn_implementation", None) == "eager"
+    return all(model.layers[i].self_attn._eager() for i in model.support().layers_with("attention_probabilities"))
 
 
 def _interface(model: Any, index: int) -> Any:
@@ -798,16 +801,26 @@ def _interface(model: Any, index: int) -> Any:
     return getattr(source, operation_name(source.names, INTERFACE))
 
 
-def _attends(model: Any, index: int) -> CheckResult:
+def _attends(model: Any, index: int, values: tuple[str, ...]) -> CheckResult:
+    """``values``: the kernel inputs served on the block (where ``key_states`` is declined, the keys are the
+    call's own argument), with the probabilities."""
     from ..components.kernel import _additive_mask
 
     attention = model.layers[index].self_attn
-    with torch.no_grad(), model.trace(PROMPTS):
-        query, key = attention.query_states.save(), attention.key_states.save()
-        call = _interface(model, index).inputs.save()
-        probabilities = attention.attention_probabilities.save()
+    key = None
+    if "key_states" in values:
+        with torch.no_grad(), model.trace(PROMPTS):
+            query, key = attention.query_states.save(), attention.key_states.save()
+            call = _interface(model, index).inputs.save()
+            probabilities = attention.attention_probabilities.save()
+    else:
+        with torch.no_grad(), model.trace(PROMPTS):
+            query = attention.query_states.save()
+            call = _interface(model, index).inputs.save()
+            probabilities = attention.attention_probabilities.save()
     args, kwargs = call
-    q, k = query.transpose(1, 2), key.transpose(1, 2)  # [b, H, s, d]
+    q = query.transpose(1, 2)  # [b, H, s, d]
+    k = args[2] if key is None else key.transpose(1, 2)
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     scale = kwargs.get("scaling")
     scores = q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
@@ -824,7 +837,6 @@ def _attends(model: Any, index: int) -> CheckResult:
     if sinks is not None:  # a sink is one more logit of the softmax (GPT-OSS), or only scales the output after
         sunk = torch.cat([scores, sinks.reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)], dim=-1)
         expected["softmax with the sink logit"] = torch.softmax(sunk.float(), dim=-1)[..., :-1].to(probabilities.dtype)
-    values = ("query_states", "key_states", "attention_probabilities")
     results = [_compare("kernel", index, values, probabilities, formula, TOLERANCE,
                         f"{name}(q·kᵀ·scale + mask) against the eager probabilities")
                for name, formula in expected.items()]
@@ -879,7 +891,11 @@ def _implementation_copy(model: Any, implementation: str) -> Any:
         module.set_attn_implementation(implementation)
     except (ValueError, ImportError):
         return None
-    return StandardizedTransformer(module, tokenizer=model.tokenizer, verify="never", family=model.family)
+    copy_ = StandardizedTransformer(module, tokenizer=model.tokenizer, verify="never", family=model.family)
+    attentions = [copy_.layers[i].self_attn._module for i in copy_.support().layers_with("attention_probabilities")]
+    if any(kernel_implementation(attention) != implementation for attention in attentions):
+        return None  # the class only warns that it cannot switch (GOT-OCR2): no copy runs it
+    return copy_
 
 
 def _recomputed(eager: Any, sdpa: Any, index: int) -> list[CheckResult]:
