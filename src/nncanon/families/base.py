@@ -37,6 +37,12 @@ class LogitStep:
         return f"{self.op} {describe_factor(self.attribute)}"
 
 
+#: The records of block layouts made by `Family.for_layer`, by record (kept with it, so that its id is
+#: not reused by another) and kinds: a record is data that does not change, and one layout record per
+#: kind saves building it again for every block of every load.
+_LAYOUTS: dict[tuple[int, tuple[str, ...]], tuple[Family, Family]] = {}
+
+
 @dataclass(frozen=True)
 class Family:
     """How one architecture family lays out the standard values.
@@ -184,10 +190,13 @@ class Family:
             return self, None
         kinds = self.layout_of(config, layer)
         kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
-        fields: dict = {}
-        for kind in kinds:
-            fields.update(self.layouts[kind])
-        return replace(self, layouts={}, layout_of=None, **fields), " ".join(kinds)
+        known = _LAYOUTS.get((id(self), kinds))
+        if known is None or known[0] is not self:
+            fields: dict = {}
+            for kind in kinds:
+                fields.update(self.layouts[kind])
+            known = _LAYOUTS[(id(self), kinds)] = (self, replace(self, layouts={}, layout_of=None, **fields))
+        return known[1], " ".join(kinds)
 
     def step_factor(self, op: str, config: Any) -> Any:
         """The factor of this family's logit step ``op`` for ``config`` (``None`` where it has none)."""
