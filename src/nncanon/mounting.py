@@ -15,7 +15,6 @@ nnsight built.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cache
 from typing import Any
 
 from nnsight.intervention.envoy import Envoy
@@ -125,11 +124,19 @@ def _label(index: int, kind: str | None, layer: Envoy) -> str:
 _ROUTING = ("router_logits", "expert_weights", "expert_indices")
 
 
-@cache
 def _block_sites(tupled: bool, stacked: bool, merged: bool) -> tuple[Site, Site]:
-    """The sites every block has: its input, and its output (a tensor, or a tuple's first element)."""
-    return (Site(key="input", stacked=stacked, merge=merged),
+    """The sites every block has: its input, and its output (a tensor, or a tuple's first element).
+
+    Made once (a `Site` is frozen): kept in a plain dict, which a remote request can carry by value."""
+    sites = _BLOCK_SITES.get((tupled, stacked, merged))
+    if sites is None:
+        sites = _BLOCK_SITES[(tupled, stacked, merged)] = (
+            Site(key="input", stacked=stacked, merge=merged),
             Site(index=0 if tupled else None, stacked=stacked, merge=merged))
+    return sites
+
+
+_BLOCK_SITES: dict[tuple[bool, bool, bool], tuple[Site, Site]] = {}
 
 
 class _Shape:

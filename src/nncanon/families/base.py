@@ -37,12 +37,6 @@ class LogitStep:
         return f"{self.op} {describe_factor(self.attribute)}"
 
 
-#: The records of block layouts made by `Family.for_layer`, by record (kept with it, so that its id is
-#: not reused by another) and kinds: a record is data that does not change, and one layout record per
-#: kind saves building it again for every block of every load.
-_LAYOUTS: dict[tuple[int, tuple[str, ...]], tuple[Family, Family]] = {}
-
-
 @dataclass(frozen=True)
 class Family:
     """How one architecture family lays out the standard values.
@@ -190,13 +184,23 @@ class Family:
             return self, None
         kinds = self.layout_of(config, layer)
         kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
-        known = _LAYOUTS.get((id(self), kinds))
-        if known is None or known[0] is not self:
+        made = self.__dict__.get("_layout_records")
+        if made is None:  # a record is data that does not change: each kind's record is made once
+            made = {}
+            object.__setattr__(self, "_layout_records", made)
+        record = made.get(kinds)
+        if record is None:
             fields: dict = {}
             for kind in kinds:
                 fields.update(self.layouts[kind])
-            known = _LAYOUTS[(id(self), kinds)] = (self, replace(self, layouts={}, layout_of=None, **fields))
-        return known[1], " ".join(kinds)
+            record = made[kinds] = replace(self, layouts={}, layout_of=None, **fields)
+        return record, " ".join(kinds)
+
+    def __getstate__(self) -> dict:
+        """The record's fields, without the layout records `for_layer` keeps (a remote request carries less)."""
+        state = dict(self.__dict__)
+        state.pop("_layout_records", None)
+        return state
 
     def step_factor(self, op: str, config: Any) -> Any:
         """The factor of this family's logit step ``op`` for ``config`` (``None`` where it has none)."""

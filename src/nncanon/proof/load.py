@@ -221,10 +221,17 @@ def cache_key(config: Any, family: Any, model_class: type) -> str:
     and the fingerprint."""
     from . import verdict
 
-    versions = json.dumps(_versions(), sort_keys=True)
-    checks = _digest_of(verdict.CHECKS)
-    text = f"{versions}|{checks}|{fingerprint(config, family, model_class)}"
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    versions = _versions()
+    parts = (tuple(versions.values()), _digest_of(verdict.CHECKS), fingerprint(config, family, model_class))
+    key = _KEYS.get(parts)
+    if key is None:
+        text = f"{json.dumps(versions, sort_keys=True)}|{parts[1]}|{parts[2]}"
+        key = _KEYS[parts] = hashlib.sha256(text.encode()).hexdigest()[:32]
+    return key
+
+
+#: Cache keys by what they are made of (a few short strings each).
+_KEYS: dict[tuple, str] = {}
 
 
 def read_cached(key: str) -> Proof | None:
