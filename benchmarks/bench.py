@@ -1,6 +1,7 @@
 """nncanon against raw nnsight and plain transformers: speed, load time, batched heads, memory.
 
 Run:  python benchmarks/bench.py [--repeats 15] [--threads N] [--json out.json] [--models gpt2 llama]
+      [--measures trace load folder heads memory proof]
 
 Every ratio is measured in one run, on the same model object, with interleaved repeats so that
 machine noise hits both sides alike; figures are medians. Models are built from configs with
@@ -11,7 +12,13 @@ What is compared, per model:
 - trace: a standardized trace that reads (saves) every standard value of every layer, and one
   that writes each contribution, against raw nnsight doing the same on native module paths
   (target <= 1.05x), and against a plain transformers forward with PyTorch hooks (reported);
-- load: StandardizedTransformer(module) against TransformersModel(module) (target <= 1.10x);
+- load: StandardizedTransformer(module) against TransformersModel(module) (target <= 1.10x): the wrap of
+  a model already in memory, whose proof is cached; no file is read, so this is nncanon's own cost at its
+  most visible;
+- load from a folder (reported): what a user types, StandardizedTransformer(folder) against
+  TransformersModel(folder, tokenizer=AutoTokenizer.from_pretrained(folder)), with the model built on
+  meta (nnsight's default: the weights are read at the first trace) and with its weights read
+  (dispatch=True);
 - heads: every head of one block ablated, one invoke per head, against one trace per head (target
   >= 4x faster at 12 heads): `head_ablation_sweep` (the invokes resume at the block after one
   forward of the blocks before it, and compute the last position's logits only), and the plain
@@ -50,6 +57,8 @@ from nncanon.testing import tiny_tokenizer
 from nncanon.tools import head_ablation_sweep
 
 BATCH, SEQ = 8, 32
+#: What `main` can measure (``--measures``).
+MEASURES = ("trace", "load", "folder", "heads", "memory", "proof", "sdpa-probabilities")
 
 
 def build(name: str) -> torch.nn.Module:
@@ -337,7 +346,30 @@ def proofs(repeats: int) -> dict:
     return result
 
 
-def run(name: str, repeats: int) -> dict:
+def folder_loads(module: torch.nn.Module, tokenizer: Any, repeats: int) -> dict:
+    """Seconds of a load from a saved folder, nncanon against nnsight, medians: ``meta`` (the model built on
+    meta, nnsight's default) and ``weights`` (``dispatch=True``: the weights read too). The proof is cached
+    (a first load before the timing proves the config)."""
+    from transformers import AutoTokenizer
+
+    result: dict = {}
+    with tempfile.TemporaryDirectory(prefix="nncanon-bench-folder-") as folder:
+        module.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        StandardizedTransformer(folder)
+        for how, options in (("meta", {}), ("weights", {"dispatch": True})):
+            result[how] = interleaved(
+                {
+                    "standard": lambda o=options: StandardizedTransformer(folder, **o),
+                    "raw_nnsight": lambda o=options: TransformersModel(
+                        folder, tokenizer=AutoTokenizer.from_pretrained(folder), task="text-generation", **o),
+                },
+                repeats,
+            )
+    return result
+
+
+def run(name: str, repeats: int, measures: tuple[str, ...] = MEASURES) -> dict:
     module = build(name)
     ids = inputs(module)
     tokenizer = tiny_tokenizer()
@@ -345,7 +377,7 @@ def run(name: str, repeats: int) -> dict:
     raw = TransformersModel(module, tokenizer=tokenizer)
     result: dict = {"model": name, "parameters_m": round(sum(p.numel() for p in module.parameters()) / 1e6, 1)}
 
-    for write in (False, True):
+    for write in (False, True) if "trace" in measures else ():
         kind = "write" if write else "read"
         times = interleaved(
             {
@@ -359,16 +391,25 @@ def run(name: str, repeats: int) -> dict:
         result[f"trace_{kind}_vs_raw"] = times["standard"] / times["raw_nnsight"]
         result[f"trace_{kind}_vs_hooks"] = times["standard"] / times["plain_hooks"]
 
-    loads = interleaved(
-        {
-            "standard": lambda: StandardizedTransformer(module, tokenizer=tokenizer),
-            "raw_nnsight": lambda: TransformersModel(module, tokenizer=tokenizer),
-        },
-        repeats,
-    )
-    result["load_s"] = loads
-    result["load_vs_raw"] = loads["standard"] / loads["raw_nnsight"]
+    if "load" in measures:
+        loads = interleaved(
+            {
+                "standard": lambda: StandardizedTransformer(module, tokenizer=tokenizer),
+                "raw_nnsight": lambda: TransformersModel(module, tokenizer=tokenizer),
+            },
+            repeats,
+        )
+        result["load_s"] = loads
+        result["load_vs_raw"] = loads["standard"] / loads["raw_nnsight"]
 
+    if "folder" in measures:
+        folder = folder_loads(module, tokenizer, repeats)
+        for how, times in folder.items():
+            result[f"load_folder_{how}_s"] = times
+            result[f"load_folder_{how}_vs_raw"] = times["standard"] / times["raw_nnsight"]
+
+    if "heads" not in measures:
+        return _memory(result, name, measures)
     heads = interleaved(
         {how: lambda how=how: head_sweep(standard, ids, 6, how)
          for how in ("sweep", "batched_invokes", "one_trace_per_head")},
@@ -377,10 +418,14 @@ def run(name: str, repeats: int) -> dict:
     result["heads_s"] = heads
     result["heads_speedup"] = heads["one_trace_per_head"] / heads["sweep"]
     result["heads_speedup_invokes_only"] = heads["one_trace_per_head"] / heads["batched_invokes"]
+    return _memory(result, name, measures)
 
-    memory = {which: peak_memory(name, which) for which in ("standard", "raw")}
-    result["peak_rss_mb"] = memory
-    result["memory_vs_raw"] = memory["standard"] / memory["raw"]
+
+def _memory(result: dict, name: str, measures: tuple[str, ...]) -> dict:
+    if "memory" in measures:
+        memory = {which: peak_memory(name, which) for which in ("standard", "raw")}
+        result["peak_rss_mb"] = memory
+        result["memory_vs_raw"] = memory["standard"] / memory["raw"]
     return result
 
 
@@ -390,9 +435,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--models", nargs="+", default=["gpt2", "llama"])
     parser.add_argument("--json", default=None, help="also write the results here")
-    parser.add_argument("--only", choices=["sdpa-probabilities"], default=None,
-                        help="run one section only (its figures alone)")
+    parser.add_argument("--measures", nargs="+", default=list(MEASURES), choices=MEASURES,
+                        help="what to measure (default: everything)")
     args = parser.parse_args()
+    measures = tuple(args.measures)
     os.environ.setdefault("NNCANON_CACHE", tempfile.mkdtemp(prefix="nncanon-bench-"))  # start with no proofs
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -405,29 +451,28 @@ def main() -> None:
         "transformers": transformers.__version__,
         "nnsight": __import__("nnsight").__version__,
     }
+    machine["load_average_before"] = os.getloadavg()
+    results = [run(name, args.repeats, measures) for name in args.models]
+    proof_times = proofs(args.repeats) if "proof" in measures else {}
+    probabilities = ([sdpa_probabilities(name, args.repeats) for name in args.models]
+                     if "sdpa-probabilities" in measures else [])
+    machine["load_average_after"] = os.getloadavg()
     print(json.dumps({"machine": machine}, indent=None))
-    probabilities = [sdpa_probabilities(name, args.repeats) for name in args.models]
-    print_sdpa_probabilities(probabilities)
-    if args.only:
-        if args.json:
-            with open(args.json, "w") as handle:
-                json.dump({"machine": machine, "sdpa_probabilities": probabilities}, handle, indent=2)
-        return
-    results = [run(name, args.repeats) for name in args.models]
-    proof_times = proofs(args.repeats)
-    header = (f"{'model':6} {'read/raw':>9} {'write/raw':>10} {'read/hooks':>11} {'load/raw':>9} "
-              f"{'heads x':>8} {'invokes x':>10} {'mem/raw':>8}")
-    print(header)
+    columns = [("read/raw", "trace_read_vs_raw"), ("write/raw", "trace_write_vs_raw"),
+               ("read/hooks", "trace_read_vs_hooks"), ("load/raw", "load_vs_raw"),
+               ("folder/raw", "load_folder_meta_vs_raw"), ("+weights/raw", "load_folder_weights_vs_raw"),
+               ("heads x", "heads_speedup"), ("invokes x", "heads_speedup_invokes_only"),
+               ("mem/raw", "memory_vs_raw")]
+    columns = [(title, key) for title, key in columns if any(key in r for r in results)]
+    print(f"{'model':6} " + " ".join(f"{title:>12}" for title, _ in columns))
     for r in results:
-        print(
-            f"{r['model']:6} {r['trace_read_vs_raw']:9.3f} {r['trace_write_vs_raw']:10.3f} "
-            f"{r['trace_read_vs_hooks']:11.3f} {r['load_vs_raw']:9.3f} {r['heads_speedup']:8.2f} "
-            f"{r['heads_speedup_invokes_only']:10.2f} "
-            f"{r['memory_vs_raw']:8.3f}"
-        )
-    print(f"{'first proof of':24} {'kind':10} {'seconds':>8} {'of which gradients':>19}")
+        print(f"{r['model']:6} " + " ".join(f"{r[key]:12.3f}" if key in r else f"{'':12}" for _, key in columns))
+    if proof_times:
+        print(f"{'first proof of':24} {'kind':10} {'seconds':>8} {'of which gradients':>19}")
     for config_name, figure in proof_times.items():
         print(f"{config_name:24} {figure['kind']:10} {figure['seconds']:8.2f} {figure['gradient_seconds']:19.2f}")
+    if probabilities:
+        print_sdpa_probabilities(probabilities)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"machine": machine, "results": results, "proofs": proof_times,

@@ -414,3 +414,75 @@ def test_a_proof_made_without_the_gradient_checks_is_proved_again(monkeypatch, t
     assert {r.check for r in new.verdict.results if r.gradient} == {"gradients", "gradient_writes"}
     assert new.verdict.proved(0, "attention_head_outputs", gradient=True)
     assert len(list((tmp_path / "proofs").glob("*.json"))) == 2
+
+
+def _fingerprints_agree(config, family, cls):
+    """The fingerprint a load uses (kept in memory by the config's state) against one computed afresh."""
+    return proof_load.fingerprint(config, family, cls) == proof_load._fingerprint(config, family, cls)
+
+
+def test_a_changed_config_is_never_given_a_stale_fingerprint():
+    """The in-memory fingerprint follows every change of the config: a top-level flag, an entry of a nested
+    dict, a list element, an attribute of a nested config, a value equal in Python but not in the config
+    file (1 / 1.0 / True), an attribute added; each is fingerprinted again."""
+    family, cls = REGISTRY["gemma3"], transformers.Gemma3ForConditionalGeneration
+    config = transformers.Gemma3Config()
+    seen = {proof_load.fingerprint(config, family, cls)}
+    text = config.text_config
+    edits = [
+        lambda: setattr(text, "attn_logit_softcapping", 30.0),
+        lambda: text.rope_parameters["full_attention"].update(rope_theta=5e5),
+        lambda: text.layer_types.__setitem__(0, "full_attention"),
+        lambda: setattr(config.vision_config, "hidden_act", "gelu"),
+        lambda: setattr(text, "an_attribute_added_later", True),
+        lambda: setattr(text, "an_attribute_added_later", 1),
+        lambda: setattr(text, "an_attribute_added_later", 1.0),
+        lambda: setattr(text, "an_attribute_added_later", 0.0),
+        lambda: setattr(text, "an_attribute_added_later", -0.0),
+        lambda: setattr(config, "mm_tokens_per_image", 64),
+    ]
+    for edit in edits:
+        edit()
+        assert _fingerprints_agree(config, family, cls)
+        fingerprint = proof_load.fingerprint(config, family, cls)
+        assert fingerprint not in seen, "a changed config kept the fingerprint of what it was"
+        seen.add(fingerprint)
+
+
+def test_a_nested_change_after_a_load_proves_the_new_config(monkeypatch, tmp_path):
+    """A config edited in place after a proved load is proved again on the next load (its proof key moves);
+    an unchanged config reuses its proof."""
+    monkeypatch.setenv("NNCANON_CACHE", str(tmp_path))
+    hf = tiny_hf_model("llama")
+    first = _load(hf, verify="auto")._provenance.proof
+    assert _load(hf, verify="auto")._provenance.proof.key == first.key
+    hf.config.rope_parameters["rope_theta"] = hf.config.rope_parameters["rope_theta"] * 2
+    second = _load(hf, verify="auto")._provenance.proof
+    assert second.key != first.key and not second.from_cache
+    assert second.key == proof_load.cache_key(hf.config, REGISTRY["llama"], type(hf))
+
+
+def test_a_config_outside_transformers_is_fingerprinted_each_time():
+    """A config class from outside transformers (custom code) may serialize itself its own way: no memo."""
+
+    class CustomConfig(transformers.LlamaConfig):
+        pass
+
+    CustomConfig.__module__ = "transformers_modules.custom"
+    config = CustomConfig()
+    assert proof_load.config_state(config) is None
+    assert _fingerprints_agree(config, REGISTRY["llama"], transformers.LlamaForCausalLM)
+
+
+def test_a_cached_proof_declines_what_a_new_proof_declines():
+    """A proof read from the cache (its declines worked out once, kept with it) leaves the same support table
+    as the proof made now, on every load that reads it."""
+    broken = dataclasses.replace(REGISTRY["llama"], mlp_output=Site("post_attention_layernorm"))
+    hf = tiny_hf_model("llama")
+    made = _load(hf, broken, verify="always")
+    cached = [_load(hf, broken, verify="auto") for _ in range(2)]
+    assert all(model._provenance.proof.from_cache for model in cached)
+    expected = made.support().to_dict()
+    assert expected["layers"][0]["values"]["mlp_output"] is not None
+    for model in cached:
+        assert model.support().to_dict() == expected

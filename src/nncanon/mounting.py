@@ -154,6 +154,40 @@ def _label(index: int, kind: str | None, layer: Envoy) -> str:
     return f"layers[{index}] is a {kind} block ({block})" if kind else f"layers[{index}] ({block})"
 
 
+_ROUTING = ("router_logits", "expert_weights", "expert_indices")
+
+
+def _block_sites(tupled: bool, stacked: bool, merged: bool) -> tuple[Site, Site]:
+    """The sites every block has: its input, and its output (a tensor, or a tuple's first element).
+
+    Made once (a `Site` is frozen): kept in a plain dict, which a remote request can carry by value."""
+    sites = _BLOCK_SITES.get((tupled, stacked, merged))
+    if sites is None:
+        sites = _BLOCK_SITES[(tupled, stacked, merged)] = (
+            Site(key="input", stacked=stacked, merge=merged),
+            Site(index=0 if tupled else None, stacked=stacked, merge=merged))
+    return sites
+
+
+_BLOCK_SITES: dict[tuple[bool, bool, bool], tuple[Site, Site]] = {}
+
+
+class _Shape:
+    """What a block layout (a family record, or one of its `Family.layouts`) mounts the same on every
+    block of a model: worked out once per layout in `mount`, not once per block."""
+
+    def __init__(self, spec: Family, config: Any) -> None:
+        self.spec = spec
+        # Native names this block uses for a role other than the standard name's own.
+        self.hidden = {n for n in (spec.attention, spec.mixer, spec.mlp) if n is not None}
+        self.layer_input, self.layer_output = _block_sites(bool(spec.block_extras or spec.block_tuple),
+                                                           spec.stacked_streams, spec.merged_streams)
+        self.probabilities = spec.probabilities(config) if callable(spec.probabilities) else spec.probabilities
+        present = {"self_attn": spec.attention, "linear_attn": spec.mixer, "mlp": spec.mlp_output}
+        self.components = [c for c in spec.component_order if present.get(c) is not None]
+        self.mlp_sites = [(name, getattr(spec, name)) for name in (*_ROUTING, "shared_expert_output")]
+
+
 def mount(model: Any, family: Family, config: Any) -> None:
     """Bind every block of ``model`` (a `StandardizedTransformer`) to ``family``'s sites.
 
@@ -163,28 +197,31 @@ def mount(model: Any, family: Family, config: Any) -> None:
     # refuse the global attribute)
     heads = None if family.head_shape is not None else getattr(config, "num_attention_heads", None)
     adopt(model.layers, LayersEnvoy)
-    running = [i for i in range(len(model.layers)) if family.idle_reason(config, i) is None]
-    for index, layer in enumerate(model.layers):
+    blocks = list(model.layers)
+    count, model_type = len(blocks), config.model_type
+    idle_reasons = [family.idle_reason(config, i) for i in range(count)]
+    running = [i for i, idle in enumerate(idle_reasons) if idle is None]
+    shapes: dict[int, _Shape] = {}
+    for index, layer in enumerate(blocks):
         adopt(layer, LayerEnvoy)
-        idle = family.idle_reason(config, index)
+        idle = idle_reasons[index]
         if idle is not None:
             _mount_idle(model, family, config, index, idle, running)
             continue
         spec, kind = family.for_layer(config, index)
+        shape = shapes.get(id(spec))
+        if shape is None or shape.spec is not spec:
+            shape = shapes[id(spec)] = _Shape(spec, config)
         where = f"layers[{index}]"
         label = _label(index, kind, layer)
         bind = _binder(layer, where, config)
-        # Native names this block uses for a role other than the standard name's own.
-        hidden = {n for n in (spec.attention, spec.mixer, spec.mlp) if n is not None}
+        hidden = shape.hidden
 
         state = ComponentState(
             where,
             {
-                "layer_input": bind("layer_input", Site(key="input", stacked=spec.stacked_streams,
-                                                        merge=spec.merged_streams)),
-                "layer_output": bind("layer_output", Site(index=0 if spec.block_extras or spec.block_tuple else None,
-                                                          stacked=spec.stacked_streams,
-                                                          merge=spec.merged_streams)),
+                "layer_input": bind("layer_input", shape.layer_input),
+                "layer_output": bind("layer_output", shape.layer_output),
             },
         )
         layer._nncanon = state
@@ -208,7 +245,7 @@ def mount(model: Any, family: Family, config: Any) -> None:
                     "attention_output": bind("attention_output", spec.attention_output, component="self_attn"),
                 },
                 {**reasons, "attention_probabilities": ProbabilitiesReason(attention), RECOMPUTED: None},
-                probabilities=spec.probabilities(config) if callable(spec.probabilities) else spec.probabilities,
+                probabilities=shape.probabilities,
             )
             components.append(attention._nncanon)
         else:
@@ -244,12 +281,10 @@ def mount(model: Any, family: Family, config: Any) -> None:
         if spec.mlp_output is not None:
             mlp_binding = bind("mlp_output", spec.mlp_output, component="mlp")
             mlp_state = ComponentState(f"{where}.mlp", {"mlp_output": mlp_binding})
-            routing = ("router_logits", "expert_weights", "expert_indices")
-            for name in (*routing, "shared_expert_output"):
-                site = getattr(spec, name)
+            for name, site in shape.mlp_sites:
                 if site is not None:
                     mlp_state.bindings[name] = bind(name, site, component="mlp")
-                elif name in routing:
+                elif name in _ROUTING:
                     mlp_state.reasons[name] = f"{label}: its MLP is dense, not a mixture of experts: it has no router"
                     mlp_state.absent.add(name)
                 else:
@@ -267,9 +302,7 @@ def mount(model: Any, family: Family, config: Any) -> None:
             _route(layer, "mlp", None, None, hidden)
             state.reasons["mlp"] = f"{label}: it has no MLP"
 
-        present = {"self_attn": spec.attention, "linear_attn": spec.mixer, "mlp": spec.mlp_output}
-        order = block_order([c for c in spec.component_order if present.get(c) is not None], index,
-                            len(model.layers), config.model_type)
+        order = block_order(shape.components, index, count, model_type)
         for component in components:
             for binding in component.bindings.values():
                 binding.order = order

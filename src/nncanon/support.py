@@ -50,6 +50,30 @@ COMPONENTS = ("self_attn", "linear_attn", "mlp")
 _ANY_LAYER = re.compile(r"layers\[\d+\]")
 
 
+def layer_states(layer: Any) -> dict[str, Any]:
+    """The mounted states of block envoy ``layer``: ``"layer"`` and each of `COMPONENTS` (``None`` where
+    the block has no such component)."""
+    states = {"layer": layer.__dict__["_nncanon"]}
+    for component in COMPONENTS:
+        host = layer.__dict__.get(component)
+        states[component] = None if host is None else host.__dict__.get("_nncanon")
+    return states
+
+
+def value_reason(states: dict[str, Any], value: str) -> str | None:
+    """Why the block whose `layer_states` are ``states`` does not serve ``value`` (a name of
+    `LAYER_VALUES`), or ``None`` when it serves it: ``support()``'s cell."""
+    if value in ("layer_input", "layer_output"):
+        return states["layer"].reason(value)
+    if value in COMPONENTS:
+        if states[value] is not None:
+            return None
+        return states["layer"].reason(value) or "this block has no such component"
+    component = COMPONENT_OF[value]
+    state = states[component]
+    return value_reason(states, component) if state is None else state.reason(value)
+
+
 @dataclass(frozen=True)
 class LayerSupport:
     """One layer's row: its block type and, per value, ``None`` (served) or the reason it is not; per
@@ -91,31 +115,15 @@ class SupportReport:
         """The report of a `StandardizedTransformer`."""
         rows = []
         for index, layer in enumerate(model.layers):
-            states = {"layer": layer.__dict__["_nncanon"]}
-            for component in COMPONENTS:
-                host = layer.__dict__.get(component)
-                states[component] = None if host is None else host.__dict__.get("_nncanon")
-            reasons: dict[str, str | None] = {}
+            states = layer_states(layer)
+            reasons = {value: value_reason(states, value) for value in LAYER_VALUES}
             gradients: dict[str, str] = {}
-            absent = frozenset(name for state in states.values() if state is not None for name in state.absent)
             for value in LAYER_VALUES:
-                if value in ("layer_input", "layer_output"):
-                    reasons[value] = states["layer"].reason(value)
-                elif value in COMPONENTS:
-                    state = states[value]
-                    reasons[value] = (
-                        states["layer"].reason(value) or "this block has no such component"
-                        if state is None
-                        else None
-                    )
-                else:
-                    component = COMPONENT_OF[value]
-                    state = states[component]
-                    reasons[value] = reasons[component] if state is None else state.reason(value)
                 owner = "layer" if value in ("layer_input", "layer_output") else COMPONENT_OF.get(value)
                 state = states.get(owner) if reasons[value] is None else None
                 if state is not None and value in state.gradient_reasons:
                     gradients[value] = state.gradient_reasons[value]
+            absent = frozenset(name for state in states.values() if state is not None for name in state.absent)
             rows.append(LayerSupport(index, type(layer._module).__name__, reasons, absent, gradients))
         provenance = model.__dict__.get("_provenance")
         return cls(rows, model._text_config.model_type, model.family.name,

@@ -184,10 +184,23 @@ class Family:
             return self, None
         kinds = self.layout_of(config, layer)
         kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
-        fields: dict = {}
-        for kind in kinds:
-            fields.update(self.layouts[kind])
-        return replace(self, layouts={}, layout_of=None, **fields), " ".join(kinds)
+        made = self.__dict__.get("_layout_records")
+        if made is None:  # a record is data that does not change: each kind's record is made once
+            made = {}
+            object.__setattr__(self, "_layout_records", made)
+        record = made.get(kinds)
+        if record is None:
+            fields: dict = {}
+            for kind in kinds:
+                fields.update(self.layouts[kind])
+            record = made[kinds] = replace(self, layouts={}, layout_of=None, **fields)
+        return record, " ".join(kinds)
+
+    def __getstate__(self) -> dict:
+        """The record's fields, without the layout records `for_layer` keeps (a remote request carries less)."""
+        state = dict(self.__dict__)
+        state.pop("_layout_records", None)
+        return state
 
     def step_factor(self, op: str, config: Any) -> Any:
         """The factor of this family's logit step ``op`` for ``config`` (``None`` where it has none)."""

@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import pickle
 import time
 import types
 import warnings
@@ -117,7 +118,47 @@ def _digest_of(value: Any) -> str:
 
 def fingerprint(config: Any, family: Any, model_class: type) -> str:
     """The structural fingerprint of ``config``: its entries with the twin's sizes, the family record
-    and the class."""
+    and the class.
+
+    Kept in memory by the config's whole state (`config_state`): a config changed in any way since,
+    a nested one included, is fingerprinted again.
+    """
+    state = config_state(config)
+    memo = None if state is None else (state, record_digest(family), model_class)
+    known = _FINGERPRINTS.get(memo) if memo is not None else None
+    if known is None:
+        known = _fingerprint(config, family, model_class)
+        if memo is not None:
+            _FINGERPRINTS[memo] = known
+            while len(_FINGERPRINTS) > _KEEP:
+                del _FINGERPRINTS[next(iter(_FINGERPRINTS))]
+    return known
+
+
+#: Fingerprints computed in this process, by `config_state`, record digest and class (the latest `_KEEP`).
+_FINGERPRINTS: dict[tuple[bytes, str, type], str] = {}
+_KEEP = 256
+
+
+def config_state(config: Any) -> bytes | None:
+    """All of ``config``'s state as bytes: its class and its attributes, nested configs and every list,
+    dict and value in them (a pickle, ~10x cheaper than ``to_dict``), or ``None`` where it cannot be
+    taken exactly (a config class from outside transformers, which may serialize itself its own way;
+    an attribute that does not pickle).
+
+    Equal bytes mean equal ``to_dict()``: transformers' ``to_dict`` is a function of the class and the
+    attributes only. The pickle tells apart what compares equal but serializes differently (``1``,
+    ``1.0`` and ``True``; ``0.0`` and ``-0.0``).
+    """
+    if not type(config).__module__.startswith("transformers."):
+        return None
+    try:
+        return pickle.dumps((type(config), config.__dict__), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # an attribute pickle cannot take: no memo, the fingerprint is computed each time
+        return None
+
+
+def _fingerprint(config: Any, family: Any, model_class: type) -> str:
     values = config.to_dict()
     _shrink_sizes(values, "", [])
     text = json.dumps(_plain(values), sort_keys=True, default=str)
@@ -152,6 +193,7 @@ class Proof:
     verdict: Verdict
     changes: list[list[Any]] = field(default_factory=list)
     from_cache: bool = False
+    _unproved: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def describe(self) -> str:
         """``proved on a twin of this config (transformers 5.24.0, 2026-12-01 08:12 UTC)``."""
@@ -179,10 +221,17 @@ def cache_key(config: Any, family: Any, model_class: type) -> str:
     and the fingerprint."""
     from . import verdict
 
-    versions = json.dumps(_versions(), sort_keys=True)
-    checks = _digest_of(verdict.CHECKS)
-    text = f"{versions}|{checks}|{fingerprint(config, family, model_class)}"
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    versions = _versions()
+    parts = (tuple(versions.values()), _digest_of(verdict.CHECKS), fingerprint(config, family, model_class))
+    key = _KEYS.get(parts)
+    if key is None:
+        text = f"{json.dumps(versions, sort_keys=True)}|{parts[1]}|{parts[2]}"
+        key = _KEYS[parts] = hashlib.sha256(text.encode()).hexdigest()[:32]
+    return key
+
+
+#: Cache keys by what they are made of (a few short strings each).
+_KEYS: dict[tuple, str] = {}
 
 
 def read_cached(key: str) -> Proof | None:
@@ -275,39 +324,65 @@ class Provenance:
 
 def apply_proof(model: Any, proof: Proof) -> Provenance:
     """Decline on ``model`` every value its proof does not prove, and the gradient of every served value
-    whose gradient it does not prove; return the served values' provenance."""
+    whose gradient it does not prove; return the served values' provenance.
+
+    A value the block does not serve anyway keeps its own reason. What the proof leaves unproved is
+    worked out once per proof (`_unproved`); a load then looks up only those values on its blocks.
+    """
     from ..components.kernel import RECOMPUTED
     from ..mounting import decline, decline_gradient
-    from ..support import COMPONENTS, LAYER_VALUES
-    from .checks import GRADIENT_VALUES
+    from ..support import layer_states, value_reason
 
-    report = model.support()
-    measured = [value for value in LAYER_VALUES if value not in COMPONENTS]
-    for index, row in enumerate(report.layers):
+    for index, layer in enumerate(model.layers):
         twin = proof.layer_map[index] if index < len(proof.layer_map) else None
-        for value in measured:
-            if row.reasons[value] is not None:
+        unproved = _unproved(proof, twin)
+        states = layer_states(layer) if unproved else None
+        for value, reason, gradient in unproved:
+            if value != RECOMPUTED and value_reason(states, value) is not None:
                 continue
-            reason = _not_proved(proof, twin, value, report.layers[index].block_type)
-            if reason is not None:
-                decline(model.layers[index], value, reason)
-            elif value in GRADIENT_VALUES:
-                reason = _not_proved(proof, twin, value, report.layers[index].block_type, gradient=True)
-                if reason is not None:
-                    decline_gradient(model.layers[index], value, reason)
-    for index in range(len(report.layers)):  # probabilities recomputed where the model runs sdpa
-        twin = proof.layer_map[index] if index < len(proof.layer_map) else None
-        reason = _not_proved(proof, twin, RECOMPUTED, report.layers[index].block_type)
-        if reason is not None:
-            decline(model.layers[index], RECOMPUTED, (
-                f"attention probabilities are not computed by this model's attention implementation, and "
-                f"recomputing them from the kernel's inputs is {reason}. Load it with "
-                f"StandardizedTransformer(..., attn_implementation=\"eager\") to read them."))
-    for value in ("logits", "project_on_vocab", "skip_layers"):
-        reason = _not_proved(proof, None, value, None, model_level=True)
-        if reason is not None:
-            model._model_declines[value] = reason
+            if reason is None:  # no twin block stands for it: the reason names the block's kind
+                reason = _not_proved(proof, None, value, type(layer._module).__name__)
+            if value == RECOMPUTED:  # (a block without attention has no such reason: nothing happens)
+                reason = (f"attention probabilities are not computed by this model's attention implementation, "
+                          f"and recomputing them from the kernel's inputs is {reason}. Load it with "
+                          f"StandardizedTransformer(..., attn_implementation=\"eager\") to read them.")
+            (decline_gradient if gradient else decline)(layer, value, reason)
+    for value, reason, _ in _unproved(proof, "model"):
+        model._model_declines[value] = reason
     return Provenance("proved", proof.describe(), proof)
+
+
+def _unproved(proof: Proof, twin: int | str | None) -> list[tuple[str, str | None, bool]]:
+    """What ``proof`` does not prove on twin block ``twin`` (``"model"``: the model-level values):
+    ``(value, reason, gradient)``, ``gradient`` where the value is proved but its gradient is not. The
+    reason is ``None`` for a block no twin block stands for (`apply_proof` names its kind). Worked out
+    once per proof and block (a cached proof is one object per file, see `read_cached`)."""
+    known = proof._unproved.get(twin)
+    if known is None:
+        from ..support import COMPONENTS, LAYER_VALUES
+        from .checks import GRADIENT_VALUES
+
+        known = []
+        if twin == "model":
+            for value in ("logits", "project_on_vocab", "skip_layers"):
+                reason = _not_proved(proof, None, value, None, model_level=True)
+                if reason is not None:
+                    known.append((value, reason, False))
+        for value in [] if twin == "model" else [v for v in LAYER_VALUES if v not in COMPONENTS]:
+            if twin is None:
+                known.append((value, None, False))
+            elif (reason := _not_proved(proof, twin, value, None)) is not None:
+                known.append((value, reason, False))
+            elif value in GRADIENT_VALUES and (reason := _not_proved(proof, twin, value, None, gradient=True)):
+                known.append((value, reason, True))
+        if twin != "model":  # probabilities recomputed where the model runs sdpa
+            from ..components.kernel import RECOMPUTED
+
+            reason = None if twin is None else _not_proved(proof, twin, RECOMPUTED, None)
+            if twin is None or reason is not None:
+                known.append((RECOMPUTED, reason, False))
+        proof._unproved[twin] = known
+    return known
 
 
 def _not_proved(proof: Proof, twin: int | None, value: str, block: str | None, model_level: bool = False,
