@@ -211,6 +211,39 @@ def test_an_interrupted_matrix_run_writes_nothing(tmp_path, monkeypatch):
     assert written == []
 
 
+def test_a_variant_whose_tests_all_skipped_is_not_reported_as_passing(tmp_path, monkeypatch):
+    """A variant that could not run here (a library its model class needs is missing) is written "not run"
+    with the skip's reason; a variant with a passed test and none failed is "pass"."""
+    import json
+
+    import nncanon.docs_tables
+    import nncanon.matrix
+
+    registry = tmp_path / "model_registry"
+    (tmp_path / "tests" / "families").mkdir(parents=True)
+    registry.mkdir()
+
+    class Report:
+        when = "call"
+
+        def __init__(self, variant: str, outcome: str, longrepr=None):
+            self.nodeid = f"tests/families/test_invariants.py::test_contribution_identity[{variant}]"
+            self.outcome, self.longrepr = outcome, longrepr
+
+    def run(arguments, plugins):
+        plugins[0].pytest_runtest_logreport(Report("gpt2", "passed"))
+        plugins[0].pytest_runtest_logreport(Report("gemma3n", "skipped", ("f.py", 1, "Skipped: needs timm")))
+        return pytest.ExitCode.OK
+
+    monkeypatch.setattr(nncanon.matrix, "registry_dir", lambda: registry)
+    monkeypatch.setattr(pytest, "main", run)
+    monkeypatch.setattr(nncanon.docs_tables, "write", lambda: None)
+    assert nncanon.matrix.run_matrix(quiet=True) == EXIT_OK
+    rows = json.loads((registry / "status.json").read_text())["variants"]
+    assert rows["gpt2"]["status"] == "pass"
+    assert rows["gemma3n"]["status"] == "not run: needs timm"
+
+
 def test_help_everywhere():
     for command in ([], ["ablate"], ["support"], ["families"], ["matrix"]):
         with pytest.raises(SystemExit) as exit_:

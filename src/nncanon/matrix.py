@@ -56,7 +56,7 @@ class _Collector:
         if report.when == "call" or report.outcome != "passed":
             if outcomes.get(test) != "failed":
                 outcomes[test] = report.outcome
-            if report.skipped and isinstance(report.longrepr, tuple):
+            if report.outcome == "skipped" and isinstance(getattr(report, "longrepr", None), tuple):
                 self.skipped[variant] = str(report.longrepr[2]).removeprefix("Skipped: ")
         if report.when == "teardown" and self.bar is not None:
             self.bar.update(1)
