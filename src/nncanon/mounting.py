@@ -133,11 +133,19 @@ def _binder(layer: Envoy, where: str, config: Any) -> Callable[..., Binding]:
 
 def _kernel_inputs(attention: Envoy, path: str, bind: Callable[..., Binding], label: str) -> tuple[dict, dict]:
     """The bindings of the attention kernel's per-head inputs, or the reason each is not served."""
-    reason = interface_reason(type(attention._module))
-    if reason is not None:
-        return {}, dict.fromkeys(STATES, f"{label}: {reason}")
-    sites = {name: Site(path, key="input", op=INTERFACE, arg=arg, heads_first=True) for name, arg in STATES.items()}
-    return {name: bind(name, site, component="self_attn") for name, site in sites.items()}, {}
+    known = _KERNEL_SITES.get((type(attention._module), path))
+    if known is None:  # once per attention class and path: the same for every block of a layout
+        reason = interface_reason(type(attention._module))
+        known = _KERNEL_SITES[(type(attention._module), path)] = reason if reason is not None else {
+            name: Site(path, key="input", op=INTERFACE, arg=arg, heads_first=True) for name, arg in STATES.items()}
+    if isinstance(known, str):
+        return {}, dict.fromkeys(STATES, f"{label}: {known}")
+    return {name: bind(name, site, component="self_attn") for name, site in known.items()}, {}
+
+
+#: ``(attention class, path)``: its kernel-input sites, or why it has none (a plain dict: remote requests
+#: carry it by value).
+_KERNEL_SITES: dict[tuple[type, str], Any] = {}
 
 
 def _route(layer: Envoy, standard: str, native: str | None, target: Any, hidden: set) -> None:
