@@ -28,12 +28,12 @@ from .components import (
     MLPEnvoy,
     VirtualMLP,
 )
-from .components.kernel import RECOMPUTED, STATES, interface_reason, recompute_reason
+from .components.kernel import RECOMPUTED, STATES, Kernel, kernel_for, kernel_reason, recompute_reason
 from .components.kernel import implementation as kernel_implementation
 from .errors import ValueNotAvailable
 from .families import Family
 from .order import block_order
-from .served import INTERFACE, Binding, Site, operation_name
+from .served import Binding, Site, operation_name
 
 
 def adopt(envoy: Envoy, role: type) -> None:
@@ -73,10 +73,24 @@ class ProbabilitiesReason:
             return None
         implementation = kernel_implementation(self.attention._module) or kernel_implementation(
             self.attention.root._module)
-        reason = recompute_reason(type(self.attention._module), implementation)
+        reason = recompute_reason(type(self.attention._module), implementation, self.attention._nncanon.kernel)
         if reason is None:
             reason = self.attention._nncanon.reason(RECOMPUTED)
         return reason
+
+
+class KernelReason:
+    """The reason the kernel's inputs are not served under the attention implementation the model runs now
+    (``None`` under one whose forward makes the kernel call: Falcon calls sdpa directly under sdpa only)."""
+
+    def __init__(self, attention: Envoy, kernel: Kernel, label: str) -> None:
+        self.attention, self.kernel, self.label = attention, kernel, label
+
+    def __call__(self) -> str | None:
+        implementation = kernel_implementation(self.attention._module) or kernel_implementation(
+            self.attention.root._module)
+        reason = kernel_reason(self.kernel, implementation)
+        return None if reason is None else f"{self.label}: {reason}"
 
 
 def _child(layer: Envoy, path: str) -> Envoy:
@@ -89,15 +103,15 @@ def _child(layer: Envoy, path: str) -> Envoy:
 
 
 def _binder(layer: Envoy, where: str, config: Any) -> Callable[..., Binding]:
-    def bind(name: str, site: Site, heads: int | None = None, component: str = "") -> Binding:
+    def bind(name: str, site: Site, heads: int | None = None, component: str = "", lazy: bool = False) -> Binding:
         module = _child(layer, site.module) if site.module else layer  # fail at load if the path is wrong
         path = f"{layer.path}.{site.module}" if site.module else layer.path
         prepare = None
         weighted = None
-        if site.op is not None and site.op.endswith("*"):
+        if site.op is not None and (site.op.endswith("*") or lazy):
             # Found in the forward's operations at the first read (nnsight parses a forward in 6-130 ms:
             # too slow for every attention module at load). Only for operations no earlier value of the
-            # module is read inside (the attention interface: nothing inside attention precedes it).
+            # module is read inside (the attention kernel's call: nothing inside attention precedes it).
             binding = Binding(name, "", site, config, f"{where}.{component}" if component else where, heads)
 
             def prepare(module: Envoy = module, binding: Binding = binding, path: str = path) -> None:
@@ -131,21 +145,29 @@ def _binder(layer: Envoy, where: str, config: Any) -> Callable[..., Binding]:
     return bind
 
 
-def _kernel_inputs(attention: Envoy, path: str, bind: Callable[..., Binding], label: str) -> tuple[dict, dict]:
-    """The bindings of the attention kernel's per-head inputs, or the reason each is not served."""
-    known = _KERNEL_SITES.get((type(attention._module), path))
-    if known is None:  # once per attention class and path: the same for every block of a layout
-        reason = interface_reason(type(attention._module))
-        known = _KERNEL_SITES[(type(attention._module), path)] = reason if reason is not None else {
-            name: Site(path, key="input", op=INTERFACE, arg=arg, heads_first=True) for name, arg in STATES.items()}
+def _kernel_inputs(attention: Envoy, path: str, bind: Callable[..., Binding], label: str,
+                   declared: Kernel | str | None) -> tuple[Kernel | str, dict, dict]:
+    """The attention's kernel call (or why it has none), the bindings of its per-head inputs, and the reason
+    each is not served (now, or under the implementations whose forward does not make the call)."""
+    key = (type(attention._module), path, declared)
+    known = _KERNEL_SITES.get(key)
+    if known is None:  # once per attention class, path and kernel: the same for every block of a layout
+        kernel = kernel_for(type(attention._module), declared)
+        known = _KERNEL_SITES[key] = kernel if isinstance(kernel, str) else (kernel, {
+            name: Site(path, key="input", op=kernel.op, arg=arg, heads_first=True,
+                       transposed=kernel.key_transposed and name == "key_states")
+            for name, arg in zip(STATES, kernel.args, strict=True)})
     if isinstance(known, str):
-        return {}, dict.fromkeys(STATES, f"{label}: {known}")
-    return {name: bind(name, site, component="self_attn") for name, site in known.items()}, {}
+        return known, {}, dict.fromkeys(STATES, f"{label}: {known}")
+    kernel, sites = known
+    bindings = {name: bind(name, site, component="self_attn", lazy=True) for name, site in sites.items()}
+    reasons = {} if kernel.implementations is None else dict.fromkeys(STATES, KernelReason(attention, kernel, label))
+    return kernel, bindings, reasons
 
 
-#: ``(attention class, path)``: its kernel-input sites, or why it has none (a plain dict: remote requests
-#: carry it by value).
-_KERNEL_SITES: dict[tuple[type, str], Any] = {}
+#: ``(attention class, path, the family's kernel)``: its kernel and the sites of its inputs, or why it has
+#: none (a plain dict: remote requests carry it by value).
+_KERNEL_SITES: dict[tuple[type, str, Any], Any] = {}
 
 
 def _route(layer: Envoy, standard: str, native: str | None, target: Any, hidden: set) -> None:
@@ -191,6 +213,7 @@ class _Shape:
         self.layer_input, self.layer_output = _block_sites(bool(spec.block_extras or spec.block_tuple),
                                                            spec.stacked_streams, spec.merged_streams)
         self.probabilities = spec.probabilities(config) if callable(spec.probabilities) else spec.probabilities
+        self.kernel = spec.kernel(config) if callable(spec.kernel) else spec.kernel
         present = {"self_attn": spec.attention, "linear_attn": spec.mixer, "mlp": spec.mlp_output}
         self.components = [c for c in spec.component_order if present.get(c) is not None]
         self.mlp_sites = [(name, getattr(spec, name)) for name in (*_ROUTING, "shared_expert_output")]
@@ -239,7 +262,7 @@ def mount(model: Any, family: Family, config: Any) -> None:
             attention = _child(layer, spec.attention)
             adopt(attention, AttentionEnvoy)
             _route(layer, "self_attn", spec.attention, attention, hidden)
-            bindings, reasons = _kernel_inputs(attention, spec.attention, bind, label)
+            kernel, bindings, reasons = _kernel_inputs(attention, spec.attention, bind, label, shape.kernel)
             attention._nncanon = ComponentState(
                 f"{where}.self_attn",
                 {
@@ -254,6 +277,7 @@ def mount(model: Any, family: Family, config: Any) -> None:
                 },
                 {**reasons, "attention_probabilities": ProbabilitiesReason(attention), RECOMPUTED: None},
                 probabilities=shape.probabilities,
+                kernel=kernel,
             )
             components.append(attention._nncanon)
         else:

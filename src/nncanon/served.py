@@ -70,6 +70,8 @@ class Site:
             input). The attention interface takes ``(module, query, key, value, mask)``: 1, 2 and 3.
         heads_first: The tensor is laid out ``[b, heads, s, head_dim]`` (as attention kernels take it);
             served sequence-first, ``[b, s, heads, head_dim]``, a view.
+        transposed: The tensor's last two axes are ``(head_dim, s)`` (a key passed transposed to the
+            kernel, GPT-1's): served with them swapped back, a view.
     """
 
     module: str = ""
@@ -85,6 +87,7 @@ class Site:
     weighted: tuple[str, str] | None = None
     arg: int | None = None
     heads_first: bool = False
+    transposed: bool = False
 
     def factor(self, config: Any) -> float:
         """The scale factor for ``config`` (``1.0`` where the site has none)."""
@@ -122,14 +125,9 @@ def describe_factor(attribute: str | Callable[[Any], Any]) -> str:
     return f"`{attribute}`"
 
 
-#: An operation name ending in ``*``: the last operation of the forward whose name starts with the rest.
-#: The call of transformers' attention interface (``attention_interface(self, query, key, value, ...)``).
-INTERFACE = "attention_interface_*"
-
-
 def operation_name(names: Any, op: str) -> str | None:
     """The operation ``op`` names among a forward's operation ``names``: ``op`` itself, or for a pattern
-    ending in ``*`` (`INTERFACE`), the last name that starts with the rest (``None``: there is none)."""
+    ending in ``*`` (``"attention_interface_*"``), the last name that starts with the rest (``None``: there is none)."""
     if not op.endswith("*"):
         return op
     found = [name for name in names if name.startswith(op[:-1])]
@@ -225,6 +223,8 @@ class Binding:
             tensor = tensor.flatten(-2)
         if self.heads is not None:
             tensor = tensor.unflatten(-1, (self.heads, -1))
+        if self.site.transposed:
+            tensor = tensor.transpose(-1, -2)
         if self.site.heads_first:
             tensor = tensor.transpose(1, 2)
         if self.site.scale is not None:
@@ -270,6 +270,8 @@ class Binding:
         invoke's rows, this invoke's rows are placed into a copy of ``tensor``."""
         if self.site.heads_first:
             value = value.transpose(1, 2)
+        if self.site.transposed:
+            value = value.transpose(-1, -2)
         if self.heads is not None:
             value = value.flatten(-2)
         if self.site.merge:

@@ -113,7 +113,7 @@ class AttentionEnvoy(Component, Envoy):
         occurrence = mediator.wanted(binding.location)
         raw = _value(binding, mediator, label)
         args, kwargs = raw
-        probabilities = recompute_probabilities(self._module, args, kwargs)
+        probabilities = recompute_probabilities(self._module, args, kwargs, self._nncanon.kernel)
         version = probabilities._version
         where = self._nncanon.where
 

@@ -26,6 +26,7 @@ class ComponentState:
         probabilities: For attention, the source-operation path to the probabilities
             (``None``: found through transformers' attention interface).
         gradient_reasons: Values it serves whose gradient (``value.grad``) it does not, with the reason.
+        kernel: For attention, its kernel call (`nncanon.components.kernel.Kernel`), or why it has none.
     """
 
     where: str
@@ -34,6 +35,7 @@ class ComponentState:
     absent: set[str] = field(default_factory=set)
     probabilities: tuple[str, ...] | None = None
     gradient_reasons: dict[str, str] = field(default_factory=dict)
+    kernel: Any = None
 
     def reason(self, name: str) -> str | None:
         """Why ``name`` is not served here, or ``None`` when it is."""

@@ -1,14 +1,19 @@
 """What the attention kernel receives, and the probabilities recomputed from it under any kernel.
 
-In transformers 5, an attention module calls ``attention_interface(self, query, key, value, mask,
+The kernel is one call in an attention module's forward that receives the per-head queries, keys and
+values (`Kernel`). In transformers 5 it is usually ``attention_interface(self, query, key, value, mask,
 scaling=..., dropout=..., softcap=..., sliding_window=..., s_aux=...)`` with ``[b, heads, s, head_dim]``
 tensors, after rotary and the cache; the implementation (eager, sdpa, flash...) is chosen by the
-config. nncanon serves those inputs per head (``query_states``, ``key_states``, ``value_states``,
-read at the call by nnsight's ``.source``), and under a kernel that computes no probabilities (sdpa)
-recomputes ``attention_probabilities`` from the same call with the family's own
-``eager_attention_forward``, so the mask, scaling, softcap, sinks and ALiBi are applied as the model's
-eager code applies them. The load-time proof checks, per config, that they equal eager's probabilities
-and multiply the values to the kernel's own output; where they do not, they are declined.
+config. Families whose attention is written inline name their own call instead (`Family.kernel`):
+Falcon's ``torch.nn.functional.scaled_dot_product_attention`` under sdpa, the ``self._attn(query, key,
+value, mask)`` of GPT-Neo, GPT-NeoX-Japanese and GPT-1. nncanon serves those inputs per head
+(``query_states``, ``key_states``, ``value_states``, read at the call by nnsight's ``.source``), and under
+a kernel that computes no probabilities (sdpa) recomputes ``attention_probabilities`` from the same call:
+with the family's own ``eager_attention_forward`` for the interface (so the mask, scaling, softcap, sinks
+and ALiBi are applied as the model's eager code applies them), by sdpa's own definition
+(``softmax(q·kᵀ·scale + mask)``) for a direct sdpa call. The load-time proof checks, per config, that
+they equal eager's probabilities and multiply the values to the kernel's own output; where they do not,
+they are declined.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,6 +38,100 @@ RECOMPUTED = "recomputed_probabilities"
 RECOMPUTABLE = ("sdpa",)
 
 
+def _interface_scale(module: torch.nn.Module, kwargs: dict, head_dim: int) -> float:
+    scale = kwargs.get("scaling")
+    return head_dim**-0.5 if scale is None else scale
+
+
+def _sdpa_scale(module: torch.nn.Module, kwargs: dict, head_dim: int) -> float:
+    scale = kwargs.get("scale")
+    return head_dim**-0.5 if scale is None else scale
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """The call of an attention forward that receives the per-head queries, keys and values.
+
+    Attributes:
+        op: Its operation name in the forward (nnsight's ``.source``), or a pattern ending in ``*`` (the
+            last operation whose name starts with the rest, `nncanon.served.operation_name`).
+        args: The positions of the query, key and value among the call's positional arguments, each
+            ``[b, heads, s, head_dim]`` (keys and values: key/value heads).
+        mask: The position (or keyword) of the mask argument, ``None`` where the call takes none.
+        mask_keyword: The keyword the mask may be passed by instead of its position.
+        causal: The keyword saying the call applies a causal mask itself (sdpa's ``is_causal``), else ``None``.
+        output: The element of the call's output holding the attention output (``None``: the output is it).
+        output_heads_first: That output is ``[b, heads, s, head_dim]`` (else ``[b, s, heads, head_dim]``).
+        key_transposed: The key is passed ``[b, heads, head_dim, s]`` (GPT-1 transposes it before the call).
+        structural_mask: The call masks positions itself, from buffers no argument holds (GPT-Neo's local
+            window, GPT-1's causal buffer): the ``kernel`` check takes the masked positions from the
+            probabilities (where they are exactly zero) and proves the rest.
+        recompute: How probabilities are recomputed under a kernel that computes none: ``"interface"``
+            (the family's ``eager_attention_forward``), ``"sdpa"`` (sdpa's definition); ``None``: never
+            (the call runs under eager only, where the probabilities are the model's own).
+        implementations: The attention implementations under which the forward makes this call
+            (``None``: every one).
+        scale: ``(module, call keywords, head_dim) -> the factor on q·kᵀ``.
+        name: The call, for messages.
+    """
+
+    op: str
+    args: tuple[int, int, int]
+    mask: int | None
+    mask_keyword: str | None = None
+    causal: str | None = None
+    output: int | None = 0
+    output_heads_first: bool = False
+    key_transposed: bool = False
+    structural_mask: bool = False
+    recompute: str | None = None
+    implementations: tuple[str, ...] | None = None
+    scale: Callable[[torch.nn.Module, dict, int], float] = _interface_scale
+    name: str = "transformers' attention interface"
+
+    def inputs(self, args: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(query, key, value)`` of a call's positional ``args``, ``[b, heads, s, head_dim]`` each (the key
+        transposed back where the call takes it transposed)."""
+        query, key, value = (args[i] for i in self.args)
+        return query, key.transpose(-1, -2) if self.key_transposed else key, value
+
+    def call_mask(self, args: tuple, kwargs: dict) -> Any:
+        """The mask argument of a call (``None`` where it has none)."""
+        if self.mask is not None and len(args) > self.mask:
+            return args[self.mask]
+        return kwargs.get(self.mask_keyword) if self.mask_keyword is not None else None
+
+    def attention_output(self, output: Any) -> torch.Tensor:
+        """The call's attention output, ``[b, s, heads, head_dim]``."""
+        tensor = output if self.output is None else output[self.output]
+        return tensor.transpose(1, 2) if self.output_heads_first else tensor
+
+    def runs_under(self, implementation: str | None) -> bool:
+        """Whether the forward makes this call under ``implementation``."""
+        return self.implementations is None or implementation in self.implementations
+
+
+#: transformers' attention interface: ``attention_interface(self, query, key, value, mask, scaling=...)``.
+INTERFACE_KERNEL = Kernel("attention_interface_*", (1, 2, 3), mask=4, mask_keyword="attention_mask",
+                          recompute="interface")
+
+
+def sdpa_kernel(op: str) -> Kernel:
+    """A direct call of ``torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=...,
+    is_causal=..., scale=...)``, made by the forward under sdpa only (Falcon), as operation ``op``."""
+    return Kernel(op, (0, 1, 2), mask=3, mask_keyword="attn_mask", causal="is_causal", output=None,
+                  output_heads_first=True, recompute="sdpa", implementations=("sdpa",), scale=_sdpa_scale,
+                  name="torch.nn.functional.scaled_dot_product_attention")
+
+
+def method_kernel(scale: Callable[[torch.nn.Module, dict, int], float], key_transposed: bool = False) -> Kernel:
+    """The module's own ``self._attn(query, key, value, attention_mask)`` (GPT-Neo, GPT-NeoX-Japanese,
+    GPT-1): heads-first inputs, the ``(output, weights)`` it returns heads-first, a mask of its own."""
+    return Kernel("self__attn_*", (0, 1, 2), mask=3, mask_keyword="attention_mask", output=0,
+                  output_heads_first=True, key_transposed=key_transposed, structural_mask=True, scale=scale,
+                  name="its self._attn(query, key, value, mask)")
+
+
 def interface_reason(cls: type) -> str | None:
     """Why ``cls`` (an attention module class) has no attention-interface call to read, or ``None``."""
     # (Plain functions, no functools.cache: a remote request ships this module by value, and a cache
@@ -46,6 +146,28 @@ def interface_reason(cls: type) -> str | None:
     )
 
 
+def kernel_for(cls: type, declared: Kernel | str | None) -> Kernel | str:
+    """The kernel call of attention class ``cls``, or why it has none: the family's ``declared`` kernel (or
+    its reason for having none) where it names one, else transformers' attention interface where the
+    forward calls it."""
+    if declared is not None:
+        return declared
+    reason = interface_reason(cls)
+    return INTERFACE_KERNEL if reason is None else reason
+
+
+def kernel_reason(kernel: Kernel | str, implementation: str | None) -> str | None:
+    """Why the kernel's inputs are not read under ``implementation`` (``None``: they are)."""
+    if isinstance(kernel, str):
+        return kernel
+    if kernel.runs_under(implementation):
+        return None
+    return (f"its attention computes attention inline under attn_implementation={implementation!r}: the kernel's "
+            f"per-head inputs are read at its call of {kernel.name}, which it makes under "
+            f"{', '.join(map(repr, kernel.implementations or ()))} only. Load the model with "
+            f"StandardizedTransformer(..., attn_implementation={kernel.implementations[0]!r}) to read them.")
+
+
 def _eager_function(cls: type) -> Callable | None:
     """The ``eager_attention_forward`` of ``cls``'s modeling module (``None`` where it has none)."""
     function = getattr(sys.modules.get(cls.__module__), "eager_attention_forward", None)
@@ -58,18 +180,24 @@ def implementation(module: torch.nn.Module) -> str | None:
     return getattr(config, "_attn_implementation", None) if config is not None else None
 
 
-def recompute_reason(cls: type, implementation: str | None) -> str | None:
-    """Why probabilities cannot be recomputed for ``cls`` under ``implementation`` (``None``: they can)."""
+def recompute_reason(cls: type, implementation: str | None, kernel: Kernel | str | None = None) -> str | None:
+    """Why probabilities cannot be recomputed for ``cls`` under ``implementation`` (``None``: they can), from
+    ``kernel`` (`kernel_for`: the class's kernel call, or why it has none; by default, found as `kernel_for`
+    finds it with no family kernel)."""
     eager = "Load the model with StandardizedTransformer(..., attn_implementation=\"eager\") to read them."
     computed = f"attention probabilities are not computed under attn_implementation={implementation!r}"
-    inline = interface_reason(cls)
-    if inline is not None:
-        return f"{computed}, and {inline}. {eager}"
+    kernel = kernel_for(cls, kernel)
+    if isinstance(kernel, str):
+        return f"{computed}, and {kernel}. {eager}"
+    if kernel.recompute is None:
+        return f"{computed}, and its kernel ({kernel.name}) is not one they are recomputed from. {eager}"
     if implementation not in RECOMPUTABLE:
         return (f"{computed}, and they are recomputed (exactly, proved per config) only under "
                 f"{', '.join(map(repr, RECOMPUTABLE))}, whose mask holds the causal, padding and sliding-window "
                 f"structure. {eager}")
-    if _eager_function(cls) is None:
+    if not kernel.runs_under(implementation):
+        return f"{computed}, and {kernel_reason(kernel, implementation)}"
+    if kernel.recompute == "interface" and _eager_function(cls) is None:
         return f"{computed}, and {cls.__module__} has no eager_attention_forward to recompute them with. {eager}"
     return None
 
@@ -99,9 +227,11 @@ def _additive_mask(mask: Any, query: torch.Tensor, key: torch.Tensor, causal: bo
     return mask
 
 
-def recompute_probabilities(module: torch.nn.Module, args: tuple, kwargs: dict) -> torch.Tensor:
-    """The probabilities ``[b, heads, q, k]`` of one attention-interface call, recomputed by the family's
-    own ``eager_attention_forward`` from the call's ``(module, query, key, value, mask)`` and keywords.
+def recompute_probabilities(module: torch.nn.Module, args: tuple, kwargs: dict,
+                            kernel: Kernel | None = None) -> torch.Tensor:
+    """The probabilities ``[b, heads, q, k]`` of one ``kernel`` call (default: transformers' attention
+    interface), recomputed from the call's arguments: by the family's own ``eager_attention_forward`` for
+    the interface, as ``softmax(q·kᵀ·scale + mask)`` (sdpa's definition) for a direct sdpa call.
 
     The values take no part (an empty value is passed, so the output costs nothing); dropout is off.
 
@@ -110,20 +240,36 @@ def recompute_probabilities(module: torch.nn.Module, args: tuple, kwargs: dict) 
             reason), the mask is not a tensor mask, or dropout is active (a training-mode module).
     """
     cls = type(module)
-    reason = recompute_reason(cls, implementation(module))
+    kernel = INTERFACE_KERNEL if kernel is None else kernel
+    reason = recompute_reason(cls, implementation(module), kernel)
     if reason is not None:
         raise ValueNotAvailable(reason)
-    query, key, value = args[1], args[2], args[3]
-    mask = args[4] if len(args) > 4 else kwargs.get("attention_mask")
-    options = {k: v for k, v in kwargs.items() if k not in ("attention_mask", "is_causal")}
-    if float(options.get("dropout") or 0.0) > 0.0 and module.training:
+    query, key, value = kernel.inputs(args)
+    mask = kernel.call_mask(args, kwargs)
+    dropout = kwargs.get("dropout", kwargs.get("dropout_p"))
+    if float(dropout or 0.0) > 0.0 and module.training:
         raise ValueNotAvailable(
             "attention dropout is active (the module is in training mode): the probabilities the kernel "
             "sampled cannot be recomputed. Call model.eval(), or load with attn_implementation=\"eager\"."
         )
+    if kernel.recompute == "sdpa":
+        return _sdpa_probabilities(module, kernel, query, key, mask, kwargs)
+    options = {k: v for k, v in kwargs.items() if k not in ("attention_mask", "is_causal")}
     options["dropout"] = 0.0
     causal = kwargs.get("is_causal")
     causal = getattr(module, "is_causal", True) if causal is None else bool(causal)
     additive = _additive_mask(mask, query, key, causal)
     _, probabilities = _eager_function(cls)(module, query, key, value[..., :0], additive, **options)
     return probabilities
+
+
+def _sdpa_probabilities(module: torch.nn.Module, kernel: Kernel, query: torch.Tensor, key: torch.Tensor,
+                        mask: Any, kwargs: dict) -> torch.Tensor:
+    """``softmax(q·kᵀ·scale + mask)`` of a direct sdpa call, in fp32, cast to the query's dtype."""
+    if kwargs.get("enable_gqa") and key.shape[-3] != query.shape[-3]:
+        key = key.repeat_interleave(query.shape[-3] // key.shape[-3], dim=-3)
+    scores = (query @ key.transpose(-1, -2)) * kernel.scale(module, kwargs, query.shape[-1])
+    additive = _additive_mask(mask, query, key, bool(kwargs.get(kernel.causal, False)))
+    if additive is not None:
+        scores = scores + additive
+    return torch.softmax(scores.float(), dim=-1).to(query.dtype)

@@ -85,6 +85,11 @@ class Family:
             first input is the probabilities; ``None``: found through transformers' attention interface.
             A function of the config returns the path where the configuration picks the code path
             (Falcon: ALiBi or RoPE).
+        kernel: The call of the attention forward that receives the per-head queries, keys and values
+            (`nncanon.components.kernel.Kernel`), where it is not transformers' attention interface (an
+            attention written inline), or the reason the kernel's inputs cannot be served (a string); a
+            function of the config returns either where the configuration picks the code path (Falcon:
+            ALiBi or RoPE). ``None``: the interface where the forward calls it, else declined as inline.
         block_extras: How many elements the block returns after the hidden state (0: a tensor).
         block_tuple: The block returns a tuple even with no extras (Falcon-H1's ``(hidden,)``).
         passes_state: The block takes a recurrent state and returns it updated as its extras: a
@@ -158,6 +163,7 @@ class Family:
     head_norm: str | None = None
     head_projection: str | None = None
     probabilities: tuple[str, ...] | Callable[[Any], tuple[str, ...] | None] | None = None
+    kernel: Any = field(default=None, compare=False)
     block_extras: int = 0
     block_tuple: bool = False
     passes_state: bool | str = False

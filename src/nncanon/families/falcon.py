@@ -7,12 +7,26 @@ as the MLP returns (``clone=True``), and a write to it is written back.
 The probabilities are read at the assignment that follows the softmax on the RoPE path
 (``attention_scores``) and after dropout on the ALiBi path (``attention_probs``): the two paths
 are chosen by ``config.alibi``.
+
+Under sdpa, each path calls ``torch.nn.functional.scaled_dot_product_attention`` itself (ALiBi folded
+into the mask it passes): the kernel's per-head inputs are read there (the first call in the forward
+on the RoPE path, the second on the ALiBi path), and the probabilities recomputed from them. Under eager
+the attention multiplies them inline (no call receives them): they are not served there.
 """
 
 from typing import Any
 
+from ..components.kernel import sdpa_kernel
 from ..served import Site
 from .base import Family
+
+_SDPA_CALL = "torch_nn_functional_scaled_dot_product_attention_{}"
+_KERNELS = {alibi: sdpa_kernel(_SDPA_CALL.format(int(alibi))) for alibi in (False, True)}
+
+
+def _kernel(config: Any) -> Any:
+    """The sdpa call of the path the config takes: the first in the forward (RoPE), the second (ALiBi)."""
+    return _KERNELS[bool(config.alibi)]
 
 
 def _kv_heads(config: Any) -> int:
@@ -32,6 +46,7 @@ FALCON = Family(
     mlp_output=Site("mlp", clone=True),
     head_outputs=Site("self_attention.dense", key="input"),
     probabilities=lambda config: ("attention_probs_2",) if config.alibi else ("attention_scores_2",),
+    kernel=_kernel,
     block_extras=1,
     residual=(
         "parallel: y = x + self_attention(ln_attn(x)) + mlp(ln_mlp(x)) (one input_layernorm where configured); "

@@ -15,8 +15,9 @@ user's config) and on inferred families; `verify` runs them all.
 - ``heads``: the heads, each through its slice of the output projection (plus the bias), sum to the
   projection's output.
 - ``probabilities``: zeroing a head's probabilities equals zeroing its output.
-- ``kernel``: ``softmax(q·kᵀ·scale + mask)`` of the kernel's inputs reproduces the eager probabilities;
-  zeroing one group of values zeroes exactly its heads' kernel output.
+- ``kernel``: ``softmax(q·kᵀ·scale + mask)`` of the kernel's inputs reproduces the eager probabilities
+  (under a kernel that computes none, times the values it reproduces the kernel's output); zeroing one
+  group of values zeroes exactly its heads' kernel output.
 - ``recomputed``: under sdpa, the probabilities recomputed from the kernel's inputs equal eager's, and
   multiply the values to sdpa's output.
 - ``routing``: the chosen experts are distinct and valid; a router logit set to ``-inf`` removes that
@@ -43,9 +44,9 @@ from typing import Any
 import torch
 from nnsight.intervention.util import first_input
 
-from ..components.kernel import RECOMPUTED, STATES, interface_reason
+from ..components.kernel import RECOMPUTED, STATES, Kernel
 from ..components.kernel import implementation as kernel_implementation
-from ..served import INTERFACE, _pick, _put, operation_name, stacked_as_served
+from ..served import _pick, _put, operation_name, stacked_as_served
 from ..support import COMPONENT_OF, COMPONENTS, LAYER_VALUES
 from ..testing import PROMPTS
 
@@ -362,6 +363,8 @@ def _finish(tensor: torch.Tensor, binding: Any, inputs: dict, divide: bool = Fal
         tensor = stacked_as_served(tensor)
     if binding.heads is not None:
         tensor = tensor.view(batch, seq, binding.heads, -1)
+    if site.transposed:
+        tensor = tensor.transpose(-1, -2)
     if site.heads_first:
         tensor = tensor.transpose(1, 2)
     if site.scale is not None:
@@ -776,7 +779,9 @@ def _probabilities(model: Any, index: int, head: int) -> CheckResult:
 def check_kernel(model: Any) -> list[CheckResult]:
     """The kernel's inputs are what it attends with: ``softmax(q·kᵀ·scale + mask)`` (with the call's
     softcap, position bias and sinks) reproduces the eager probabilities, and zeroing one group of ``value_states``
-    zeroes exactly its heads' kernel output."""
+    zeroes exactly its heads' kernel output. Where the forward calls its kernel only under another attention
+    implementation (Falcon's sdpa call), on a copy of the model running that one: the inputs read there against
+    plain source hooks, and ``softmax(q·kᵀ·scale + mask) · v`` against the kernel's own output."""
     results = []
     report = model.support()
     for index in report.layers_with("query_states"):
@@ -788,70 +793,136 @@ def check_kernel(model: Any) -> list[CheckResult]:
         if report.available("value_states", layer=index):
             results += _guarded("kernel", index, ("value_states",), lambda index=index: [
                 _values_reach(model, index)])
+    return results + _kernel_elsewhere(model)
+
+
+def _kernel_elsewhere(model: Any) -> list[CheckResult]:
+    """The kernel inputs of blocks whose forward calls the kernel only under another implementation (not
+    served on ``model``), proved on a copy running it: read, their scores, and the values' reach."""
+    by_implementation: dict[str, list[int]] = {}
+    for index in model.support().layers_with("self_attn"):
+        kernel = model.layers[index].self_attn._nncanon.kernel
+        now = kernel_implementation(model.layers[index].self_attn._module)
+        if isinstance(kernel, Kernel) and not kernel.runs_under(now):
+            by_implementation.setdefault(kernel.implementations[0], []).append(index)
+    results = []
+    for implementation, layers in by_implementation.items():
+        other = _implementation_copy(model, implementation)
+        if other is not None:  # (else the class cannot run it: the inputs are never served)
+            results += _kernel_on(other, layers)
     return results
+
+
+def _kernel_on(other: Any, layers: list[int]) -> list[CheckResult]:
+    """`_kernel_elsewhere` on ``other``, the copy running the kernel."""
+    inputs, report, results = encode(other), other.support(), []
+    for index in layers:
+        names = [name for name in KERNEL_INPUTS if report.available(name, layer=index)]
+        results += _guarded("read", index, names, lambda index=index, names=names: _read_kernel(
+            other, index, names, inputs))
+        if "query_states" in names:
+            values = tuple(names)
+            results += _guarded("kernel", index, values, lambda index=index, values=values: [
+                _attends(other, index, values)])
+        if "value_states" in names:
+            results += _guarded("kernel", index, ("value_states",), lambda index=index: [
+                _values_reach(other, index)])
+    return results
+
+
+def _read_kernel(model: Any, index: int, names: list[str], inputs: dict) -> list[CheckResult]:
+    """The kernel inputs ``names`` of block ``index`` against nnsight's source hooks on a plain copy."""
+    saved = {}
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        for name in names:
+            saved[name] = getattr(model.layers[index].self_attn, name).save()
+    return [_compare("read", index, (name,), saved[name], site_reference(model, index, name, inputs), 0.0,
+                     f"against a source hook at its call, under {kernel_implementation(model._module)}")
+            for name in names]
 
 
 def _runs_eager(model: Any) -> bool:
     return all(model.layers[i].self_attn._eager() for i in model.support().layers_with("attention_probabilities"))
 
 
+def _kernel(model: Any, index: int) -> Kernel:
+    return model.layers[index].self_attn._nncanon.kernel
+
+
 def _interface(model: Any, index: int) -> Any:
-    """Block ``index``'s attention-interface call, as an nnsight operation (inside a trace)."""
+    """Block ``index``'s kernel call (transformers' attention interface, or the family's), as an nnsight
+    operation (inside a trace)."""
     source = model.layers[index].self_attn.source
-    return getattr(source, operation_name(source.names, INTERFACE))
+    return getattr(source, operation_name(source.names, _kernel(model, index).op))
 
 
 def _attends(model: Any, index: int, values: tuple[str, ...]) -> CheckResult:
     """``values``: the kernel inputs served on the block (where ``key_states`` is declined, the keys are the
-    call's own argument), with the probabilities."""
+    call's own argument, and likewise the values), held to the eager probabilities; where the model runs a
+    kernel that computes none, the probabilities times the values are held to the kernel's own output."""
     from ..components.kernel import _additive_mask
 
     attention = model.layers[index].self_attn
-    key = None
-    if "key_states" in values:
-        with torch.no_grad(), model.trace(PROMPTS):
-            query, key = attention.query_states.save(), attention.key_states.save()
-            call = _interface(model, index).inputs.save()
-            probabilities = attention.attention_probabilities.save()
-    else:
-        with torch.no_grad(), model.trace(PROMPTS):
-            query = attention.query_states.save()
-            call = _interface(model, index).inputs.save()
-            probabilities = attention.attention_probabilities.save()
-    args, kwargs = call
-    q = query.transpose(1, 2)  # [b, H, s, d]
-    k = args[2] if key is None else key.transpose(1, 2)
+    kernel = _kernel(model, index)
+    eager = attention._eager()
+    saved: dict = {}  # bound outside the trace, filled inside
+    with torch.no_grad(), model.trace(PROMPTS):
+        for name in values:
+            if name in KERNEL_INPUTS:
+                saved[name] = getattr(attention, name).save()
+        saved["call"] = _interface(model, index).inputs.save()
+        if eager:
+            saved["probabilities"] = attention.attention_probabilities.save()
+        else:
+            saved["output"] = _interface(model, index).output.save()
+    args, kwargs = saved["call"]
+    called = kernel.inputs(args)
+    q = saved["query_states"].transpose(1, 2)  # [b, H, s, d]
+    k = called[1] if "key_states" not in saved else saved["key_states"].transpose(1, 2)
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-    scale = kwargs.get("scaling")
-    scores = q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    scores = q @ k.transpose(-1, -2) * kernel.scale(attention._module, kwargs, q.shape[-1])
     if kwargs.get("softcap"):
         scores = torch.tanh(scores / kwargs["softcap"]) * kwargs["softcap"]
     if kwargs.get("position_bias") is not None:  # an additive bias the interface takes (relative positions)
         scores = scores + kwargs["position_bias"]
-    mask = _additive_mask(args[4] if len(args) > 4 else kwargs.get("attention_mask"), q, k,
-                          getattr(attention._module, "is_causal", True))
+    causal = kwargs.get(kernel.causal, False) if kernel.causal else getattr(attention._module, "is_causal", True)
+    mask = _additive_mask(kernel.call_mask(args, kwargs), q, k, bool(causal))
     if mask is not None:
         scores = scores + mask[..., : k.shape[-2]]
-    expected = {"softmax": torch.softmax(scores.float(), dim=-1).to(probabilities.dtype)}
+    how = "q·kᵀ·scale + mask"
+    if kernel.structural_mask:  # masked inside the kernel, by buffers no argument holds: as it masked them
+        scores = scores.masked_fill(saved["probabilities"] == 0, float("-inf"))
+        how = "q·kᵀ·scale + mask, over the positions the kernel does not mask itself"
+    expected = {"softmax": torch.softmax(scores.float(), dim=-1).to(q.dtype)}
     sinks = kwargs.get("s_aux")
     if sinks is not None:  # a sink is one more logit of the softmax (GPT-OSS), or only scales the output after
         sunk = torch.cat([scores, sinks.reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)], dim=-1)
-        expected["softmax with the sink logit"] = torch.softmax(sunk.float(), dim=-1)[..., :-1].to(probabilities.dtype)
-    results = [_compare("kernel", index, values, probabilities, formula, TOLERANCE,
-                        f"{name}(q·kᵀ·scale + mask) against the eager probabilities")
-               for name, formula in expected.items()]
+        expected["softmax with the sink logit"] = torch.softmax(sunk.float(), dim=-1)[..., :-1].to(q.dtype)
+    if eager:
+        results = [_compare("kernel", index, values, saved["probabilities"], formula, TOLERANCE,
+                            f"{name}({how}) against the eager probabilities") for name, formula in expected.items()]
+    else:  # no probabilities: what they make of the values, on the rows that are tokens, against the kernel's output
+        v = called[2] if "value_states" not in saved else saved["value_states"].transpose(1, 2)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        real = encode_batch(model)["attention_mask"].bool()
+        output = kernel.attention_output(saved["output"])[real]
+        results = [_compare("kernel", index, values, (formula @ v).transpose(1, 2)[real], output, TOLERANCE,
+                            f"{name}({how}) · v against the kernel's output under "
+                            f"{kernel_implementation(model._module)}") for name, formula in expected.items()]
     return next((result for result in results if result.passed), results[0])
 
 
 def _values_reach(model: Any, index: int) -> CheckResult:
     attention = model.layers[index].self_attn
+    kernel = _kernel(model, index)
     with torch.no_grad(), model.trace(PROMPTS[0]):
         groups = attention.value_states.save()
-        clean = _interface(model, index).output[0].save()
+        clean = _interface(model, index).output.save()
     groups = groups.shape[-2]
     with torch.no_grad(), model.trace(PROMPTS[0]):
         attention.value_states[..., -1, :] = 0
-        written = _interface(model, index).output[0].save()
+        written = _interface(model, index).output.save()
+    clean, written = kernel.attention_output(clean), kernel.attention_output(written)
     heads = written.shape[-2]
     silenced = torch.arange(heads) // (heads // groups) == groups - 1
     zeroed = float(written[..., silenced, :].abs().max())
@@ -867,7 +938,7 @@ def check_recomputed(model: Any) -> list[CheckResult]:
     """Under sdpa, the probabilities recomputed from the kernel's inputs equal eager's and multiply the
     values to sdpa's own output (left-padded batch)."""
     layers = [i for i in model.support().layers_with("attention_probabilities")
-              if interface_reason(type(model.layers[i].self_attn._module)) is None
+              if _recomputable(model.layers[i].self_attn._nncanon.kernel)
               and model.layers[i].self_attn._nncanon.reason(RECOMPUTED) is None]
     if not layers:
         return []
@@ -882,6 +953,11 @@ def check_recomputed(model: Any) -> list[CheckResult]:
     return results
 
 
+def _recomputable(kernel: Any) -> bool:
+    """Whether probabilities are recomputed from ``kernel`` (a `Kernel`, or why the block has none) under sdpa."""
+    return isinstance(kernel, Kernel) and kernel.recompute is not None and kernel.runs_under("sdpa")
+
+
 def _implementation_copy(model: Any, implementation: str) -> Any:
     """A copy of ``model`` running ``implementation`` (``None``: its class does not support it)."""
     from ..model import StandardizedTransformer
@@ -891,6 +967,10 @@ def _implementation_copy(model: Any, implementation: str) -> Any:
         module.set_attn_implementation(implementation)
     except (ValueError, ImportError):
         return None
+    if kernel_implementation(module) != implementation and _branches_on(model, implementation):
+        # transformers will not switch a class without the attention interface (it warns), but a forward
+        # that makes its kernel call under this implementation reads the config at each call (Falcon)
+        module.config._attn_implementation = implementation
     copy_ = StandardizedTransformer(module, tokenizer=model.tokenizer, verify="never", family=model.family)
     attentions = [copy_.layers[i].self_attn._module for i in copy_.support().layers_with("attention_probabilities")]
     if any(kernel_implementation(attention) != implementation for attention in attentions):
@@ -898,16 +978,25 @@ def _implementation_copy(model: Any, implementation: str) -> Any:
     return copy_
 
 
+def _branches_on(model: Any, implementation: str) -> bool:
+    """Whether some block's forward makes its kernel call under ``implementation`` only (`Kernel.implementations`:
+    it reads the config's implementation at each call)."""
+    kernels = [model.layers[i].self_attn._nncanon.kernel for i in model.support().layers_with("self_attn")]
+    return any(isinstance(k, Kernel) and k.implementations and implementation in k.implementations for k in kernels)
+
+
 def _recomputed(eager: Any, sdpa: Any, index: int) -> list[CheckResult]:
     with torch.no_grad(), eager.trace(PROMPTS):
         reference = eager.layers[index].self_attn.attention_probabilities.save()
     attention = sdpa.layers[index].self_attn
+    kernel = _kernel(sdpa, index)
     with torch.no_grad(), sdpa.trace(PROMPTS):
         call = _interface(sdpa, index).inputs.save()
         probabilities = attention.attention_probabilities.save()
-        output = _interface(sdpa, index).output[0].save()
+        output = _interface(sdpa, index).output.save()
+    output = kernel.attention_output(output)
     real = encode_batch(sdpa)["attention_mask"].bool()  # the query rows that are tokens, not padding
-    v = call[0][3]  # the values the kernel received, [b, KV, k, d]
+    v = kernel.inputs(call[0])[2]  # the values the kernel received, [b, KV, k, d]
     v = v.repeat_interleave(probabilities.shape[1] // v.shape[1], dim=1)
     mixed = (probabilities @ v).transpose(1, 2)  # [b, q, H, d]
     return [
