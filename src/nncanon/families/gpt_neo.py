@@ -1,10 +1,21 @@
 """GPT-Neo: ``transformer.h`` blocks; the attention that holds the projections is ``attn.attention``
 (``attn`` only dispatches to it). Attention is inline in ``_attn``; global and local (sliding
-window) layers alternate. Blocks return ``(hidden, attn_weights)``.
+window) layers alternate. Blocks return ``(hidden, attn_weights)``. The kernel's per-head inputs are
+those ``_attn`` is called with (keys and values after the cache); it does not scale ``q·kᵀ``, and masks
+the causal and local-window positions itself, from its ``bias`` buffer.
 """
 
+from typing import Any
+
+from ..components.kernel import method_kernel
 from ..served import Site
 from .base import Family
+
+
+def _unscaled(module: Any, kwargs: dict, head_dim: int) -> float:
+    """GPT-Neo does not scale its scores."""
+    return 1.0
+
 
 GPT_NEO = Family(
     name="gpt_neo",
@@ -16,6 +27,7 @@ GPT_NEO = Family(
     attention_output=Site("attn.attention", index=0),
     head_outputs=Site("attn.attention.out_proj", key="input"),
     probabilities=("self__attn_0", "torch_matmul_1"),
+    kernel=method_kernel(_unscaled),
     block_extras=1,
     residual="h = x + attn(ln_1(x)); y = h + mlp(ln_2(h))",
 )

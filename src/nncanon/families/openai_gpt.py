@@ -3,11 +3,14 @@
 The block normalises the stream after adding each sublayer, so no tensor is what attention or
 the MLP adds to ``layer_input``: those two values are declined. There is no final norm. Blocks
 and attention return lists (``[h]``, ``[h, weights]`` with ``output_attentions``); attention is
-inline in ``_attn``.
+inline in ``_attn``: the kernel's per-head inputs are those it is called with, the key transposed
+(``[b, H, head_dim, s]``, served ``[b, s, H, head_dim]`` as every key is); it scales ``q·kᵀ`` by
+``1/√head_dim`` where ``config.scale_attn`` (``module.scale``), and masks the causal positions itself.
 """
 
 from typing import Any
 
+from ..components.kernel import method_kernel
 from ..served import Site
 from .base import Family
 
@@ -24,6 +27,11 @@ def _declines(config: Any, layer: int) -> dict:
     }
 
 
+def _scale(module: Any, kwargs: dict, head_dim: int) -> float:
+    """``1/√head_dim`` where the module scales (``module.scale``), else 1."""
+    return head_dim**-0.5 if module.scale else 1.0
+
+
 OPENAI_GPT = Family(
     name="openai-gpt",
     model_types=("openai-gpt",),
@@ -34,6 +42,7 @@ OPENAI_GPT = Family(
     attention_output=Site("attn", index=0),
     head_outputs=Site("attn.c_proj", key="input"),
     probabilities=("self__attn_0", "torch_matmul_1"),
+    kernel=method_kernel(_scale, key_transposed=True),
     block_extras=1,
     residual="h = ln_1(x + attn(x)); y = ln_2(h + mlp(h))",
     declines=_declines,

@@ -898,13 +898,18 @@ def _attends(model: Any, index: int, values: tuple[str, ...]) -> CheckResult:
     if sinks is not None:  # a sink is one more logit of the softmax (GPT-OSS), or only scales the output after
         sunk = torch.cat([scores, sinks.reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)], dim=-1)
         expected["softmax with the sink logit"] = torch.softmax(sunk.float(), dim=-1)[..., :-1].to(q.dtype)
+    real = encode_batch(model)["attention_mask"].bool()  # the query rows that are tokens, not padding
     if eager:
-        results = [_compare("kernel", index, values, saved["probabilities"], formula, TOLERANCE,
+        probabilities = saved["probabilities"]
+        if kernel.structural_mask:  # a padding row attends where the kernel's own mask puts it: its rows only
+            probabilities, expected = probabilities.transpose(1, 2)[real], {
+                name: formula.transpose(1, 2)[real] for name, formula in expected.items()}
+            how += ", on the rows that are tokens"
+        results = [_compare("kernel", index, values, probabilities, formula, TOLERANCE,
                             f"{name}({how}) against the eager probabilities") for name, formula in expected.items()]
     else:  # no probabilities: what they make of the values, on the rows that are tokens, against the kernel's output
         v = called[2] if "value_states" not in saved else saved["value_states"].transpose(1, 2)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-        real = encode_batch(model)["attention_mask"].bool()
         output = kernel.attention_output(saved["output"])[real]
         results = [_compare("kernel", index, values, (formula @ v).transpose(1, 2)[real], output, TOLERANCE,
                             f"{name}({how}) · v against the kernel's output under "
