@@ -84,14 +84,25 @@ def recorded_declines(variant, layer: int) -> set[str]:
 
 
 def inline_kernel_inputs(model, layer: int) -> set[str]:
-    """The attention kernel's per-head inputs where block ``layer``'s attention calls no attention
-    interface (as nnsight's parse of its forward sees it): declined there, by rule, not by the record."""
-    from nncanon.components.kernel import STATES
+    """The attention kernel's per-head inputs where block ``layer``'s attention makes no kernel call under the
+    implementation it runs (as nnsight's parse of its forward sees it): no call of transformers' attention
+    interface, nor of the call its family names (`Family.kernel`) or not under this implementation; declined
+    there, by rule, not by the record."""
+    from nncanon.components.kernel import STATES, Kernel, implementation
+    from nncanon.served import operation_name
 
     if not model.support().available("self_attn", layer=layer):
         return set()
-    names = model.layers[layer].self_attn.source.names
-    return set() if any(name.startswith("attention_interface_") for name in names) else set(STATES)
+    attention = model.layers[layer].self_attn
+    names = attention.source.names
+    declared = model.family.for_layer(model._text_config, layer)[0].kernel
+    declared = declared(model._text_config) if callable(declared) else declared
+    if isinstance(declared, Kernel):
+        now = implementation(attention._module) or implementation(model._module)
+        calls = operation_name(names, declared.op) in names and declared.runs_under(now)
+    else:
+        calls = declared is None and any(name.startswith("attention_interface_") for name in names)
+    return set() if calls else set(STATES)
 
 
 def identity_layers(model, variant) -> list[int]:

@@ -1,6 +1,7 @@
 """Attention implementations, on every registered family: ``attention_head_outputs`` under sdpa equals
 plain hooks and eager; probabilities under sdpa, recomputed, equal eager's (and refuse writes) where the
-attention goes through transformers' interface, and are declined naming eager elsewhere.
+attention's kernel call is one they are recomputed from (transformers' interface, Falcon's sdpa call), and
+are declined naming eager elsewhere.
 
 (bf16 write locality and the per-head decomposition are checks of the verifier, `nncanon.proof.checks`,
 run on every family by test_invariants.)
@@ -55,13 +56,17 @@ def test_sdpa_heads_and_probabilities_equal_eager(variant, model):
 
 def _sdpa_probabilities(variant, model, sdpa, attention_layers) -> None:
     """Under sdpa, probabilities are recomputed (equal to eager's, writes refused naming eager) on every layer
-    that serves them under eager through the attention interface, and declined naming eager elsewhere."""
-    from nncanon.components.kernel import interface_reason
+    that serves them under eager through a kernel call they are recomputed from, and declined naming eager
+    elsewhere, and where transformers' own eager and sdpa attend differently (`upstream_issues`: they would be
+    sdpa's, not eager's)."""
+    from nncanon.components.kernel import Kernel
 
+    upstream = variant.name in records()[variant.model_type].get("upstream_issues", {})
     for index in attention_layers:
         eager_serves = model.support().available("attention_probabilities", layer=index)
-        through_interface = interface_reason(type(model.layers[index].self_attn._module)) is None
-        if not (eager_serves and through_interface):
+        kernel = sdpa.layers[index].self_attn._nncanon.kernel
+        recomputable = isinstance(kernel, Kernel) and kernel.recompute is not None
+        if not (eager_serves and recomputable) or upstream:
             assert not sdpa.support().available("attention_probabilities", layer=index)
             # Declined for want of eager, unless the family declines them outright (DiffLlama).
             reason = "eager" if "attention_probabilities" not in recorded_declines(variant, index) else "not available"

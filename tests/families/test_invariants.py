@@ -23,7 +23,7 @@ from nncanon.proof.verdict import Verdict
 from nncanon.support import COMPONENTS, LAYER_VALUES
 from nncanon.testing import PROMPTS
 
-from ..conftest import declined_as_recorded, identity_layers, recorded_declines
+from ..conftest import declined_as_recorded, identity_layers, inline_kernel_inputs, recorded_declines
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -63,20 +63,31 @@ def test_every_served_value_is_proved(model, verdict):
 
 
 def test_probabilities_recomputed_where_eager_serves_them(model, variant, verdict):
-    """Every layer serving probabilities under eager through transformers' attention interface has them
+    """Every layer serving probabilities under eager through a kernel call they are recomputed from has them
     proved when recomputed under sdpa (where the model class runs sdpa at all); the kernel's inputs are
-    served wherever the interface is called (unless the record declines them: DiffLlama calls it twice)."""
-    from nncanon.components.kernel import RECOMPUTED, interface_reason
+    served wherever the kernel is called (unless the record declines them: DiffLlama calls it twice), and
+    proved on a copy running the kernel's implementation where the forward calls it under that one only."""
+    from nncanon.components.kernel import RECOMPUTED, Kernel
+    from nncanon.registry import records
 
+    upstream = variant.name in records()[variant.model_type].get("upstream_issues", {})
     report = model.support()
     for index in report.layers_with("self_attn"):
         attention = model.layers[index].self_attn
-        through_interface = interface_reason(type(attention._module)) is None
+        kernel = attention._nncanon.kernel
+        inline = inline_kernel_inputs(model, index)
         served_inputs = [report.available(name, layer=index) for name in KERNEL_INPUTS]
         recorded = set(KERNEL_INPUTS) & recorded_declines(variant, index)
-        assert all(served_inputs) == (through_interface and not recorded), f"layers[{index}]"
-        if report.available("attention_probabilities", layer=index) and through_interface and (
+        assert all(served_inputs) == (not inline and not recorded), f"layers[{index}]"
+        if isinstance(kernel, Kernel) and inline and not recorded:  # called under another implementation only
+            for name in KERNEL_INPUTS:
+                assert verdict.proved(index, name), f"layers[{index}].{name}: {verdict.why_not(index, name)}"
+        recomputable = isinstance(kernel, Kernel) and kernel.recompute is not None
+        if report.available("attention_probabilities", layer=index) and recomputable and (
                 type(model._module)._supports_sdpa):
+            if upstream:  # transformers' own eager and sdpa attend differently: declined by the family, unproved
+                assert "eager" in attention._nncanon.reason(RECOMPUTED) and not verdict.covered(index, RECOMPUTED)
+                continue
             assert verdict.proved(index, RECOMPUTED), f"layers[{index}]: {verdict.why_not(index, RECOMPUTED)}"
 
 

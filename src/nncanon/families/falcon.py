@@ -16,7 +16,7 @@ the attention multiplies them inline (no call receives them): they are not serve
 
 from typing import Any
 
-from ..components.kernel import sdpa_kernel
+from ..components.kernel import RECOMPUTED, sdpa_kernel
 from ..served import Site
 from .base import Family
 
@@ -27,6 +27,18 @@ _KERNELS = {alibi: sdpa_kernel(_SDPA_CALL.format(int(alibi))) for alibi in (Fals
 def _kernel(config: Any) -> Any:
     """The sdpa call of the path the config takes: the first in the forward (RoPE), the second (ALiBi)."""
     return _KERNELS[bool(config.alibi)]
+
+
+_ALIBI_TWICE = (
+    "transformers' Falcon attends differently under eager and sdpa on the ALiBi path: FalconModel folds ALiBi "
+    "into the mask it passes every block, and the eager branch of FalconAttention adds it to the scores again "
+    "(eager sees it twice, sdpa once), so probabilities recomputed from the sdpa call are not eager's. Load "
+    "the model with StandardizedTransformer(..., attn_implementation=\"eager\") to read eager's"
+)
+
+
+def _declines(config: Any, layer: int) -> dict:
+    return {RECOMPUTED: _ALIBI_TWICE} if config.alibi else {}
 
 
 def _kv_heads(config: Any) -> int:
@@ -47,6 +59,7 @@ FALCON = Family(
     head_outputs=Site("self_attention.dense", key="input"),
     probabilities=lambda config: ("attention_probs_2",) if config.alibi else ("attention_scores_2",),
     kernel=_kernel,
+    declines=_declines,
     block_extras=1,
     residual=(
         "parallel: y = x + self_attention(ln_attn(x)) + mlp(ln_mlp(x)) (one input_layernorm where configured); "
