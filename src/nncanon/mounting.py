@@ -154,8 +154,9 @@ def _kernel_inputs(attention: Envoy, path: str, bind: Callable[..., Binding], la
     if known is None:  # once per attention class, path and kernel: the same for every block of a layout
         kernel = kernel_for(type(attention._module), declared)
         known = _KERNEL_SITES[key] = kernel if isinstance(kernel, str) else (kernel, {
-            name: Site(path, key="input", op=kernel.op, arg=arg, heads_first=True,
-                       transposed=kernel.key_transposed and name == "key_states")
+            name: Site(path, key="input", op=kernel.output_op if name == "value_states" else kernel.op, arg=arg,
+                       heads_first=True, transposed=kernel.key_transposed and name == "key_states",
+                       flat=kernel.batch_heads)
             for name, arg in zip(STATES, kernel.args, strict=True)})
     if isinstance(known, str):
         return known, {}, dict.fromkeys(STATES, f"{label}: {known}")

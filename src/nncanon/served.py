@@ -41,7 +41,9 @@ class Site:
         scale: A config attribute the model multiplies the module's value by before it
             reaches the residual stream (Granite's ``residual_multiplier``), or a function of the
             config that returns the factor (MiniCPM3's ``scale_depth / sqrt(num_hidden_layers)``).
-        flat: The module runs on a flattened ``(b·s, ...)`` tensor (OPT's ``fc2``).
+        flat: The module runs on a flattened ``(b·s, ...)`` tensor (OPT's ``fc2``), or, with ``heads_first``,
+            on heads folded into the batch, ``(b·heads, s, head_dim)`` (BLOOM's and XGLM's attention
+            kernels): the first axis is split back into the batch and the rest.
         clone: The model changes the tensor in place after the module returns (Falcon adds
             attention into the MLP output), so the read is a copy taken at the module.
         bias: The tuple element of the output holding a bias the caller adds to the tensor
@@ -66,8 +68,9 @@ class Site:
             the model as zeros and the value, ``weight · output`` ``[b, s, k, d]`` (the model's own product,
             bit for bit), is added to ``op``'s tensor instead. The sum is the model's, bit for bit, and a
             write to the value is exactly what reaches the streams. With ``merge``, served ``[b, s, k·d]``.
-        arg: With ``key="input"``, the positional argument that holds the tensor (``None``: the first
-            input). The attention interface takes ``(module, query, key, value, mask)``: 1, 2 and 3.
+        arg: With ``key="input"``, the positional argument that holds the tensor, or the keyword it is
+            passed by (``None``: the first input). The attention interface takes ``(module, query, key,
+            value, mask)``: 1, 2 and 3; BLOOM's ``alibi.baddbmm(batch1=query, batch2=key, ...)``: ``"batch1"``.
         heads_first: The tensor is laid out ``[b, heads, s, head_dim]`` (as attention kernels take it);
             served sequence-first, ``[b, s, heads, head_dim]``, a view.
         transposed: The tensor's last two axes are ``(head_dim, s)`` (a key passed transposed to the
@@ -85,7 +88,7 @@ class Site:
     merge: bool = False
     stacked: bool = False
     weighted: tuple[str, str] | None = None
-    arg: int | None = None
+    arg: int | str | None = None
     heads_first: bool = False
     transposed: bool = False
 
@@ -138,7 +141,9 @@ def _pick(raw: Any, site: Site) -> torch.Tensor:
     """The tensor of a site inside the raw served value (a tensor, a tuple, or ``(args, kwargs)``)."""
     if site.key == "input":
         args, kwargs = raw
-        return first_input(args, kwargs) if site.arg is None else args[site.arg]
+        if site.arg is None:
+            return first_input(args, kwargs)
+        return kwargs[site.arg] if isinstance(site.arg, str) else args[site.arg]
     if site.index is not None and isinstance(raw, (tuple, list)):
         return raw[site.index]
     if hasattr(raw, "last_hidden_state") and not isinstance(raw, torch.Tensor):
@@ -150,6 +155,8 @@ def _put(raw: Any, site: Site, tensor: torch.Tensor) -> Any:
     """The raw value with the site's tensor replaced by ``tensor`` (containers rebuilt, not mutated)."""
     if site.key == "input":
         args, kwargs = raw
+        if isinstance(site.arg, str):
+            return args, {**kwargs, site.arg: tensor}
         if site.arg is not None:
             return (*args[: site.arg], tensor, *args[site.arg + 1 :]), kwargs
         return replace_first_input(args, kwargs, tensor)

@@ -73,10 +73,17 @@ class Kernel:
             (``None``: every one).
         scale: ``(module, call keywords, head_dim) -> the factor on q·kᵀ``.
         name: The call, for messages.
+        value_op: The call that takes the values (the probabilities' product with them), where the scores and
+            the product are two calls (``torch.bmm(q, kᵀ)`` then ``torch.bmm(p, v)``); ``args[2]`` is the values'
+            position there.
+        batch_heads: The inputs fold the heads into the batch, ``[b·heads, s, head_dim]`` (BLOOM, XGLM).
+        bias: The attention module's forward argument holding an additive position bias (ALiBi) the kernel
+            adds to the scaled scores (BLOOM's ``alibi``, times the call's ``beta``; MPT's ``position_bias``):
+            ``[b·heads, 1, k]`` or ``[heads, 1, k]``, its last ``k`` positions taken.
     """
 
     op: str
-    args: tuple[int, int, int]
+    args: tuple[int | str, int | str, int | str]
     mask: int | None
     mask_keyword: str | None = None
     causal: str | None = None
@@ -88,12 +95,19 @@ class Kernel:
     implementations: tuple[str, ...] | None = None
     scale: Callable[[torch.nn.Module, dict, int], float] = _interface_scale
     name: str = "transformers' attention interface"
+    value_op: str | None = None
+    batch_heads: bool = False
+    bias: str | None = None
 
-    def inputs(self, args: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(query, key, value)`` of a call's positional ``args``, ``[b, heads, s, head_dim]`` each (the key
-        transposed back where the call takes it transposed)."""
-        query, key, value = (args[i] for i in self.args)
-        return query, key.transpose(-1, -2) if self.key_transposed else key, value
+    def inputs(self, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(query, key, value)`` of a call's arguments, ``[b, heads, s, head_dim]`` each (the key transposed
+        back where the call takes it transposed; the value ``None`` where another call takes it, `value_op`)."""
+        def pick(at: int | str) -> torch.Tensor:
+            return kwargs[at] if isinstance(at, str) else args[at]
+
+        key = pick(self.args[1])
+        key = key.transpose(-1, -2) if self.key_transposed else key
+        return pick(self.args[0]), key, None if self.value_op is not None else pick(self.args[2])
 
     def call_mask(self, args: tuple, kwargs: dict) -> Any:
         """The mask argument of a call (``None`` where it has none)."""
@@ -101,9 +115,16 @@ class Kernel:
             return args[self.mask]
         return kwargs.get(self.mask_keyword) if self.mask_keyword is not None else None
 
-    def attention_output(self, output: Any) -> torch.Tensor:
-        """The call's attention output, ``[b, s, heads, head_dim]``."""
+    @property
+    def output_op(self) -> str:
+        """The call whose output is the attention output (the values' call, `value_op`, where there are two)."""
+        return self.op if self.value_op is None else self.value_op
+
+    def attention_output(self, output: Any, batch: int) -> torch.Tensor:
+        """The attention output of the `output_op` call, ``[b, s, heads, head_dim]`` (``batch``: ``b``)."""
         tensor = output if self.output is None else output[self.output]
+        if self.batch_heads:
+            tensor = tensor.unflatten(0, (batch, -1))
         return tensor.transpose(1, 2) if self.output_heads_first else tensor
 
     def runs_under(self, implementation: str | None) -> bool:
@@ -244,7 +265,7 @@ def recompute_probabilities(module: torch.nn.Module, args: tuple, kwargs: dict,
     reason = recompute_reason(cls, implementation(module), kernel)
     if reason is not None:
         raise ValueNotAvailable(reason)
-    query, key, value = kernel.inputs(args)
+    query, key, value = kernel.inputs(args, kwargs)
     mask = kernel.call_mask(args, kwargs)
     dropout = kwargs.get("dropout", kwargs.get("dropout_p"))
     if float(dropout or 0.0) > 0.0 and module.training:
@@ -273,3 +294,15 @@ def _sdpa_probabilities(module: torch.nn.Module, kernel: Kernel, query: torch.Te
     if additive is not None:
         scores = scores + additive
     return torch.softmax(scores.float(), dim=-1).to(query.dtype)
+
+
+def split_kernel(op: str, value_op: str, args: tuple[int | str, int | str, int | str],
+                 scale: Callable[[torch.nn.Module, dict, int], float], name: str, batch_heads: bool = False,
+                 bias: str | None = None) -> Kernel:
+    """Attention written inline as two calls (BLOOM, MPT, XGLM): the scores ``op`` takes the query and the key
+    transposed (``q @ kᵀ``), the product ``value_op`` takes the probabilities and the values and returns the
+    attention output heads-first; the causal and padding masks are added between them (not arguments of
+    either call), so the ``kernel`` check masks as the kernel masked."""
+    return Kernel(op, args, mask=None, output=None, output_heads_first=True, key_transposed=True,
+                  structural_mask=True, scale=scale, name=name, value_op=value_op, batch_heads=batch_heads,
+                  bias=bias)

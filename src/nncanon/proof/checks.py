@@ -356,7 +356,7 @@ def _finish(tensor: torch.Tensor, binding: Any, inputs: dict, divide: bool = Fal
     site = binding.site
     batch, seq = inputs["input_ids"].shape
     if site.flat:
-        tensor = tensor.view(batch, seq, -1)
+        tensor = tensor.view(batch, -1, *tensor.shape[1:])
     if site.merge:
         tensor = tensor.flatten(-2)
     if site.stacked:
@@ -849,11 +849,26 @@ def _kernel(model: Any, index: int) -> Kernel:
     return model.layers[index].self_attn._nncanon.kernel
 
 
-def _interface(model: Any, index: int) -> Any:
+def _interface(model: Any, index: int, output: bool = False) -> Any:
     """Block ``index``'s kernel call (transformers' attention interface, or the family's), as an nnsight
-    operation (inside a trace)."""
+    operation (inside a trace); ``output``: the call whose output is the attention output (`Kernel.output_op`)."""
     source = model.layers[index].self_attn.source
-    return getattr(source, operation_name(source.names, _kernel(model, index).op))
+    kernel = _kernel(model, index)
+    return getattr(source, operation_name(source.names, kernel.output_op if output else kernel.op))
+
+
+def _bias(module: torch.nn.Module, kernel: Kernel, inputs: tuple, kwargs: dict, batch: int, keys: int
+          ) -> torch.Tensor:
+    """The position bias the kernel adds to the scores (`Kernel.bias`): the module's argument of that name (of
+    its forward's ``inputs``), laid out to broadcast over ``[b, heads, q, k]`` (its last ``keys`` positions;
+    heads out of the batch where the kernel folds them in), times the call's ``beta``."""
+    import inspect
+
+    bound = inspect.signature(type(module).forward).bind(module, *inputs[0], **inputs[1])  # (the class's own)
+    bias = bound.arguments[kernel.bias][..., -keys:]
+    if kernel.batch_heads:
+        bias = bias.unflatten(0, (batch, -1))  # [b·heads, 1, k]
+    return bias * kwargs.get("beta", 1.0)
 
 
 def _attends(model: Any, index: int, values: tuple[str, ...]) -> CheckResult:
@@ -867,6 +882,8 @@ def _attends(model: Any, index: int, values: tuple[str, ...]) -> CheckResult:
     eager = attention._eager()
     saved: dict = {}  # bound outside the trace, filled inside
     with torch.no_grad(), model.trace(PROMPTS):
+        if kernel.bias is not None:
+            saved["module"] = attention.inputs.save()
         for name in values:
             if name in KERNEL_INPUTS:
                 saved[name] = getattr(attention, name).save()
@@ -874,9 +891,9 @@ def _attends(model: Any, index: int, values: tuple[str, ...]) -> CheckResult:
         if eager:
             saved["probabilities"] = attention.attention_probabilities.save()
         else:
-            saved["output"] = _interface(model, index).output.save()
+            saved["output"] = _interface(model, index, output=True).output.save()
     args, kwargs = saved["call"]
-    called = kernel.inputs(args)
+    called = kernel.inputs(args, kwargs)
     q = saved["query_states"].transpose(1, 2)  # [b, H, s, d]
     k = called[1] if "key_states" not in saved else saved["key_states"].transpose(1, 2)
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
@@ -885,14 +902,16 @@ def _attends(model: Any, index: int, values: tuple[str, ...]) -> CheckResult:
         scores = torch.tanh(scores / kwargs["softcap"]) * kwargs["softcap"]
     if kwargs.get("position_bias") is not None:  # an additive bias the interface takes (relative positions)
         scores = scores + kwargs["position_bias"]
+    if kernel.bias is not None:  # the module's own position bias (ALiBi), added to the scaled scores
+        scores = scores + _bias(attention._module, kernel, saved["module"], kwargs, q.shape[0], k.shape[-2])
     causal = kwargs.get(kernel.causal, False) if kernel.causal else getattr(attention._module, "is_causal", True)
     mask = _additive_mask(kernel.call_mask(args, kwargs), q, k, bool(causal))
     if mask is not None:
         scores = scores + mask[..., : k.shape[-2]]
-    how = "q·kᵀ·scale + mask"
+    how = "q·kᵀ·scale + mask" if kernel.bias is None else f"q·kᵀ·scale + {kernel.bias} + mask"
     if kernel.structural_mask:  # masked inside the kernel, by buffers no argument holds: as it masked them
         scores = scores.masked_fill(saved["probabilities"] == 0, float("-inf"))
-        how = "q·kᵀ·scale + mask, over the positions the kernel does not mask itself"
+        how += ", over the positions the kernel does not mask itself"
     expected = {"softmax": torch.softmax(scores.float(), dim=-1).to(q.dtype)}
     sinks = kwargs.get("s_aux")
     if sinks is not None:  # a sink is one more logit of the softmax (GPT-OSS), or only scales the output after
@@ -910,7 +929,7 @@ def _attends(model: Any, index: int, values: tuple[str, ...]) -> CheckResult:
     else:  # no probabilities: what they make of the values, on the rows that are tokens, against the kernel's output
         v = called[2] if "value_states" not in saved else saved["value_states"].transpose(1, 2)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-        output = kernel.attention_output(saved["output"])[real]
+        output = kernel.attention_output(saved["output"], q.shape[0])[real]
         results = [_compare("kernel", index, values, (formula @ v).transpose(1, 2)[real], output, TOLERANCE,
                             f"{name}({how}) · v against the kernel's output under "
                             f"{kernel_implementation(model._module)}") for name, formula in expected.items()]
@@ -922,12 +941,12 @@ def _values_reach(model: Any, index: int) -> CheckResult:
     kernel = _kernel(model, index)
     with torch.no_grad(), model.trace(PROMPTS[0]):
         groups = attention.value_states.save()
-        clean = _interface(model, index).output.save()
+        clean = _interface(model, index, output=True).output.save()
     groups = groups.shape[-2]
     with torch.no_grad(), model.trace(PROMPTS[0]):
         attention.value_states[..., -1, :] = 0
-        written = _interface(model, index).output.save()
-    clean, written = kernel.attention_output(clean), kernel.attention_output(written)
+        written = _interface(model, index, output=True).output.save()
+    clean, written = kernel.attention_output(clean, 1), kernel.attention_output(written, 1)
     heads = written.shape[-2]
     silenced = torch.arange(heads) // (heads // groups) == groups - 1
     zeroed = float(written[..., silenced, :].abs().max())
@@ -998,10 +1017,10 @@ def _recomputed(eager: Any, sdpa: Any, index: int) -> list[CheckResult]:
     with torch.no_grad(), sdpa.trace(PROMPTS):
         call = _interface(sdpa, index).inputs.save()
         probabilities = attention.attention_probabilities.save()
-        output = _interface(sdpa, index).output.save()
-    output = kernel.attention_output(output)
+        output = _interface(sdpa, index, output=True).output.save()
+    output = kernel.attention_output(output, probabilities.shape[0])
     real = encode_batch(sdpa)["attention_mask"].bool()  # the query rows that are tokens, not padding
-    v = kernel.inputs(call[0])[2]  # the values the kernel received, [b, KV, k, d]
+    v = kernel.inputs(*call)[2]  # the values the kernel received, [b, KV, k, d]
     v = v.repeat_interleave(probabilities.shape[1] // v.shape[1], dim=1)
     mixed = (probabilities @ v).transpose(1, 2)  # [b, q, H, d]
     return [
