@@ -128,3 +128,111 @@ def test_generation_steps_see_the_cached_keys():
             shapes.append(tuple(attention.key_states.shape))
     prompt = len(model.tokenizer(PROMPTS[0])["input_ids"])
     assert [shape[1] for shape in shapes] == [prompt, prompt + 1, prompt + 2]
+
+
+# -- attention written inline: the family names its kernel call (`Family.kernel`) --------------------------
+
+
+@pytest.fixture(scope="module")
+def falcon_sdpa():
+    return tiny_model("falcon_7b_style", attn_implementation="sdpa")
+
+
+def test_falcon_under_sdpa_serves_the_sdpa_call_inputs_and_recomputes_probabilities(falcon_sdpa):
+    model = falcon_sdpa
+    attention = model.layers[1].self_attn
+    with torch.no_grad(), model.trace(PROMPTS):
+        q, k, v = attention.query_states.save(), attention.key_states.save(), attention.value_states.save()
+        call = attention.source.torch_nn_functional_scaled_dot_product_attention_0.inputs.save()
+        probabilities = attention.attention_probabilities.save()
+        output = attention.source.torch_nn_functional_scaled_dot_product_attention_0.output.save()
+    args, _ = call
+    for served, raw in zip((q, k, v), args[:3], strict=True):
+        assert served.data_ptr() == raw.data_ptr() and torch.equal(served, raw.transpose(1, 2))
+    assert k.shape[-2] == 1  # multi-query: one key/value head, shared by every query head
+    real = model.tokenizer(PROMPTS, return_tensors="pt", padding=True)["attention_mask"].bool()
+    torch.testing.assert_close((probabilities @ args[2]).transpose(1, 2)[real], output.transpose(1, 2)[real],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_falcon_kernel_writes_reach_the_sdpa_call(falcon_sdpa):
+    model = falcon_sdpa
+    attention = model.layers[0].self_attn
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        attention.key_states = torch.zeros_like(attention.key_states)  # every score 0: uniform causal attention
+        values = attention.value_states.save()
+        outputs = attention.attention_head_outputs.save()
+    uniform = values.cumsum(1) / torch.arange(1, values.shape[1] + 1)[None, :, None, None]
+    torch.testing.assert_close(outputs, uniform.expand_as(outputs), rtol=1e-5, atol=1e-6)
+
+
+def test_falcon_under_eager_declines_the_kernel_inputs_naming_sdpa():
+    model = tiny_model("falcon_7b_style")  # eager: the forward multiplies q, k, v inline, no call takes them
+    reason = model.support().reason("query_states", layer=0)
+    assert "attn_implementation='sdpa'" in reason
+    assert model.support().available("attention_probabilities", layer=0)
+    with pytest.raises(nncanon.ValueNotAvailable, match="sdpa"):
+        with model.trace(PROMPTS[0]):
+            model.layers[0].self_attn.query_states
+
+
+def test_falcon_alibi_under_sdpa_declines_recomputed_probabilities_naming_eager():
+    model = tiny_model("falcon_rw_style", attn_implementation="sdpa")
+    report = model.support()
+    assert report.available("query_states", layer=0) and report.available("value_states", layer=0)
+    assert "ALiBi" in report.reason("attention_probabilities", layer=0)
+    assert 'attn_implementation="eager"' in report.reason("attention_probabilities", layer=0)
+
+
+def test_heads_folded_into_the_batch_are_served_as_views_per_invoke():
+    """XGLM's kernel takes ``[b·H, s, d]`` tensors (the key transposed): each invoke reads its own rows, a view
+    of the kernel's tensor, and a write in one invoke reaches its rows only."""
+    model = tiny_model("xglm")
+    attention = model.layers[0].self_attn
+    heads = model.num_heads
+    with torch.no_grad(), model.trace() as tracer:
+        with tracer.invoke(PROMPTS[0]):
+            clean_q = attention.query_states.save()
+            clean_logits = model.logits.save()
+        with tracer.invoke(PROMPTS[0]):
+            call = attention.source.torch_bmm_0.inputs.save()
+            keys = attention.key_states.save()
+            attention.query_states[:] = 0                      # every score 0: uniform causal attention
+            values = attention.value_states.save()
+            outputs = attention.attention_head_outputs.save()
+            written_logits = model.logits.save()
+    args, _ = call
+    seq = clean_q.shape[1]
+    assert clean_q.shape == (1, seq, heads, model.head_dim)
+    assert torch.equal(keys, args[1].unflatten(0, (2, heads))[1:].permute(0, 3, 1, 2))  # [b, s, H, d]
+    assert torch.equal(args[0].unflatten(0, (2, heads))[0], clean_q[0].transpose(0, 1))  # invoke 1: untouched
+    assert not args[0].unflatten(0, (2, heads))[1].any()                                # invoke 2: zeroed
+    uniform = values.cumsum(1) / torch.arange(1, seq + 1)[None, :, None, None]
+    torch.testing.assert_close(outputs, uniform, rtol=1e-5, atol=1e-6)
+    assert torch.equal(clean_logits, model._module(**model.tokenizer(PROMPTS[0], return_tensors="pt")).logits)
+    assert not torch.equal(written_logits, clean_logits)
+
+
+def test_a_transposed_key_is_served_sequence_first():
+    """GPT-1 passes its key ``[b, H, d, s]`` to ``_attn``: served ``[b, s, H, d]``, a view."""
+    model = tiny_model("openai_gpt")
+    attention = model.layers[0].self_attn
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        keys = attention.key_states.save()
+        call = attention.source.self__attn_0.inputs.save()
+    raw = call[0][1]
+    assert keys.shape == (1, raw.shape[-1], model.num_heads, model.head_dim)
+    assert keys.data_ptr() == raw.data_ptr() and torch.equal(keys, raw.permute(0, 3, 1, 2))
+
+
+@pytest.mark.parametrize("name", ["bloom", "mpt", "gpt_neo"])
+def test_inline_generation_steps_see_the_cached_keys(name):
+    model = tiny_model(name)
+    attention = model.layers[0].self_attn
+    shapes = []
+    with torch.no_grad(), model.generate(PROMPTS[0], max_new_tokens=3, do_sample=False) as tracer:
+        for _ in tracer.iter[:3]:
+            shapes.append(tuple(attention.key_states.shape))
+    prompt = len(model.tokenizer(PROMPTS[0])["input_ids"])
+    assert [shape[1] for shape in shapes] == [prompt, prompt + 1, prompt + 2]
+    assert {shape[2:] for shape in shapes} == {(model.num_heads, model.head_dim)}

@@ -778,10 +778,12 @@ def _probabilities(model: Any, index: int, head: int) -> CheckResult:
 
 def check_kernel(model: Any) -> list[CheckResult]:
     """The kernel's inputs are what it attends with: ``softmax(q·kᵀ·scale + mask)`` (with the call's
-    softcap, position bias and sinks) reproduces the eager probabilities, and zeroing one group of ``value_states``
-    zeroes exactly its heads' kernel output. Where the forward calls its kernel only under another attention
-    implementation (Falcon's sdpa call), on a copy of the model running that one: the inputs read there against
-    plain source hooks, and ``softmax(q·kᵀ·scale + mask) · v`` against the kernel's own output."""
+    softcap, position bias and sinks, or the module's ALiBi argument where an inline kernel adds it; where the
+    kernel masks positions itself, from buffers no argument holds, over the rest, on token rows) reproduces the
+    eager probabilities, and zeroing one group of ``value_states`` zeroes exactly its heads' kernel output.
+    Where the forward calls its kernel only under another attention implementation (Falcon's sdpa call), on a
+    copy of the model running that one: the inputs read there against plain source hooks, and
+    ``softmax(q·kᵀ·scale + mask) · v`` against the kernel's own output."""
     results = []
     report = model.support()
     for index in report.layers_with("query_states"):
