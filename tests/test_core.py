@@ -207,16 +207,19 @@ def test_support_report_api():
         report.available("attn_out", layer=0)
     with pytest.raises(IndexError, match="2 layers"):
         report.reason("mlp_output", layer=5)
-    # Falcon computes attention inline: under sdpa neither its kernel's inputs nor its probabilities exist.
-    falcon = tiny_model("falcon_7b_style", attn_implementation="sdpa").support()
+    # Falcon's ALiBi path under sdpa: the kernel's inputs are its sdpa call's, its probabilities are declined
+    # (transformers' eager attends differently there); under eager, the kernel's inputs are (no call takes them).
+    falcon = tiny_model("falcon_rw_style", attn_implementation="sdpa").support()
+    assert falcon.available("query_states", layer=0)
     assert not falcon.available("attention_probabilities", layer=0)
     assert 'attn_implementation="eager"' in falcon.reason("attention_probabilities", layer=0)
     assert falcon.layers_with("attention_probabilities") == []
     table = str(falcon)
-    assert "FalconDecoderLayer" in table and "attention_probabilities: attention probabilities" in table
+    assert "FalconDecoderLayer" in table and "attention_probabilities: transformers' Falcon" in table
     # Declined: what a block's components have but do not serve; a dense MLP's routing is not declined.
+    assert falcon.declined() == ["attention_probabilities"] == falcon.declined(1)
     kernel = ["query_states", "key_states", "value_states"]
-    assert falcon.declined() == [*kernel, "attention_probabilities"] == falcon.declined(1)
+    assert tiny_model("falcon_rw_style").support().declined() == kernel
     assert report.declined() == []
     assert tiny_model("mixtral").support().declined() == []
     assert tiny_model("kolibri1").support().declined() == ["router_logits", "shared_expert_output"]

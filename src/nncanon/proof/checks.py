@@ -801,18 +801,27 @@ def check_kernel(model: Any) -> list[CheckResult]:
 def _kernel_elsewhere(model: Any) -> list[CheckResult]:
     """The kernel inputs of blocks whose forward calls the kernel only under another implementation (not
     served on ``model``), proved on a copy running it: read, their scores, and the values' reach."""
+    results = []
+    for other, layers in _kernel_copies(model):
+        results += _kernel_on(other, layers)
+    return results
+
+
+def _kernel_copies(model: Any) -> list[tuple[Any, list[int]]]:
+    """For blocks whose forward calls its kernel only under another implementation than ``model`` runs (Falcon's
+    sdpa call), a copy of ``model`` running that one, with those blocks (none where the class cannot run it)."""
     by_implementation: dict[str, list[int]] = {}
     for index in model.support().layers_with("self_attn"):
         kernel = model.layers[index].self_attn._nncanon.kernel
         now = kernel_implementation(model.layers[index].self_attn._module)
         if isinstance(kernel, Kernel) and not kernel.runs_under(now):
             by_implementation.setdefault(kernel.implementations[0], []).append(index)
-    results = []
+    copies = []
     for implementation, layers in by_implementation.items():
         other = _implementation_copy(model, implementation)
-        if other is not None:  # (else the class cannot run it: the inputs are never served)
-            results += _kernel_on(other, layers)
-    return results
+        if other is not None:
+            copies.append((other, layers))
+    return copies
 
 
 def _kernel_on(other: Any, layers: list[int]) -> list[CheckResult]:
@@ -1184,10 +1193,18 @@ def served_gradients(model: Any, names: dict[int, Sequence[str]]) -> dict[tuple[
 def check_gradients(model: Any) -> list[CheckResult]:
     """``value.grad`` of every served value, inside ``with logit.backward():``, equals the gradient of the
     same logit at the value's site by plain PyTorch (tensor hooks, ``torch.autograd.grad``), laid out and
-    scaled as the value is served."""
+    scaled as the value is served (kernel inputs served under another implementation only: on a copy running it)."""
+    names = {layer: served(model, layer, GRADIENT_VALUES) for layer in range(model.num_layers)}
+    results = _gradients(model, names)
+    for other, layers in _kernel_copies(model):  # kernel inputs served under another implementation only
+        results += _gradients(other, {layer: served(other, layer, KERNEL_INPUTS) for layer in layers})
+    return results
+
+
+def _gradients(model: Any, names: dict[int, list[str]]) -> list[CheckResult]:
+    """`check_gradients` of the values ``names[layer]`` of each block."""
     from ..errors import GradientNotAvailable
 
-    names = {layer: served(model, layer, GRADIENT_VALUES) for layer in range(model.num_layers)}
     inputs = gradient_inputs(model)
     target = gradient_target(model)
     reference = gradient_references(model, names, inputs, lambda logits: logits[target])
