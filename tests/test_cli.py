@@ -121,10 +121,13 @@ def test_support_names_an_unknown_family(tmp_path, capsys):
 def test_families_checks_the_selected_variants(capsys):
     assert main(["families", "-k", "mpt", "--quiet"]) == EXIT_OK
     out = capsys.readouterr().out
-    # MPT computes attention inline: the kernel's per-head inputs are declined by rule.
-    row = r"^mpt\s+mpt\s+mpt\s+2\s+\S+\s+query_states, key_states, value_states\s+ok$"
-    assert re.search(row, out, re.MULTILINE), out
+    # MPT computes attention inline: the kernel's per-head inputs are read at its own calls, nothing declined.
+    assert re.search(r"^mpt\s+mpt\s+mpt\s+2\s+\S+\s+-\s+ok$", out, re.MULTILINE), out
     assert "1 of 1 variants pass" in out
+    # Falcon under eager multiplies them inline (its sdpa call runs under sdpa only): declined by rule.
+    assert main(["families", "-k", "falcon_7b", "--quiet"]) == EXIT_OK
+    row = r"^falcon_7b_style\s.*\squery_states, key_states, value_states\s+ok$"
+    assert re.search(row, capsys.readouterr().out, re.MULTILINE)
     # Falcon-H1 runs attention and a Mamba mixer side by side: the identity sums both.
     assert main(["families", "-k", "falcon_h1", "--quiet"]) == EXIT_OK
     assert re.search(r"^falcon_h1\s.*\s-\s+ok$", capsys.readouterr().out, re.MULTILINE)

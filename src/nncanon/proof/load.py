@@ -338,8 +338,8 @@ def apply_proof(model: Any, proof: Proof) -> Provenance:
         unproved = _unproved(proof, twin)
         states = layer_states(layer) if unproved else None
         for value, reason, gradient in unproved:
-            if value != RECOMPUTED and value_reason(states, value) is not None:
-                continue
+            if value_reason(states, value) is not None if value != RECOMPUTED else _declined_recomputed(layer):
+                continue  # (not served anyway: its own reason stays)
             if reason is None:  # no twin block stands for it: the reason names the block's kind
                 reason = _not_proved(proof, None, value, type(layer._module).__name__)
             if value == RECOMPUTED:  # (a block without attention has no such reason: nothing happens)
@@ -350,6 +350,17 @@ def apply_proof(model: Any, proof: Proof) -> Provenance:
     for value, reason, _ in _unproved(proof, "model"):
         model._model_declines[value] = reason
     return Provenance("proved", proof.describe(), proof)
+
+
+def _declined_recomputed(layer: Any) -> bool:
+    """Whether block ``layer``'s recomputed probabilities are declined by its family (Falcon's ALiBi path)."""
+    attention = layer.__dict__.get("self_attn")
+    state = getattr(attention, "__dict__", {}).get("_nncanon") if attention is not None else None
+    if state is None:
+        return False
+    from ..components.kernel import RECOMPUTED
+
+    return isinstance(state.reasons.get(RECOMPUTED), str)
 
 
 def _unproved(proof: Proof, twin: int | str | None) -> list[tuple[str, str | None, bool]]:
