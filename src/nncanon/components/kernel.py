@@ -6,7 +6,8 @@ scaling=..., dropout=..., softcap=..., sliding_window=..., s_aux=...)`` with ``[
 tensors, after rotary and the cache; the implementation (eager, sdpa, flash...) is chosen by the
 config. Families whose attention is written inline name their own call instead (`Family.kernel`):
 Falcon's ``torch.nn.functional.scaled_dot_product_attention`` under sdpa, the ``self._attn(query, key,
-value, mask)`` of GPT-Neo, GPT-NeoX-Japanese and GPT-1. nncanon serves those inputs per head
+value, mask)`` of GPT-Neo, GPT-NeoX-Japanese and GPT-1, the score and product calls of BLOOM, MPT and
+XGLM (`split_kernel`). nncanon serves those inputs per head
 (``query_states``, ``key_states``, ``value_states``, read at the call by nnsight's ``.source``), and under
 a kernel that computes no probabilities (sdpa) recomputes ``attention_probabilities`` from the same call:
 with the family's own ``eager_attention_forward`` for the interface (so the mask, scaling, softcap, sinks
@@ -55,9 +56,9 @@ class Kernel:
     Attributes:
         op: Its operation name in the forward (nnsight's ``.source``), or a pattern ending in ``*`` (the
             last operation whose name starts with the rest, `nncanon.served.operation_name`).
-        args: The positions of the query, key and value among the call's positional arguments, each
-            ``[b, heads, s, head_dim]`` (keys and values: key/value heads).
-        mask: The position (or keyword) of the mask argument, ``None`` where the call takes none.
+        args: The positions of the query, key and value among the call's positional arguments (or the
+            keywords they are passed by), each ``[b, heads, s, head_dim]`` (keys and values: key/value heads).
+        mask: The position of the mask argument, ``None`` where the call takes none by position.
         mask_keyword: The keyword the mask may be passed by instead of its position.
         causal: The keyword saying the call applies a causal mask itself (sdpa's ``is_causal``), else ``None``.
         output: The element of the call's output holding the attention output (``None``: the output is it).
