@@ -86,6 +86,51 @@ def test_probability_writes_under_sdpa_are_refused_naming_eager(sdpa):
     assert torch.equal(logits, plain)
 
 
+def _gradients(model, names: tuple[str, ...], layer: int = 1) -> dict[str, torch.Tensor]:
+    """``value.grad`` of each of ``names`` on block ``layer`` for one logit, through nncanon."""
+    from nncanon.proof.checks import NO_CACHE, gradient_target
+
+    values: dict = {}  # bound outside the trace, filled inside
+    grads: dict = {}
+    with torch.enable_grad(), model.trace(PROMPTS[0], **NO_CACHE):
+        for name in names:
+            values[name] = getattr(model.layers[layer].self_attn, name)
+        logit = model.logits[gradient_target(model)]
+        with logit.backward():
+            for name in reversed(names):
+                grads[name] = values[name].grad.save()
+    return grads
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_probability_gradients_are_eagers_and_declined_by_name_under_sdpa(family):
+    """Under eager, ``attention_probabilities.grad`` is the gradient of a logit at the tensor the model returns
+    (plain PyTorch, the verifier's `gradient_reference`). Under sdpa the kernel computes its output from q, k
+    and v itself: the recomputed probabilities are not in the output's graph, so their ``.grad`` (and
+    ``support()``) decline it by name, naming eager; the kernel inputs' gradients are eager's, same weights."""
+    from nncanon.proof.checks import gradient_inputs, gradient_reference, gradient_target
+
+    eager = tiny_model(family)
+    target = gradient_target(eager)
+    ours = _gradients(eager, ("query_states", "key_states", "attention_probabilities"))
+    reference = gradient_reference(eager, 1, ["attention_probabilities"], gradient_inputs(eager),
+                                   lambda logits: logits[target])
+    assert float(reference["attention_probabilities"].abs().max()) > 0
+    torch.testing.assert_close(ours["attention_probabilities"], reference["attention_probabilities"],
+                               rtol=1e-5, atol=1e-7)
+    assert eager.support().gradient_reason("attention_probabilities", 1) is None
+
+    sdpa = tiny_model(family, attn_implementation="sdpa")
+    reason = sdpa.support().gradient_reason("attention_probabilities", 1)
+    assert reason is not None and "attn_implementation=\"eager\"" in reason and "'sdpa'" in reason
+    with pytest.raises(nncanon.GradientNotAvailable, match=r"attention_probabilities\.grad is not served: under "
+                       r"attn_implementation='sdpa'.*attn_implementation=\"eager\""):
+        _gradients(sdpa, ("attention_probabilities",))
+    kernel_inputs = _gradients(sdpa, ("query_states", "key_states"))
+    for name in ("query_states", "key_states"):
+        torch.testing.assert_close(kernel_inputs[name], ours[name], rtol=1e-5, atol=1e-9)
+
+
 def test_other_implementations_decline_recomputation_naming_eager():
     model = tiny_model("llama", attn_implementation="sdpa")
     model._module.config._attn_implementation = "flex_attention"   # read at each call (no forward is run)

@@ -121,8 +121,9 @@ class SupportReport:
             for value in LAYER_VALUES:
                 owner = "layer" if value in ("layer_input", "layer_output") else COMPONENT_OF.get(value)
                 state = states.get(owner) if reasons[value] is None else None
-                if state is not None and value in state.gradient_reasons:
-                    gradients[value] = state.gradient_reasons[value]
+                refused = state.gradient_reason(value) if state is not None else None
+                if refused is not None:
+                    gradients[value] = refused
             absent = frozenset(name for state in states.values() if state is not None for name in state.absent)
             rows.append(LayerSupport(index, type(layer._module).__name__, reasons, absent, gradients))
         provenance = model.__dict__.get("_provenance")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -45,6 +47,25 @@ def test_next_token_only_is_the_same_estimate(model):
         last = attribution_patching(model, PROMPT, corrupted, METRIC, next_token_only=True)
         for item in OVER:
             torch.testing.assert_close(last[item], every[item], rtol=1e-4, atol=1e-6, equal_nan=True)
+
+
+def test_the_head_backward_for_the_metrics_logits_only_equals_torchs(model, monkeypatch):
+    """The unembedding's backward restricted to the logits the metric depends on (a logit difference: two
+    columns) equals torch's own backward through the head (the tool with the restriction turned off), on every
+    position's logits and the last one's; a metric of every logit (log-softmax) takes torch's backward."""
+    tool = importlib.import_module("nncanon.tools.attribution_patching")  # (the function shadows the module)
+    corrupted = _same_length(model, PROMPT)
+    metrics = {"logit difference": METRIC, "log P": lambda logits: logits[:, -1].log_softmax(-1)[:, 5]}
+    cases = [(metric, other, last) for metric in metrics.values() for other in (None, corrupted)
+             for last in (False, True)]
+    restricted = [attribution_patching(model, PROMPT, other, metric, next_token_only=last)
+                  for metric, other, last in cases]
+    assert tool._linear_head(model) is not None, "every family here has a torch.nn.Linear head"
+    monkeypatch.setattr(tool, "_linear_head", lambda model: None)
+    for (metric, other, last), ours in zip(cases, restricted, strict=True):
+        torchs = attribution_patching(model, PROMPT, other, metric, next_token_only=last)
+        for item in OVER:
+            torch.testing.assert_close(ours[item], torchs[item], rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
 def _ranks(values: torch.Tensor) -> torch.Tensor:

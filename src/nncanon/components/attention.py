@@ -123,6 +123,8 @@ class AttentionEnvoy(Component, Envoy):
             return raw
 
         mediator.transform = WriteBack(refuse_edits, probabilities, None, binding.location, occurrence)
+        # (no gradient of the model's output reaches a tensor computed beside the kernel)
+        refuse_gradient(probabilities, self._nncanon_gradient_reason("attention_probabilities"))
         return mark(probabilities, label)
 
     def _probability_operation(self) -> Any:

@@ -34,12 +34,19 @@ class ComponentState:
     reasons: dict[str, Reason] = field(default_factory=dict)
     absent: set[str] = field(default_factory=set)
     probabilities: tuple[str, ...] | None = None
-    gradient_reasons: dict[str, str] = field(default_factory=dict)
+    gradient_reasons: dict[str, Reason] = field(default_factory=dict)
     kernel: Any = None
 
     def reason(self, name: str) -> str | None:
         """Why ``name`` is not served here, or ``None`` when it is."""
         reason = self.reasons.get(name)
+        if callable(reason):
+            return reason()
+        return reason
+
+    def gradient_reason(self, name: str) -> str | None:
+        """Why ``name``'s gradient is not served here, or ``None`` when it is (or ``name`` is not served)."""
+        reason = self.gradient_reasons.get(name)
         if callable(reason):
             return reason()
         return reason
@@ -74,7 +81,7 @@ class Component:
 
     def _nncanon_gradient_reason(self, name: str) -> str | None:
         """Why ``name``'s gradient is not served here (`nncanon.mounting.decline_gradient`), or ``None``."""
-        return self._nncanon_state(name).gradient_reasons.get(name)
+        return self._nncanon_state(name).gradient_reason(name)
 
     def __getattr__(self, name: str) -> Any:
         # A served value that raised ValueNotAvailable lands here (it is an AttributeError):

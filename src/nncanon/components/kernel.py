@@ -249,6 +249,17 @@ def _additive_mask(mask: Any, query: torch.Tensor, key: torch.Tensor, causal: bo
     return mask
 
 
+def recomputed_gradient_reason(implementation: str | None) -> str:
+    """Why the probabilities recomputed under ``implementation`` have no gradient (``value.grad``)."""
+    return (
+        f"under attn_implementation={implementation!r} the kernel computes the attention output from the query, "
+        "key and value states itself; the probabilities served are recomputed beside it from the same states, "
+        "and the model's output does not go through them, so no gradient reaches them (the gradient of the "
+        "kernel's inputs, query_states and key_states, is served). Load the model with "
+        "StandardizedTransformer(..., attn_implementation=\"eager\") for the gradient of the probabilities."
+    )
+
+
 def recompute_probabilities(module: torch.nn.Module, args: tuple, kwargs: dict,
                             kernel: Kernel | None = None) -> torch.Tensor:
     """The probabilities ``[b, heads, q, k]`` of one ``kernel`` call (default: transformers' attention

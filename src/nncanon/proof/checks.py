@@ -1194,7 +1194,11 @@ def check_gradients(model: Any) -> list[CheckResult]:
     """``value.grad`` of every served value, inside ``with logit.backward():``, equals the gradient of the
     same logit at the value's site by plain PyTorch (tensor hooks, ``torch.autograd.grad``), laid out and
     scaled as the value is served (kernel inputs served under another implementation only: on a copy running it)."""
-    names = {layer: served(model, layer, GRADIENT_VALUES) for layer in range(model.num_layers)}
+    # (Probabilities recomputed beside a kernel that is not eager are not in the output's graph: their
+    # gradient is declined by name, `nncanon.mounting.ProbabilitiesGradientReason`.)
+    names = {layer: [name for name in served(model, layer, GRADIENT_VALUES)
+                     if name != "attention_probabilities" or model.layers[layer].self_attn._eager()]
+             for layer in range(model.num_layers)}
     results = _gradients(model, names)
     for other, layers in _kernel_copies(model):  # kernel inputs served under another implementation only
         results += _gradients(other, {layer: served(other, layer, KERNEL_INPUTS) for layer in layers})

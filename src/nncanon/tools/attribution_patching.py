@@ -10,7 +10,10 @@ The gradients are taken inside the clean trace by one ``torch.autograd.grad`` of
 respect to the served values (the same gradients as ``value.grad`` in a ``with loss.backward():`` block,
 see the gradients page of the docs, without a hook per value). The stream entering the first block is
 a leaf that requires a gradient, the model's weights do not: the backward computes the gradients of
-the values asked for and nothing below the earliest of them, and leaves nothing on the weights.
+the values asked for and nothing below the earliest of them, and leaves nothing on the weights. Where the
+head is a plain linear map and the metric depends on a few logits (a logit difference), the head's backward is
+computed for those logits' rows of the weight only (`_through_head`): the same gradients, without a pass over
+the ``[vocab, hidden]`` matrix.
 """
 
 from __future__ import annotations
@@ -100,8 +103,40 @@ def _no_weight_gradients(model: Any) -> Iterator[None]:
             parameter.requires_grad_(True)
 
 
+def _linear_head(model: Any) -> torch.nn.Linear | None:
+    """The model's ``lm_head`` where it is a plain `torch.nn.Linear` (``None`` otherwise)."""
+    module = getattr(model.lm_head, "_module", None) if model.lm_head is not None else None
+    return module if type(module) is torch.nn.Linear else None
+
+
+def _through_head(loss: torch.Tensor, values: list[torch.Tensor], entering: torch.Tensor, leaving: torch.Tensor,
+                  weight: torch.Tensor) -> tuple:
+    """``torch.autograd.grad(loss, values)``, the unembedding's backward computed for the logits the loss
+    depends on only.
+
+    A metric of a few logits (a logit difference) has a gradient that is zero on every other column of the
+    vocabulary, but the backward of the head (``logits = entering @ weight.T + bias``) multiplies the whole
+    ``[*, vocab]`` gradient by the ``[vocab, hidden]`` weight: a pass over the largest matrix of most models
+    for nothing. So the gradient is taken in three steps: the metric's to the head's output (``[*, vocab]``),
+    its product with the weight's rows where it is not zero (the columns where it is zero add exactly 0),
+    and from the head's input to the values. A metric of every logit (a softmax) takes the head's own backward.
+    """
+    (outward,) = torch.autograd.grad(loss, leaving, retain_graph=True, allow_unused=True)
+    if outward is None:  # the metric does not go through the head: nothing to spare
+        return torch.autograd.grad(loss, values, allow_unused=True)
+    columns = outward.detach().flatten(0, -2).ne(0).any(0).nonzero()[:, 0]
+    if 8 * columns.numel() > weight.shape[0]:
+        return torch.autograd.grad(leaving, values, grad_outputs=outward, allow_unused=True)
+    inward = outward.index_select(-1, columns) @ weight.index_select(0, columns)
+    return torch.autograd.grad(entering, values, grad_outputs=inward, allow_unused=True)
+
+
 def _corrupted_values(model: Any, prompts: list[str], order: list[tuple[int, str]]) -> dict:
-    """The values of ``order`` on the corrupted run; the forward stops after the last (no logits computed)."""
+    """The values of ``order`` on the corrupted run; the forward stops after the last (no logits computed).
+
+    (A trace of its own rather than rows of the clean trace: in one batch the backward would run through
+    the corrupted rows too, for gradients that are zero; measured 3% slower at 16 tokens, 19% at 69.)
+    """
     saved: dict = {}
     with torch.no_grad(), model.trace(prompts) as tracer:
         for layer, name in order:
@@ -110,31 +145,38 @@ def _corrupted_values(model: Any, prompts: list[str], order: list[tuple[int, str
     return saved
 
 
-def _clean_values_and_gradients(model: Any, prompts: list[str], order: list[tuple[int, str]],
-                                metric: Callable[[torch.Tensor], torch.Tensor],
-                                keep: dict[str, int]) -> tuple[dict, dict]:
-    values: dict = {}
-    grads: dict = {}
+def _estimates(model: Any, prompts: list[str], patched: dict | None, order: list[tuple[int, str]],
+               metric: Callable[[torch.Tensor], torch.Tensor], keep: dict[str, int]) -> dict:
+    """``{(layer, value): estimate}`` on the clean run of ``prompts``: ``[batch, heads]`` for head outputs,
+    ``[batch]`` for a contribution; ``patched``: the corrupted values (``None``: zero)."""
+    estimates: dict = {}  # bound outside the trace, filled inside
     # No cache: a recurrent model that updates its cached state in place (RWKV) has no backward then.
     with torch.enable_grad(), _no_weight_gradients(model), model.trace(prompts, use_cache=False, **keep):
         stream = model.layers[0].layer_input
         # The backward starts here: a leaf with the stream's data (the weights take no gradient).
         model.layers[0].layer_input = stream.detach().requires_grad_(True)
-        for layer, name in order:
-            values[(layer, name)] = read(model, layer, name)
+        values = [read(model, layer, name) for layer, name in order]
+        head = _linear_head(model)
+        if head is not None:
+            entering, leaving = model.lm_head.input, model.lm_head.output
         loss = metric(model.logits).sum()
         # One backward for the values asked only (the part of the graph below the earliest is not computed),
         # with no hook per value.
-        found = torch.autograd.grad(loss, [values[key] for key in order], allow_unused=True)
-        for key, grad in zip(order, found, strict=True):
+        if head is None:
+            found = torch.autograd.grad(loss, values, allow_unused=True)
+        else:
+            found = _through_head(loss, values, entering, leaving, head.weight)
+        for (layer, name), value, grad in zip(order, values, found, strict=True):
             if grad is None:
-                layer, name = key
                 raise GradientNotAvailable(f"the metric does not depend on layers[{layer}] {name}: no gradient "
                                            "reaches it, so attribution patching has no estimate for it")
-            grads[key] = grad.save()
-        for key in order:
-            values[key] = values[key].detach().save()
-    return values, grads
+            value = value.detach()
+            delta = -value if patched is None else patched[(layer, name)] - value
+            product = delta.float() * grad.float()
+            # heads [b, s, H, head_dim] -> [b, H]; a contribution [b, s, d] (or [b, s, k·d] on k streams) -> [b]
+            heads = name.endswith("head_outputs")
+            estimates[(layer, name)] = (product.sum(dim=(1, -1)) if heads else product.flatten(1).sum(-1)).save()
+    return estimates
 
 
 def attribution_patching(
@@ -193,15 +235,8 @@ def attribution_patching(
     if not order:
         raise ValueError(f"no layer of this model serves any of {tuple(over)}: see model.support()")
     keep = next_token_kwargs(model) if next_token_only else {}
-    values, grads = _clean_values_and_gradients(model, batch, order, metric, keep)
     patched = _corrupted_values(model, prompt_list(corrupted), order) if corrupted is not None else None
-    estimates = {}
-    for key in order:
-        delta = (patched[key] if patched is not None else torch.zeros_like(values[key])) - values[key]
-        product = (delta.float() * grads[key].float())
-        # heads [b, s, H, head_dim] -> [b, H]; a contribution [b, s, d] (or [b, s, k·d] on k streams) -> [b]
-        heads = key[1].endswith("head_outputs")
-        estimates[key] = product.sum(dim=(1, -1)) if heads else product.flatten(1).sum(-1)
+    estimates = _estimates(model, batch, patched, order, metric, keep)
     return _labelled(model, plan, over, estimates, len(batch), not isinstance(clean, str))
 
 
