@@ -132,6 +132,16 @@ def test_probability_gradients_under_sdpa_are_eagers(family):
     assert sdpa.support().gradient_reason("attention_probabilities", 1) is None
 
 
+def test_the_verifiers_gradient_check_covers_the_recomputed_probabilities(sdpa):
+    """The ``gradients`` check compares the sdpa probabilities' ``.grad`` with eager's on a copy (same weights)."""
+    from nncanon.proof.checks import check_gradients
+
+    results = check_gradients(sdpa)
+    probabilities = [r for r in results if r.values == ("attention_probabilities",)]
+    assert [r.layer for r in probabilities] == list(range(sdpa.num_layers))
+    assert all(r.passed for r in results), [r for r in results if not r.passed]
+
+
 def test_probability_logits_and_parameter_gradients_under_sdpa_are_unchanged_bit_for_bit(sdpa):
     """Reading the probabilities with gradients tracked hands the model the kernel's output bit for bit, and
     adds no gradient anywhere in the model (the parameters' gradients are those of the plain model)."""
