@@ -102,33 +102,75 @@ def _gradients(model, names: tuple[str, ...], layer: int = 1) -> dict[str, torch
     return grads
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_probability_gradients_are_eagers_and_declined_by_name_under_sdpa(family):
-    """Under eager, ``attention_probabilities.grad`` is the gradient of a logit at the tensor the model returns
-    (plain PyTorch, the verifier's `gradient_reference`). Under sdpa the kernel computes its output from q, k
-    and v itself: the recomputed probabilities are not in the output's graph, so their ``.grad`` (and
-    ``support()``) decline it by name, naming eager; the kernel inputs' gradients are eager's, same weights."""
+OTHERS = ("query_states", "key_states", "value_states", "attention_output")
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "mistral", "gemma3_text", "falcon_7b_style", "falcon_40b_style"])
+def test_probability_gradients_under_sdpa_are_eagers(family):
+    """Under sdpa the recomputed probabilities are put into the graph at the kernel's output: their ``.grad``
+    equals eager's (same weights), whose ``.grad`` is plain PyTorch's gradient at the tensor the model returns
+    (the verifier's `gradient_reference`); the other values' gradients are bit for bit those of a trace that
+    does not read the probabilities, and the logits are unchanged."""
     from nncanon.proof.checks import gradient_inputs, gradient_reference, gradient_target
 
     eager = tiny_model(family)
-    target = gradient_target(eager)
-    ours = _gradients(eager, ("query_states", "key_states", "attention_probabilities"))
-    reference = gradient_reference(eager, 1, ["attention_probabilities"], gradient_inputs(eager),
-                                   lambda logits: logits[target])
-    assert float(reference["attention_probabilities"].abs().max()) > 0
-    torch.testing.assert_close(ours["attention_probabilities"], reference["attention_probabilities"],
-                               rtol=1e-5, atol=1e-7)
-    assert eager.support().gradient_reason("attention_probabilities", 1) is None
-
     sdpa = tiny_model(family, attn_implementation="sdpa")
-    reason = sdpa.support().gradient_reason("attention_probabilities", 1)
-    assert reason is not None and "attn_implementation=\"eager\"" in reason and "'sdpa'" in reason
-    with pytest.raises(nncanon.GradientNotAvailable, match=r"attention_probabilities\.grad is not served: under "
-                       r"attn_implementation='sdpa'.*attn_implementation=\"eager\""):
-        _gradients(sdpa, ("attention_probabilities",))
-    kernel_inputs = _gradients(sdpa, ("query_states", "key_states"))
-    for name in ("query_states", "key_states"):
-        torch.testing.assert_close(kernel_inputs[name], ours[name], rtol=1e-5, atol=1e-9)
+    assert sdpa.layers[1].self_attn._module.config._attn_implementation == "sdpa"
+    sdpa._module.load_state_dict(eager._module.state_dict())
+    target = gradient_target(eager)
+    reference = gradient_reference(eager, 1, ["attention_probabilities"], gradient_inputs(eager),
+                                   lambda logits: logits[target])["attention_probabilities"]
+    assert float(reference.abs().max()) > 0
+    ours = _gradients(eager, ("attention_probabilities",))["attention_probabilities"]
+    torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-7)
+
+    served = _gradients(sdpa, (*OTHERS[:3], "attention_probabilities", OTHERS[3]))
+    torch.testing.assert_close(served["attention_probabilities"], ours, rtol=0, atol=1e-6)
+    alone = _gradients(sdpa, OTHERS)
+    for name in OTHERS:
+        assert torch.equal(served[name], alone[name]), name
+    assert sdpa.support().gradient_reason("attention_probabilities", 1) is None
+
+
+def test_the_verifiers_gradient_check_covers_the_recomputed_probabilities(sdpa):
+    """The ``gradients`` check compares the sdpa probabilities' ``.grad`` with eager's on a copy (same weights)."""
+    from nncanon.proof.checks import check_gradients
+
+    results = check_gradients(sdpa)
+    probabilities = [r for r in results if r.values == ("attention_probabilities",)]
+    assert [r.layer for r in probabilities] == list(range(sdpa.num_layers))
+    assert all(r.passed for r in results), [r for r in results if not r.passed]
+
+
+def test_probability_logits_and_parameter_gradients_under_sdpa_are_unchanged_bit_for_bit(sdpa):
+    """Reading the probabilities with gradients tracked hands the model the kernel's output bit for bit, and
+    adds no gradient anywhere in the model (the parameters' gradients are those of the plain model)."""
+    from nncanon.proof.checks import NO_CACHE, gradient_target
+
+    target = gradient_target(sdpa)
+    parameters = [p for p in sdpa._module.parameters() if p.requires_grad]
+    runs = []
+    for read in (False, True):
+        with torch.enable_grad(), sdpa.trace(PROMPTS[0], **NO_CACHE):
+            if read:
+                sdpa.layers[1].self_attn.attention_probabilities.save()
+            logits = sdpa.logits.save()
+        runs.append((logits, torch.autograd.grad(logits[target], parameters)))
+    assert torch.equal(runs[0][0], runs[1][0])
+    for plain, read in zip(runs[0][1], runs[1][1], strict=True):
+        assert torch.equal(plain, read)
+
+
+def test_probability_gradient_writes_under_sdpa_are_refused_naming_eager(sdpa):
+    from nncanon.proof.checks import NO_CACHE, gradient_target
+
+    refused = r"attention_probabilities\.grad was written.*attn_implementation=\"eager\""
+    with pytest.raises(nncanon.InvalidWrite, match=refused):
+        with torch.enable_grad(), sdpa.trace(PROMPTS[0], **NO_CACHE):
+            probabilities = sdpa.layers[1].self_attn.attention_probabilities
+            logit = sdpa.logits[gradient_target(sdpa)]
+            with logit.backward():
+                probabilities.grad = torch.zeros_like(probabilities.grad)
 
 
 def test_other_implementations_decline_recomputation_naming_eager():

@@ -18,6 +18,8 @@ Named errors (`GradientNotAvailable`): ``.grad`` of a served value asked in the 
 trace (outside the backward block), a served value first read inside the backward block (the forward
 is over), a ``.grad`` the backward never reaches, and the ``.grad`` of a value whose gradient check
 failed on the load-time proof (`refuse_gradient`: the value is served, its gradient is not).
+`InvalidWrite`: a write to a gradient that would not reach the model (`refuse_gradient_write`: the
+probabilities recomputed beside an sdpa kernel, `nncanon.components.kernel.probabilities_in_graph`).
 """
 
 from __future__ import annotations
@@ -31,13 +33,16 @@ import torch
 from nnsight.intervention import backward as _backward
 from nnsight.intervention.interleaver import OutOfOrderError
 
-from .errors import GradientNotAvailable
+from .errors import GradientNotAvailable, InvalidWrite
 
 #: The attribute that marks a served tensor with its name (``"layers[0].self_attn.attention_output"``).
 MARK = "_nncanon_value"
 
 #: The attribute that holds why a served tensor's gradient is not served (`refuse_gradient`).
 REFUSED = "_nncanon_no_grad"
+
+#: The attribute that holds why a write to a served tensor's gradient is refused (`refuse_gradient_write`).
+READ_ONLY = "_nncanon_grad_read_only"
 
 _GRAD = torch._C.TensorBase.grad  # torch's own ``.grad``
 
@@ -90,6 +95,16 @@ def refuse_gradient(tensor: torch.Tensor, reason: str | None) -> torch.Tensor:
             setattr(tensor, REFUSED, reason)
         except (AttributeError, RuntimeError):  # pragma: no cover - a tensor subclass that refuses attributes
             pass
+    return tensor
+
+
+def refuse_gradient_write(tensor: torch.Tensor, reason: str) -> torch.Tensor:
+    """Mark the served ``tensor`` so that a write to its ``.grad`` raises `InvalidWrite` with ``reason`` (its
+    gradient is served, but a written one would not reach what the model computes from it)."""
+    try:
+        setattr(tensor, READ_ONLY, reason)
+    except (AttributeError, RuntimeError):  # pragma: no cover - a tensor subclass that refuses attributes
+        pass
     return tensor
 
 
@@ -180,6 +195,9 @@ def _named_grad_property(interleaver: Any, seen: set, hooks: list) -> property:
 
     def setter(tensor: torch.Tensor, value: Any) -> None:
         _refused(tensor)
+        attributes = tensor.__dict__ if hasattr(tensor, "__dict__") else {}
+        if attributes.get(READ_ONLY) is not None:
+            raise InvalidWrite(f"{attributes.get(MARK, 'this value')}.grad was written, but {attributes[READ_ONLY]}")
         inner.fset(tensor, value)
 
     return property(getter, setter)

@@ -35,7 +35,6 @@ from .components.kernel import (
     kernel_for,
     kernel_reason,
     recompute_reason,
-    recomputed_gradient_reason,
 )
 from .components.kernel import implementation as kernel_implementation
 from .errors import ValueNotAvailable
@@ -99,21 +98,6 @@ class KernelReason:
             self.attention.root._module)
         reason = kernel_reason(self.kernel, implementation)
         return None if reason is None else f"{self.label}: {reason}"
-
-
-class ProbabilitiesGradientReason:
-    """The reason ``attention_probabilities.grad`` is not served, or ``None``: under eager attention the
-    probabilities are the model's own tensor, in the output's graph; under another implementation they are
-    recomputed beside the kernel (`ProbabilitiesReason`), and no gradient of the output reaches them."""
-
-    def __init__(self, attention: Envoy) -> None:
-        self.attention = attention
-
-    def __call__(self) -> str | None:
-        if self.attention._eager():
-            return None
-        return recomputed_gradient_reason(kernel_implementation(self.attention._module)
-                                          or kernel_implementation(self.attention.root._module))
 
 
 def _child(layer: Envoy, path: str) -> Envoy:
@@ -302,7 +286,6 @@ def mount(model: Any, family: Family, config: Any) -> None:
                 {**reasons, "attention_probabilities": ProbabilitiesReason(attention), RECOMPUTED: None},
                 probabilities=shape.probabilities,
                 kernel=kernel,
-                gradient_reasons={"attention_probabilities": ProbabilitiesGradientReason(attention)},
             )
             components.append(attention._nncanon)
         else:

@@ -10,10 +10,16 @@ from nnsight.intervention.eproperty import WriteBack
 from nnsight.intervention.interleaver import Mediator
 
 from ..errors import InvalidWrite
-from ..gradients import first_read_in_backward, in_backward, mark, refuse_gradient
+from ..gradients import first_read_in_backward, in_backward, mark, refuse_gradient, refuse_gradient_write, tracks
 from ..served import _value, check_write, served
 from .base import Component
-from .kernel import implementation, recompute_probabilities
+from .kernel import (
+    GRADIENT_WRITE_REASON,
+    INTERFACE_KERNEL,
+    implementation,
+    probabilities_in_graph,
+    recompute_probabilities,
+)
 
 
 class AttentionEnvoy(Component, Envoy):
@@ -26,7 +32,7 @@ class AttentionEnvoy(Component, Envoy):
       (keys and values with the cache's earlier positions when generating).
     - ``attention_probabilities`` ``[batch, heads, query, key]``: the probabilities that
       multiply the values; read under ``attn_implementation="eager"``, recomputed from the
-      kernel's inputs under sdpa.
+      kernel's inputs under sdpa (its ``.grad`` exact there too; read it after the kernel's inputs).
     - ``attention_head_outputs`` ``[batch, seq, heads, head_dim]``: each head's output before
       the output projection (the projection's input, viewed per head).
     - ``attention_output`` ``[batch, seq, hidden]``: exactly what attention adds to the
@@ -103,28 +109,53 @@ class AttentionEnvoy(Component, Envoy):
 
     def _recomputed(self) -> torch.Tensor:
         """The probabilities recomputed from the attention interface's inputs; an in-place edit is refused
-        when the worker moves on (it would change nothing in the model)."""
+        when the worker moves on (it would change nothing in the model).
+
+        Where the trace tracks gradients, they are computed without a graph and put into it at the
+        interface call's output (`probabilities_in_graph`): the read then runs the model on to the kernel's
+        output, which the model is handed back bit for bit, and ``.grad`` is the exact gradient at the
+        probabilities. The kernel's inputs of the same call are read before them (the forward's order).
+        """
         binding = self._nncanon.bindings["query_states"]
         label = f"{self._nncanon.where}.attention_probabilities"
         if in_backward():
             raise first_read_in_backward(label)
         binding.prepare()
         mediator = Mediator.current(binding.location)
+        output_at = binding.location.rpartition(".")[0] + ".output"
         occurrence = mediator.wanted(binding.location)
+        after = mediator.wanted(output_at)
+        waiting = mediator.transform
+        if waiting is not None and waiting.key == (None, output_at, after):
+            return waiting.view  # read again: the model is at the kernel's output already
         raw = _value(binding, mediator, label)
         args, kwargs = raw
-        probabilities = recompute_probabilities(self._module, args, kwargs, self._nncanon.kernel)
-        version = probabilities._version
+        kernel = self._nncanon.kernel or INTERFACE_KERNEL
+        states = kernel.inputs(args, kwargs)
+        graph = any(tracks(state) for state in states)
+        with torch.no_grad():
+            probabilities = recompute_probabilities(self._module, args, kwargs, kernel)
         where = self._nncanon.where
+        if graph:
+            result = _value(binding, mediator, label, output_at)
+            at_output = kernel.output
+            probabilities, output = probabilities_in_graph(
+                probabilities, result if at_output is None else result[at_output], states[2],
+                heads_first=kernel.output_heads_first)
+            result = output if at_output is None else (*result[:at_output], output, *result[at_output + 1:])
+            location, at = output_at, after
+            refuse_gradient_write(probabilities, GRADIENT_WRITE_REASON.format(
+                implementation=implementation(self._module) or implementation(self.root._module)))
+        else:
+            result, location, at = raw, binding.location, occurrence
+        version = probabilities._version
 
         def refuse_edits() -> Any:
             if probabilities._version != version:
                 raise _read_only(where)
-            return raw
+            return result
 
-        mediator.transform = WriteBack(refuse_edits, probabilities, None, binding.location, occurrence)
-        # (no gradient of the model's output reaches a tensor computed beside the kernel)
-        refuse_gradient(probabilities, self._nncanon_gradient_reason("attention_probabilities"))
+        mediator.transform = WriteBack(refuse_edits, probabilities, None, location, at)
         return mark(probabilities, label)
 
     def _probability_operation(self) -> Any:

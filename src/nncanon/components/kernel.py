@@ -249,15 +249,62 @@ def _additive_mask(mask: Any, query: torch.Tensor, key: torch.Tensor, causal: bo
     return mask
 
 
-def recomputed_gradient_reason(implementation: str | None) -> str:
-    """Why the probabilities recomputed under ``implementation`` have no gradient (``value.grad``)."""
-    return (
-        f"under attn_implementation={implementation!r} the kernel computes the attention output from the query, "
-        "key and value states itself; the probabilities served are recomputed beside it from the same states, "
-        "and the model's output does not go through them, so no gradient reaches them (the gradient of the "
-        "kernel's inputs, query_states and key_states, is served). Load the model with "
-        "StandardizedTransformer(..., attn_implementation=\"eager\") for the gradient of the probabilities."
-    )
+#: Why a write to the recomputed probabilities' gradient is refused (`nncanon.gradients.refuse_gradient_write`).
+GRADIENT_WRITE_REASON = (
+    "the probabilities are recomputed beside the kernel under attn_implementation={implementation!r}: their "
+    "gradient is served, exactly, but the kernel computes the gradients of the query and key states itself, "
+    "so a gradient written here would not reach them. Load the model with "
+    "StandardizedTransformer(..., attn_implementation=\"eager\") to write it."
+)
+
+
+class _Beside(torch.autograd.Function):
+    """``_Beside(probabilities, output)``: a copy of the recomputed ``probabilities`` that is in the graph
+    (so that a tensor hook on it fires) and sends no gradient anywhere; ``output`` only anchors it."""
+
+    @staticmethod
+    def forward(ctx: Any, probabilities: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        return probabilities.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        return None, None
+
+
+class _KernelOutput(torch.autograd.Function):
+    """``_KernelOutput(output, probabilities, value, heads_first)``: a copy of the kernel's ``output``
+    ``[b, s, H, d]`` (``[b, H, s, d]`` where ``heads_first``), bit for bit, whose backward passes the gradient
+    on to ``output`` unchanged and gives ``probabilities`` ``[b, H, q, k]`` the gradient of
+    ``output = probabilities · value`` per head: ``dO · Vᵀ`` (``value`` ``[b, KV, k, d]``, key/value heads
+    repeated for grouped queries); nothing to ``value``."""
+
+    @staticmethod
+    def forward(ctx: Any, output: torch.Tensor, probabilities: torch.Tensor, value: torch.Tensor,
+                heads_first: bool) -> torch.Tensor:
+        ctx.save_for_backward(value)
+        ctx.dtype, ctx.heads_first = probabilities.dtype, heads_first
+        return output.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        (value,) = ctx.saved_tensors
+        per_head = grad if ctx.heads_first else grad.transpose(1, 2)
+        heads = per_head.shape[1]
+        if value.shape[1] != heads:
+            value = value.repeat_interleave(heads // value.shape[1], dim=1)
+        probabilities = torch.matmul(per_head.to(value.dtype), value.transpose(-1, -2))
+        return grad, probabilities.to(ctx.dtype), None, None
+
+
+def probabilities_in_graph(probabilities: torch.Tensor, output: torch.Tensor, value: torch.Tensor,
+                           heads_first: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(probabilities, output)`` put into the graph: the recomputed ``probabilities`` ``[b, H, q, k]``
+    (computed without a graph) as a tensor whose ``.grad`` is the exact gradient of the model's loss at the
+    probabilities, and the kernel call's ``output`` (``[b, s, H, d]``, ``[b, H, s, d]`` where
+    ``heads_first``) to hand the model in place of its own (the same data, bit for bit; the same gradient
+    reaches the kernel). ``value`` ``[b, KV, k, d]`` is the call's value states."""
+    served = _Beside.apply(probabilities, output)
+    return served, _KernelOutput.apply(output, served, value.detach(), heads_first)
 
 
 def recompute_probabilities(module: torch.nn.Module, args: tuple, kwargs: dict,

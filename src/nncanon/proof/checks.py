@@ -391,7 +391,9 @@ def gradient_references(model: Any, names: dict[int, Sequence[str]], inputs: dic
     axis restored, heads split) and divided by the site's scale (``value = tensor · scale``). A value the
     backward does not reach has no entry.
 
-    ``attention_probabilities`` is the tensor the model returns with ``output_attentions=True``.
+    ``attention_probabilities`` is the tensor the model returns with ``output_attentions=True``; where the
+    model does not run eager attention (the probabilities are recomputed beside the kernel), the tensor an
+    eager copy of it (the same weights) returns.
     """
     grads: dict[tuple[int, str], torch.Tensor] = {}
 
@@ -403,7 +405,13 @@ def gradient_references(model: Any, names: dict[int, Sequence[str]], inputs: dic
              for layer, listed in names.items() for name in listed if name != "attention_probabilities"}
     modules = {key: site for key, site in sites.items() if site.op is None and site.weighted is None}
     attentions = [layer for layer, listed in names.items() if "attention_probabilities" in listed]
-    _module_gradients(model, modules, attentions, inputs, metric, keep)
+    recomputed = [layer for layer in attentions if not model.layers[layer].self_attn._eager()]
+    _module_gradients(model, modules, [layer for layer in attentions if layer not in recomputed], inputs,
+                      metric, keep)
+    if recomputed:  # probabilities recomputed beside the kernel (sdpa): eager's, on a copy with the same weights
+        twin = _implementation_copy(model, "eager")
+        if twin is not None:
+            _module_gradients(twin, {}, recomputed, inputs, metric, keep)
     for key, site in sites.items():
         if site.weighted is not None:
             _weighted_gradient(model, key, site, inputs, metric, keep)
@@ -1194,11 +1202,7 @@ def check_gradients(model: Any) -> list[CheckResult]:
     """``value.grad`` of every served value, inside ``with logit.backward():``, equals the gradient of the
     same logit at the value's site by plain PyTorch (tensor hooks, ``torch.autograd.grad``), laid out and
     scaled as the value is served (kernel inputs served under another implementation only: on a copy running it)."""
-    # (Probabilities recomputed beside a kernel that is not eager are not in the output's graph: their
-    # gradient is declined by name, `nncanon.mounting.ProbabilitiesGradientReason`.)
-    names = {layer: [name for name in served(model, layer, GRADIENT_VALUES)
-                     if name != "attention_probabilities" or model.layers[layer].self_attn._eager()]
-             for layer in range(model.num_layers)}
+    names = {layer: served(model, layer, GRADIENT_VALUES) for layer in range(model.num_layers)}
     results = _gradients(model, names)
     for other, layers in _kernel_copies(model):  # kernel inputs served under another implementation only
         results += _gradients(other, {layer: served(other, layer, KERNEL_INPUTS) for layer in layers})
