@@ -105,7 +105,8 @@ def _gradients(model, names: tuple[str, ...], layer: int = 1) -> dict[str, torch
 OTHERS = ("query_states", "key_states", "value_states", "attention_output")
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "mistral", "gemma3_text", "falcon_7b_style", "falcon_40b_style"])
+@pytest.mark.parametrize(
+    "family", ["gpt2", "llama", "qwen2", "mistral", "gemma3_text", "falcon_7b_style", "falcon_40b_style"])
 def test_probability_gradients_under_sdpa_are_eagers(family):
     """Under sdpa the recomputed probabilities are put into the graph at the kernel's output: their ``.grad``
     equals eager's (same weights), whose ``.grad`` is plain PyTorch's gradient at the tensor the model returns
