@@ -83,6 +83,26 @@ def recorded_declines(variant, layer: int) -> set[str]:
     return set(recorded.get(str(layer), []) if isinstance(recorded, dict) else recorded)
 
 
+def upstream_failures(variant) -> dict[str, str]:
+    """The checks that the installed transformers' own code makes fail on ``variant``, each with the upstream
+    reason: the record's ``"upstream_failures"`` entries whose ``"transformers"`` minors include the installed
+    one (and whose ``"variants"``, where given, include ``variant``).
+
+    There the check must fail and the load-time proof must decline what it covers (the suite asserts both);
+    on every other minor it must hold. Qwen4-Exp's eager attention gives NaN on 5.21-5.22
+    (``model_registry/qwen4_exp.json``).
+    """
+    from nncanon.registry import records
+    from nncanon.versions import transformers_minor
+
+    minor = "{}.{}".format(*transformers_minor())
+    found: dict[str, str] = {}
+    for entry in records()[variant.model_type].get("upstream_failures", []):
+        if minor in entry["transformers"] and variant.name in entry.get("variants", [variant.name]):
+            found.update(dict.fromkeys(entry["checks"], entry["why"]))
+    return found
+
+
 def inline_kernel_inputs(model, layer: int) -> set[str]:
     """The attention kernel's per-head inputs where block ``layer``'s attention calls no attention
     interface (as nnsight's parse of its forward sees it): declined there, by rule, not by the record."""

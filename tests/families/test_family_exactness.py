@@ -16,7 +16,7 @@ from nncanon.proof.checks import encode, site_reference
 from nncanon.registry import records
 from nncanon.testing import PROMPTS, tiny_model
 
-from ..conftest import recorded_declines
+from ..conftest import recorded_declines, upstream_failures
 
 
 def test_sdpa_heads_and_probabilities_equal_eager(variant, model):
@@ -74,6 +74,12 @@ def _sdpa_probabilities(variant, model, sdpa, attention_layers) -> None:
             eager = model.layers[index].self_attn.attention_probabilities.save()
         with torch.no_grad(), sdpa.trace(PROMPTS):
             recomputed = sdpa.layers[index].self_attn.attention_probabilities.save()
+        if "recomputed" in upstream_failures(variant):
+            # The installed transformers' eager attention gives NaN probabilities on fully masked queries (the
+            # record's upstream failure): the recomputation equals eager's wherever eager's are numbers.
+            finite = ~torch.isnan(eager)
+            assert not finite.all(), "eager's probabilities have no NaN: the record's upstream failure is stale"
+            recomputed, eager = recomputed[finite], eager[finite]
         torch.testing.assert_close(recomputed, eager, rtol=1e-5, atol=1e-5, msg=f"layers[{index}]")
         with pytest.raises(InvalidWrite, match='attn_implementation="eager"'):
             with torch.no_grad(), sdpa.trace(PROMPTS[0]):
