@@ -9,7 +9,7 @@ from nnsight.intervention.envoy import Envoy
 from nnsight.intervention.eproperty import WriteBack
 from nnsight.intervention.interleaver import Mediator
 
-from ..errors import InvalidWrite
+from ..errors import InvalidWrite, ValueNotAvailable
 from ..gradients import first_read_in_backward, in_backward, mark, refuse_gradient
 from ..served import _value, check_write, served
 from .base import Component
@@ -113,7 +113,11 @@ class AttentionEnvoy(Component, Envoy):
         occurrence = mediator.wanted(binding.location)
         raw = _value(binding, mediator, label)
         args, kwargs = raw
-        probabilities = recompute_probabilities(self._module, args, kwargs)
+        try:
+            probabilities = recompute_probabilities(self._module, args, kwargs)
+        except ValueNotAvailable as error:  # an AttributeError: Python hands the read to __getattr__, which
+            self.__dict__["_nncanon_raised"] = error  # raises this one again (its reason, not "no attribute")
+            raise
         version = probabilities._version
         where = self._nncanon.where
 
