@@ -36,6 +36,22 @@ def test_a_variant_transformers_lacks_is_skipped_with_the_reason(monkeypatch):
     assert (mark.name, mark.kwargs["reason"]) == ("skip", absent.unavailable)
 
 
+def test_a_variant_the_record_says_this_minor_cannot_run_is_skipped_with_the_reason(monkeypatch):
+    from nncanon import registry
+
+    original = registry.records()
+    minor = "{}.{}".format(*transformers_minor())
+
+    def entry(minors, names):
+        record = {**original["llama"], "unavailable": [{"transformers": minors, "variants": names, "why": "why"}]}
+        monkeypatch.setattr(registry, "records", lambda: {**original, "llama": record})
+        return registry.variant("llama").unavailable
+
+    assert entry([minor], ["llama"]) == f"transformers {transformers.__version__} cannot run variant 'llama': why"
+    assert entry(["5.0"], ["llama"]) is None  # another minor
+    assert entry([minor], ["llama_other"]) is None  # another variant
+
+
 def test_available_variants_are_exactly_those_without_a_reason():
     everything = variants()
     assert variants(available=True) == [v for v in everything if v.unavailable is None]
