@@ -92,7 +92,7 @@ def upstream_failures(variant) -> dict[str, dict]:
     There the check must fail and the load-time proof must decline what it covers (the suite asserts both);
     on every other minor it must hold. ``"sdpa"`` is no check of the verifier: the installed minor still runs
     sdpa where the record says ``"eager_only"`` (Gemma-2 on 5.20). Qwen4-Exp's eager attention gives NaN on
-    5.21-5.22 (``model_registry/qwen4_exp.json``).
+    5.20-5.22 (``model_registry/qwen4_exp.json``).
     """
     from nncanon.registry import records
     from nncanon.versions import transformers_minor
