@@ -83,6 +83,28 @@ def recorded_declines(variant, layer: int) -> set[str]:
     return set(recorded.get(str(layer), []) if isinstance(recorded, dict) else recorded)
 
 
+def upstream_failures(variant) -> dict[str, dict]:
+    """The checks that the installed transformers' own code makes fail on ``variant``, each with its record
+    entry: the record's ``"upstream_failures"`` entries whose ``"transformers"`` minors include the installed
+    one (and whose ``"variants"``, where given, include ``variant``). An entry says ``"why"``; ``"raises"``: the
+    message a read of the value raises there (instead of measuring a difference).
+
+    There the check must fail and the load-time proof must decline what it covers (the suite asserts both);
+    on every other minor it must hold. ``"sdpa"`` is no check of the verifier: the installed minor still runs
+    sdpa where the record says ``"eager_only"`` (Gemma-2 on 5.20). Qwen4-Exp's eager attention gives NaN on
+    5.20-5.22 (``model_registry/qwen4_exp.json``).
+    """
+    from nncanon.registry import records
+    from nncanon.versions import transformers_minor
+
+    minor = "{}.{}".format(*transformers_minor())
+    found: dict[str, dict] = {}
+    for entry in records()[variant.model_type].get("upstream_failures", []):
+        if minor in entry["transformers"] and variant.name in entry.get("variants", [variant.name]):
+            found.update(dict.fromkeys(entry["checks"], entry))
+    return found
+
+
 def inline_kernel_inputs(model, layer: int) -> set[str]:
     """The attention kernel's per-head inputs where block ``layer``'s attention makes no kernel call under the
     implementation it runs (as nnsight's parse of its forward sees it): no call of transformers' attention

@@ -34,6 +34,18 @@ def test_kernel_inputs_are_sequence_first_views_of_the_interface_call(sdpa):
         assert served.data_ptr() == raw.data_ptr() and torch.equal(served, raw.transpose(1, 2))
 
 
+def test_a_soft_capped_call_under_sdpa_is_not_recomputed(sdpa):
+    """sdpa ignores a soft-cap (transformers 5.20 lets Gemma-2 run it; 5.21+ refuse it, and 5.24's sdpa raises):
+    eager's soft-capped probabilities are not the kernel's, so the recomputation refuses naming the soft-cap."""
+    attention = sdpa.layers[1].self_attn
+    with torch.no_grad(), sdpa.trace(PROMPTS[0]):
+        call = attention.source.attention_interface_1.inputs.save()
+    args, kwargs = call
+    assert kernel.recompute_probabilities(attention._module, args, kwargs).shape[-2:] == (args[1].shape[-2],) * 2
+    with pytest.raises(nncanon.ValueNotAvailable, match=r"softcap=50.0\), and the 'sdpa' kernel ignores the soft-cap"):
+        kernel.recompute_probabilities(attention._module, args, {**kwargs, "softcap": 50.0})
+
+
 def test_kernel_input_assignment_reaches_the_kernel_and_is_checked(sdpa):
     attention = sdpa.layers[0].self_attn
     with torch.no_grad(), sdpa.trace(PROMPTS[0]):

@@ -22,9 +22,12 @@ from nncanon.proof.verdict import verify
 from nncanon.registry import records
 from nncanon.testing import PROMPTS, tiny_model, tiny_tokenizer
 
+from .conftest import skip_unavailable
+
 
 @pytest.fixture(scope="module")
 def model():
+    skip_unavailable("gemma3n_text")  # (transformers 5.20 cannot run it: the record says why)
     return tiny_model("gemma3n_text")
 
 
@@ -181,13 +184,14 @@ def test_the_contributions_are_declined_naming_the_mixing(model):
 def test_the_twin_keeps_every_kind_of_block_of_a_full_size_config():
     """The default Gemma3nTextConfig (35 blocks, 15 sharing keys/values, 10 with activation sparsity, one
     MLP width per block): the twin keeps one block of each kind, with the sharing counted on its blocks."""
+    from nncanon.families.gemma3n import _kv_sharing_modes
     from nncanon.proof.twin import build_twin
 
     built = build_twin(transformers.Gemma3nTextConfig(), model_class=transformers.Gemma3nForCausalLM,
                        blocks="model.layers")
     config = built.model.config
     assert built.stands_for == [0, 4, 10, 14, 18, 19, 20, 24, 34]
-    assert config.kv_sharing_modes == [None] * 4 + ["store"] * 2 + ["reuse"] * 3
+    assert _kv_sharing_modes(config) == [None] * 4 + ["store"] * 2 + ["reuse"] * 3  # (config.kv_sharing_modes)
     assert config.activation_sparsity_pattern == [0.95] * 2 + [0.0] * 7
     assert config.intermediate_size == [128] * 9
     assert json.dumps(config.layer_types).count("full_attention") == 5

@@ -16,6 +16,7 @@ from nncanon.inference import infer_family
 from nncanon.inference.leave_one_out import compare
 from nncanon.proof.checks import GRADIENT_VALUES
 from nncanon.testing import PROMPTS, tiny_hf_model, tiny_tokenizer
+from nncanon.versions import transformers_minor
 
 
 @pytest.mark.parametrize("model_type", ["llama", "gpt2", "gemma2", "granite", "opt", "gptj"])
@@ -24,6 +25,14 @@ def test_inferred_record_serves_every_value_of_the_record(model_type):
     row = compare(model_type)
     assert row.error == ""
     assert row.different == []
+    if model_type == "gptj" and transformers_minor() < (5, 24):
+        # GPT-J's code before 5.24 computes its probabilities inline in `self._attn` (no attention interface; the
+        # record names the operation, families/gptj.py): the inferred record finds none there, and declines
+        # them and the heads on every layer; the rest it serves.
+        assert row.declined == [f"layers[{i}].{value}" for i in (0, 1)
+                                for value in ("attention_probabilities", "attention_head_outputs")]
+        assert len(row.recovered) == 2 * 4 + 2
+        return
     assert row.declined == []
     assert len(row.recovered) >= 2 * 5 + 2  # per layer: the stream in and out, heads, both contributions
 

@@ -13,7 +13,7 @@ from .conftest import variant_params
 
 def test_installed_minor_is_in_the_supported_range():
     assert transformers_minor() == tuple(int(part) for part in transformers.__version__.split(".")[:2])
-    assert (5, 23) <= transformers_minor() < (5, 25), "pyproject.toml: transformers>=5.23,<5.25"
+    assert (5, 21) <= transformers_minor() < (5, 25), "pyproject.toml: transformers>=5.21,<5.25"
 
 
 def test_missing_model_type_and_class_say_which():
@@ -34,6 +34,22 @@ def test_a_variant_transformers_lacks_is_skipped_with_the_reason(monkeypatch):
     assert present.marks == [] and present.values[0] == variants()[0]
     (mark,) = skipped.marks
     assert (mark.name, mark.kwargs["reason"]) == ("skip", absent.unavailable)
+
+
+def test_a_variant_the_record_says_this_minor_cannot_run_is_skipped_with_the_reason(monkeypatch):
+    from nncanon import registry
+
+    original = registry.records()
+    minor = "{}.{}".format(*transformers_minor())
+
+    def entry(minors, names):
+        record = {**original["llama"], "unavailable": [{"transformers": minors, "variants": names, "why": "why"}]}
+        monkeypatch.setattr(registry, "records", lambda: {**original, "llama": record})
+        return registry.variant("llama").unavailable
+
+    assert entry([minor], ["llama"]) == f"transformers {transformers.__version__} cannot run variant 'llama': why"
+    assert entry(["5.0"], ["llama"]) is None  # another minor
+    assert entry([minor], ["llama_other"]) is None  # another variant
 
 
 def test_available_variants_are_exactly_those_without_a_reason():

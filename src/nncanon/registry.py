@@ -19,7 +19,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from .versions import missing_from_transformers, missing_libraries
+from .versions import missing_from_transformers, missing_libraries, transformers_minor
 
 
 @dataclass(frozen=True)
@@ -45,11 +45,24 @@ class Variant:
 
         A record may name a model type that an older transformers minor does not have yet
         (`nncanon.versions.missing_from_transformers`), or a model class that imports a library not
-        installed (``"requires"``: `nncanon.versions.missing_libraries`); the suite skips its variants
-        with this reason.
+        installed (``"requires"``: `nncanon.versions.missing_libraries`), or the record says that the
+        installed minor cannot run the variant (``"unavailable"``); the suite skips its variants with this reason.
         """
         return (missing_from_transformers(self.model_type, self.config_class, self.model_class)
-                or missing_libraries(self.requires))
+                or missing_libraries(self.requires) or _unavailable_on_minor(self))
+
+
+def _unavailable_on_minor(variant: Variant) -> str | None:
+    """Why the installed transformers minor cannot run ``variant`` though it has the model type: the record's
+    ``"unavailable"`` entries (``{"transformers": ["5.20"], "variants": [...], "why": ...}``; no ``"variants"``:
+    every variant of the record)."""
+    import transformers
+
+    minor = "{}.{}".format(*transformers_minor())
+    for entry in records().get(variant.model_type, {}).get("unavailable", []):
+        if minor in entry["transformers"] and variant.name in entry.get("variants", [variant.name]):
+            return f"transformers {transformers.__version__} cannot run variant {variant.name!r}: {entry['why']}"
+    return None
 
 
 def registry_dir() -> Path:

@@ -17,12 +17,14 @@ from nncanon.proof.checks import encode, site_reference
 from nncanon.registry import records
 from nncanon.testing import PROMPTS, tiny_model
 
-from ..conftest import recorded_declines
+from ..conftest import recorded_declines, upstream_failures
 
 
 def test_sdpa_heads_and_probabilities_equal_eager(variant, model):
-    # eager only by the record, or in the installed transformers' own class (GPT-J before 5.24)
-    if records()[variant.model_type].get("eager_only") or not type(model._module)._supports_sdpa:
+    # eager only by the record (unless the installed minor still runs sdpa: Gemma-2 on 5.20, the record's upstream
+    # failure), or in the installed transformers' own class (GPT-J before 5.24)
+    eager_only = records()[variant.model_type].get("eager_only") and "sdpa" not in upstream_failures(variant)
+    if eager_only or not type(model._module)._supports_sdpa:
         with pytest.raises(ValueError):
             tiny_model(variant, attn_implementation="sdpa")
         return
@@ -75,10 +77,22 @@ def _sdpa_probabilities(variant, model, sdpa, attention_layers) -> None:
                     sdpa.layers[index].self_attn.attention_probabilities
             continue
         assert sdpa.support().available("attention_probabilities", layer=index)
+        raises = upstream_failures(variant).get("recomputed", {}).get("raises")
+        if raises is not None:  # the installed minor's sdpa computes something else (the record says why)
+            with pytest.raises(ValueNotAvailable, match=raises):
+                with torch.no_grad(), sdpa.trace(PROMPTS):
+                    sdpa.layers[index].self_attn.attention_probabilities.save()
+            continue
         with torch.no_grad(), model.trace(PROMPTS):
             eager = model.layers[index].self_attn.attention_probabilities.save()
         with torch.no_grad(), sdpa.trace(PROMPTS):
             recomputed = sdpa.layers[index].self_attn.attention_probabilities.save()
+        if "recomputed" in upstream_failures(variant):
+            # The installed transformers' eager attention gives NaN probabilities on fully masked queries (the
+            # record's upstream failure): the recomputation equals eager's wherever eager's are numbers.
+            finite = ~torch.isnan(eager)
+            assert not finite.all(), "eager's probabilities have no NaN: the record's upstream failure is stale"
+            recomputed, eager = recomputed[finite], eager[finite]
         torch.testing.assert_close(recomputed, eager, rtol=1e-5, atol=1e-5, msg=f"layers[{index}]")
         with pytest.raises(InvalidWrite, match='attn_implementation="eager"'):
             with torch.no_grad(), sdpa.trace(PROMPTS[0]):

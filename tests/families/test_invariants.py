@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 
 from nncanon import InvalidSkip, InvalidWrite, SizeNotAvailable
 from nncanon.proof.checks import CHECKS, CONTRIBUTIONS, GRADIENT_VALUES, HEAD_VALUES, KERNEL_INPUTS, host, served
@@ -23,7 +24,13 @@ from nncanon.proof.verdict import Verdict
 from nncanon.support import COMPONENTS, LAYER_VALUES
 from nncanon.testing import PROMPTS
 
-from ..conftest import declined_as_recorded, identity_layers, inline_kernel_inputs, recorded_declines
+from ..conftest import (
+    declined_as_recorded,
+    identity_layers,
+    inline_kernel_inputs,
+    recorded_declines,
+    upstream_failures,
+)
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -38,18 +45,67 @@ def verdict(model, variant) -> Verdict:
 
 
 @pytest.mark.parametrize("check", [check.name for check in CHECKS])
-def test_check_holds(verdict, check):
-    failed = [r.describe() for r in verdict.results if r.check == check and not r.passed]
-    assert not failed, "\n".join(failed)
+def test_check_holds(verdict, variant, check):
+    failed = [r for r in verdict.results if r.check == check and not r.passed]
+    if check not in upstream_failures(variant):
+        assert not failed, "\n".join(r.describe() for r in failed)
+        return
+    # The installed transformers' own code is broken here (the record says why): the check fails, and a
+    # load declines every value it puts in doubt with the failed check's numbers.
+    assert failed, f"{check} holds on transformers {transformers.__version__}: the record's upstream failure is stale"
+    _declined_at_load(variant, verdict, failed)
 
 
-def test_every_served_value_is_proved(model, verdict):
+def _declined_at_load(variant, verdict: Verdict, failed: list) -> None:
+    """A load with its proof (`nncanon.proof.load`) declines each value that the ``failed`` results put in doubt
+    in ``verdict``, naming the check and its measured error. The recomputed probabilities are served under sdpa
+    only: there ``attention_probabilities`` is declined naming this check or the kernel inputs' (it is recomputed
+    from them), whichever the load meets first."""
+    from nncanon.components.kernel import RECOMPUTED
+    from nncanon.testing import tiny_model
+
+    loaded, asserted = {}, 0
+    for result in failed:
+        for value in result.values:
+            checks = ("recomputed", "kernel") if value == RECOMPUTED else (result.check,)
+            names = [f"{check} on {'the model' if result.layer is None else f'layers[{result.layer}]'}"
+                     for check in checks]
+            if result not in verdict.failures(result.layer, value):
+                continue  # proved by a check of its own that held
+            implementation = "sdpa" if value == RECOMPUTED else "eager"
+            if implementation not in loaded:
+                loaded[implementation] = tiny_model(variant, attn_implementation=implementation, verify="auto")
+            report = loaded[implementation].support()
+            if result.layer is None:
+                reason = report.model_declines.get(value)
+            else:
+                reason = report.reason("attention_probabilities" if value == RECOMPUTED else value, result.layer)
+            where = value if result.layer is None else f"layers[{result.layer}].{value}"
+            figures = result.note if result.error is None else f"error {result.error:.2e}"  # raised: its error
+            assert reason is not None and figures in reason and any(
+                name in reason for name in names), (
+                f"{where} is served after {result.describe()}: {reason}")
+            asserted += 1
+    assert asserted, "the failed checks put no value in doubt"
+
+
+def _upstream_doubt(verdict: Verdict, variant, layer: int | None, value: str, gradient: bool = False) -> bool:
+    """Whether only checks that the installed transformers makes fail (`upstream_failures`, asserted declined
+    at load by `test_check_holds`) keep ``value`` on ``layer`` from being proved."""
+    failures = verdict.failures(layer, value, gradient)
+    return bool(failures) and all(result.check in upstream_failures(variant) for result in failures)
+
+
+def test_every_served_value_is_proved(model, variant, verdict):
     """Each value a layer serves is covered by a check that held (no value is served unchecked), and so is
-    its gradient by a gradient check."""
+    its gradient by a gradient check; except where the installed transformers' own code fails the check
+    (the record's upstream failures: the load declines the value, `test_check_holds`)."""
     report = model.support()
     for index in range(model.num_layers):
         for value in LAYER_VALUES:
             if value not in COMPONENTS and report.available(value, layer=index):
+                if _upstream_doubt(verdict, variant, index, value):
+                    continue
                 assert verdict.proved(index, value), f"layers[{index}].{value}: {verdict.why_not(index, value)}"
                 if value in GRADIENT_VALUES:
                     assert verdict.proved(index, value, gradient=True), (
@@ -59,7 +115,8 @@ def test_every_served_value_is_proved(model, verdict):
             with pytest.raises(AttributeError, match="not available"):
                 model._model_value_check(value)
             continue
-        assert verdict.proved(None, value), f"{value}: {verdict.why_not(None, value)}"
+        assert verdict.proved(None, value) or _upstream_doubt(verdict, variant, None, value), (
+            f"{value}: {verdict.why_not(None, value)}")
 
 
 def test_probabilities_recomputed_where_eager_serves_them(model, variant, verdict):
@@ -88,7 +145,8 @@ def test_probabilities_recomputed_where_eager_serves_them(model, variant, verdic
             if upstream:  # transformers' own eager and sdpa attend differently: declined by the family, unproved
                 assert "eager" in attention._nncanon.reason(RECOMPUTED) and not verdict.covered(index, RECOMPUTED)
                 continue
-            assert verdict.proved(index, RECOMPUTED), f"layers[{index}]: {verdict.why_not(index, RECOMPUTED)}"
+            assert verdict.proved(index, RECOMPUTED) or _upstream_doubt(verdict, variant, index, RECOMPUTED), (
+                f"layers[{index}]: {verdict.why_not(index, RECOMPUTED)}")
 
 
 def test_head_shapes(model):

@@ -13,7 +13,7 @@ import torch
 
 from nncanon.testing import PROMPTS
 
-from ..conftest import hf_block
+from ..conftest import hf_block, upstream_failures
 
 
 def _moe_layers(model) -> list[int]:
@@ -226,7 +226,7 @@ def test_mlp_output_is_routed_plus_shared(model):
         torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_moe_write_in_one_invoke_touches_its_rows_only(model):
+def test_moe_write_in_one_invoke_touches_its_rows_only(model, variant):
     """A write to a routing value or the shared expert in one invoke leaves the other invokes bit-identical.
 
     These values are read on the flattened tokens of the whole batch (or copied, Llama-4's shared
@@ -234,6 +234,9 @@ def test_moe_write_in_one_invoke_touches_its_rows_only(model):
     without the write; each value in its own trace (the families run them in different orders).
     """
     report = model.support()
+    # Where the installed transformers' own forward gives NaN on padded positions (the record's upstream
+    # failures: Qwen4-Exp on 5.20-5.22), those positions must be NaN in both runs.
+    same = dict(rtol=0, atol=1e-6, equal_nan=bool(upstream_failures(variant)))
     for index in _routed_layers(model)[:1]:
         for name in ("router_logits", "expert_weights", "shared_expert_output"):
             if not report.available(name, layer=index):
@@ -253,7 +256,7 @@ def test_moe_write_in_one_invoke_touches_its_rows_only(model):
                 runs[write] = (first, middle, last)
             # Rerouting invoke 2's tokens changes each expert's batch of rows, which moves the other rows at
             # the last bit (as in test_invariants); a leaked write would move them by far more.
-            torch.testing.assert_close(runs[True][0], runs[False][0], rtol=0, atol=1e-6, msg=f"{name}: invoke 1 moved")
-            torch.testing.assert_close(runs[True][2], runs[False][2], rtol=0, atol=1e-6, msg=f"{name}: invoke 3 moved")
+            torch.testing.assert_close(runs[True][0], runs[False][0], **same, msg=f"{name}: invoke 1 moved")
+            torch.testing.assert_close(runs[True][2], runs[False][2], **same, msg=f"{name}: invoke 3 moved")
             if name != "router_logits":  # halving a logit may leave the top-k as it was
                 assert not torch.equal(runs[True][1], runs[False][1]), f"{name}: the write must reach its invoke"

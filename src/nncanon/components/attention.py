@@ -9,7 +9,7 @@ from nnsight.intervention.envoy import Envoy
 from nnsight.intervention.eproperty import WriteBack
 from nnsight.intervention.interleaver import Mediator
 
-from ..errors import InvalidWrite
+from ..errors import InvalidWrite, ValueNotAvailable
 from ..gradients import first_read_in_backward, in_backward, mark, refuse_gradient, refuse_gradient_write, tracks
 from ..served import _value, check_write, served
 from .base import Component
@@ -133,8 +133,12 @@ class AttentionEnvoy(Component, Envoy):
         kernel = self._nncanon.kernel or INTERFACE_KERNEL
         states = kernel.inputs(args, kwargs)
         graph = any(tracks(state) for state in states)
-        with torch.no_grad():
-            probabilities = recompute_probabilities(self._module, args, kwargs, kernel)
+        try:
+            with torch.no_grad():
+                probabilities = recompute_probabilities(self._module, args, kwargs, kernel)
+        except ValueNotAvailable as error:  # an AttributeError: Python hands the read to __getattr__, which
+            self.__dict__["_nncanon_raised"] = error  # raises this one again (its reason, not "no attribute")
+            raise
         where = self._nncanon.where
         if graph:
             result = _value(binding, mediator, label, output_at)

@@ -85,7 +85,11 @@ class Component:
 
     def __getattr__(self, name: str) -> Any:
         # A served value that raised ValueNotAvailable lands here (it is an AttributeError):
-        # raise its reason again rather than nnsight's generic "no attribute".
+        # raise its reason again rather than nnsight's generic "no attribute" (a reason met while reading
+        # the value, kept by the value's property in ``_nncanon_raised``, else the binding's).
         if name in type(self).standard_values:
+            raised = self.__dict__.pop("_nncanon_raised", None)
+            if raised is not None:
+                raise raised
             self._nncanon_binding(name)
         return super().__getattr__(name)

@@ -317,7 +317,8 @@ def recompute_probabilities(module: torch.nn.Module, args: tuple, kwargs: dict,
 
     Raises:
         ValueNotAvailable: the module's class or the implementation cannot be recomputed exactly (the
-            reason), the mask is not a tensor mask, or dropout is active (a training-mode module).
+            reason), the mask is not a tensor mask, dropout is active (a training-mode module), or the call
+            soft-caps the scores (which sdpa ignores).
     """
     cls = type(module)
     kernel = INTERFACE_KERNEL if kernel is None else kernel
@@ -331,6 +332,14 @@ def recompute_probabilities(module: torch.nn.Module, args: tuple, kwargs: dict,
         raise ValueNotAvailable(
             "attention dropout is active (the module is in training mode): the probabilities the kernel "
             "sampled cannot be recomputed. Call model.eval(), or load with attn_implementation=\"eager\"."
+        )
+    if kwargs.get("softcap") is not None:
+        raise ValueNotAvailable(
+            f"this attention soft-caps its scores (softcap={kwargs['softcap']}), and the "
+            f"{implementation(module)!r} kernel ignores the soft-cap (transformers before 5.21 let Gemma-2 and "
+            f"VaultGemma run sdpa; later minors refuse it): eager's soft-capped probabilities are not the ones "
+            f"the kernel used. Load the model with StandardizedTransformer(..., attn_implementation=\"eager\") "
+            f"to read them."
         )
     if kernel.recompute == "sdpa":
         return _sdpa_probabilities(module, kernel, query, key, mask, kwargs)

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from ..served import Site
+from ..versions import transformers_minor
 from .base import Family, LogitStep
 
 
@@ -81,9 +82,31 @@ def _declines(config: Any, layer: int) -> dict:
     return declines
 
 
+def _kv_sharing_modes(config: Any) -> list[str | None]:
+    """Per block: ``"store"`` (keeps its keys/values for later blocks), ``"reuse"`` or ``None``.
+
+    From transformers 5.23 the config says (``kv_sharing_modes``); before, each attention module works it
+    out in its ``__init__`` with the same rule: the last ``num_kv_shared_layers`` blocks reuse, and the last
+    block of each layer type before them stores.
+    """
+    if transformers_minor() >= (5, 23):
+        return config.kv_sharing_modes
+    if not config.num_kv_shared_layers:
+        return [None] * config.num_hidden_layers
+    first = config.num_hidden_layers - config.num_kv_shared_layers
+    before = config.layer_types[:first]
+    modes: list[str | None] = [None] * config.num_hidden_layers
+    for layer, kind in enumerate(config.layer_types):
+        if layer >= first > 0:
+            modes[layer] = "reuse"
+        elif layer == len(before) - 1 - before[::-1].index(kind):
+            modes[layer] = "store"
+    return modes
+
+
 def _shared_kv(config: Any) -> dict[int, list[int]]:
     """Each block that stores keys/values for later blocks, with the blocks that reuse them."""
-    modes = config.kv_sharing_modes
+    modes = _kv_sharing_modes(config)
     kinds = config.layer_types
     return {
         store: [j for j, mode in enumerate(modes) if mode == "reuse" and kinds[j] == kinds[store]]

@@ -12,6 +12,7 @@ Logits are ``lm_head(norm(h)) / logits_scaling``.
 
 from ..served import Site
 from .base import Family, LogitStep
+from .moe import INDICES_FIRST, router_sites
 
 _R = "residual_multiplier"
 
@@ -20,16 +21,14 @@ def _shared(config, layer: int) -> tuple[str, ...]:
     return ("shared",) if (getattr(config, "shared_intermediate_size", 0) or 0) > 0 else ()
 
 
-def _family(name: str, model_types: tuple[str, ...], shared: bool) -> Family:
+def _family(name: str, model_types: tuple[str, ...], shared: bool, indices_first: bool = INDICES_FIRST) -> Family:
     return Family(
         name=name,
         model_types=model_types,
         mlp="block_sparse_moe",
         attention_output=Site("self_attn", index=0, scale=_R),
         mlp_output=Site("block_sparse_moe", scale=_R),
-        router_logits=Site("block_sparse_moe.router", op="router_logits_0", flat=True),
-        expert_weights=Site("block_sparse_moe.router", index=1, flat=True),
-        expert_indices=Site("block_sparse_moe.router", index=2, flat=True),
+        **router_sites("block_sparse_moe.router", indices_first=indices_first),
         logit_steps=(LogitStep("divide", "logits_scaling"),),
         residual=(
             "h = x + r·attn(input_layernorm(x)); y = h + r·(block_sparse_moe(n) + shared_mlp(n)), "
@@ -55,5 +54,9 @@ def _family(name: str, model_types: tuple[str, ...], shared: bool) -> Family:
 
 FAMILIES = [
     _family("granitemoe", ("granitemoe",), shared=False),
-    _family("granitemoeshared", ("granitemoeshared", "granitemoe_swa"), shared=True),
+    # GraniteMoeSWA's router returns (logits, weights, indices) on every supported minor: before 5.21 it is
+    # served apart from GraniteMoeShared's (same family, same name).
+    *([_family("granitemoeshared", ("granitemoeshared",), shared=True),
+       _family("granitemoeshared", ("granitemoe_swa",), shared=True, indices_first=False)] if INDICES_FIRST
+      else [_family("granitemoeshared", ("granitemoeshared", "granitemoe_swa"), shared=True)]),
 ]

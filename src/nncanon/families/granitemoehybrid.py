@@ -14,6 +14,7 @@ Logits are ``lm_head(norm(h)) / logits_scaling``.
 
 from ..served import Site
 from .base import Family, LogitStep
+from .moe import INDICES_FIRST, router_sites
 
 _R = "residual_multiplier"
 
@@ -44,9 +45,7 @@ GRANITEMOEHYBRID = Family(
             mlp="block_sparse_moe",
             # `hidden_states = moe_hidden_states + self.shared_mlp(hidden_states)` in the block's forward.
             mlp_output=Site(op="hidden_states_4", scale=_R),
-            router_logits=Site("block_sparse_moe.router", op="router_logits_0", flat=True),
-            expert_weights=Site("block_sparse_moe.router", index=1, flat=True),
-            expert_indices=Site("block_sparse_moe.router", index=2, flat=True),
+            **router_sites("block_sparse_moe.router", indices_first=INDICES_FIRST),
             shared_expert_output=Site("shared_mlp", scale=_R),
         ),
         "dense": dict(mlp="shared_mlp", mlp_output=Site("shared_mlp", scale=_R)),

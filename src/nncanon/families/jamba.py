@@ -10,9 +10,21 @@ dense elsewhere. Jamba's Mamba-1 mixer has no heads; Bamba's Mamba-2 mixer is
 """
 
 from ..served import Site
+from ..versions import transformers_minor
 from .base import Family
+from .moe import router_sites
 
 _RESIDUAL = "h = x + mixer(input_layernorm(x)); y = h + feed_forward(pre_ff_layernorm(h)), mixer = mamba or self_attn"
+
+
+#: Jamba's routing. Before transformers 5.21 ``feed_forward.router`` is a ``Linear`` (the logits) and the
+#: MoE block takes the top-k in ``self.route_tokens_to_experts`` (returning ``(indices, weights)``); from
+#: 5.21 the router is a top-k module returning ``(logits, weights, indices)``.
+_JAMBA_ROUTING = dict(
+    router_logits=Site("feed_forward.router", flat=True),
+    expert_weights=Site("feed_forward", op="self_route_tokens_to_experts_0", index=1, flat=True),
+    expert_indices=Site("feed_forward", op="self_route_tokens_to_experts_0", index=0, flat=True),
+) if transformers_minor() < (5, 21) else router_sites("feed_forward.router")
 
 
 def _jamba_kinds(config, layer: int) -> tuple[str, str]:
@@ -29,11 +41,7 @@ JAMBA = Family(
     layouts={
         "linear_attention": dict(attention=None, mixer="mamba", mixer_output=Site("mamba")),
         "full_attention": {},
-        "moe": dict(
-            router_logits=Site("feed_forward.router", op="router_logits_0", flat=True),
-            expert_weights=Site("feed_forward.router", index=1, flat=True),
-            expert_indices=Site("feed_forward.router", index=2, flat=True),
-        ),
+        "moe": _JAMBA_ROUTING,
         "dense": {},
     },
     layout_of=_jamba_kinds,

@@ -22,6 +22,7 @@ projections are ``MoshiLinear`` wrappers around an ``nn.Linear`` (``o_proj.linea
 from dataclasses import replace
 
 from ..served import Site
+from ..versions import transformers_minor
 from .base import Family
 
 LLAMA = Family(
@@ -68,6 +69,9 @@ GOT_OCR2 = replace(
     norm="model.language_model.norm",
 )
 
-MOSHI = replace(LLAMA, name="moshi", model_types=("moshi",), head_outputs=Site("self_attn.o_proj.linear", key="input"))
+# Before transformers 5.21 a Moshi block returns ``(hidden_states,)`` (plus the attention weights, which the
+# model never asks for), from 5.21 a tensor.
+MOSHI = replace(LLAMA, name="moshi", model_types=("moshi",), head_outputs=Site("self_attn.o_proj.linear", key="input"),
+                block_tuple=transformers_minor() < (5, 21))
 
 FAMILIES = [LLAMA, GOT_OCR2, MOSHI]

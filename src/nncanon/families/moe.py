@@ -13,6 +13,7 @@ A family whose MoE block has no shared expert in some configurations (ERNIE-4.5 
 """
 
 from ..served import Site
+from ..versions import transformers_minor
 from .base import Family
 from .qwen3_next import QWEN_MOE, TOPK_ROUTER
 
@@ -22,12 +23,18 @@ _NORMED_SUM = (
 )
 
 
-def _router(path: str) -> dict:
-    """The routing sites of a top-k router module at ``path`` returning ``(logits, weights, indices)``."""
+#: Aria's and GraniteMoE's (-Shared, -Hybrid) top-k routers return ``(indices, weights, logits)`` before
+#: transformers 5.21, ``(logits, weights, indices)`` from 5.21.
+INDICES_FIRST = transformers_minor() < (5, 21)
+
+
+def router_sites(path: str, indices_first: bool = False) -> dict:
+    """The routing sites of a top-k router module at ``path`` returning ``(logits, weights, indices)``
+    (``indices_first``: ``(indices, weights, logits)``); the logits are the forward's ``router_logits``."""
     return dict(
         router_logits=Site(path, op="router_logits_0", flat=True),
         expert_weights=Site(path, index=1, flat=True),
-        expert_indices=Site(path, index=2, flat=True),
+        expert_indices=Site(path, index=0 if indices_first else 2, flat=True),
     )
 
 
@@ -96,8 +103,12 @@ DEEPSEEK_MOE = dict(TOPK_ROUTER, shared_expert_output=Site("mlp.shared_experts")
 
 FAMILIES = [
     _family("mixtral", ("mixtral", "olmoe", "minimax_m2"), TOPK_ROUTER),
-    _family("phimoe", ("phimoe",), _router("mlp.router")),
-    _family("aria_text", ("aria_text",), dict(_router("mlp.router"), shared_expert_output=Site("mlp.shared_experts"))),
+    _family("phimoe", ("phimoe",), router_sites("mlp.router")),
+    _family(
+        "aria_text",
+        ("aria_text",),
+        dict(router_sites("mlp.router", indices_first=INDICES_FIRST), shared_expert_output=Site("mlp.shared_experts")),
+    ),
     _family("hunyuan_v1_moe", ("hunyuan_v1_moe",), dict(TOPK_ROUTER, shared_expert_output=Site("mlp.shared_mlp"))),
     _family("solar_open", ("solar_open",), DEEPSEEK_MOE),
     _family("qwen2_moe", ("qwen2_moe",), QWEN_MOE, _sparse_step),
