@@ -43,7 +43,9 @@ def adopt(envoy: Envoy, role: type) -> None:
         return
     if current is not Envoy:
         role = _combined(role, current)
-    envoy.__class__ = role
+        envoy.__class__ = role  # through the custom class's own __setattr__, if it has one
+    else:
+        object.__setattr__(envoy, "__class__", role)  # what Envoy.__setattr__ does with a class, one call less
 
 
 _COMBINED: dict[tuple[type, type], type] = {}
@@ -215,8 +217,11 @@ class _Shape:
         # Bindings are made at their first use (`ComponentState.deferred`), unless one installs operation
         # hooks, which must be in place before a forward (kernel inputs are found at their first read).
         self.deferred = not any(site.op is not None and not site.op.endswith("*") for _, site, _ in bound)
-        # The module paths the sites name, checked on every block at load (a wrong path fails there).
-        self.paths = list(dict.fromkeys(site.module for _, site, _ in bound if site.module))
+        # The module paths the sites name, checked on every block at load (a wrong path fails there), but
+        # the components' own, which `mount` reaches anyway.
+        components = {spec.attention, spec.mixer, spec.mlp}
+        self.paths = list(dict.fromkeys(site.module for _, site, _ in bound
+                                        if site.module and site.module not in components))
         # The values no block of this layout serves, whatever is declined later: `apply_proof` passes them.
         missing = {component for component, name in present.items() if name is None}
         self.unserved = frozenset({*missing, *(v for v, c in COMPONENT_OF.items() if c in missing), *self.mlp_absent,
