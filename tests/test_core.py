@@ -299,3 +299,31 @@ def test_head_sizes_that_differ_by_layer_say_so():
         laguna.num_heads
     assert laguna.head_dim == 16
     assert [head_count(laguna, layer) for layer in range(2)] == [4, 2]
+
+
+def test_bindings_made_at_first_use_are_the_bindings_made_at_once():
+    """A load defers a block's bindings (`ComponentState.deferred`): made at the first use, or before a
+    copy or pickle, they are field for field what making them at once gives; reading a value makes them."""
+    import copy
+
+    from nncanon.mounting import _made, component_states
+
+    model = tiny_model("llama")
+    first, last = component_states(model.layers[0]), component_states(model.layers[-1])
+    assert all("_make" in state.__dict__ for state in first + last)
+    made_at_once = [_made(*state.__dict__["_make"][1]) for state in first]
+    copied = [copy.copy(state) for state in first]  # a copy (as a pickle) makes them first
+    fields = ("name", "location", "site", "config", "where", "heads", "order", "block", "weighted")
+    for state, copied_state, expected in zip(first, copied, made_at_once, strict=True):
+        assert "_make" not in state.__dict__ and copied_state.bindings is state.bindings
+        assert list(state.bindings) == list(expected)
+        for name, binding in state.bindings.items():
+            assert [getattr(binding, f) for f in fields] == [getattr(expected[name], f) for f in fields]
+            assert (binding.prepare is None) == (expected[name].prepare is None)
+    seen = {}
+    block = model._module.model.layers[-1]
+    hook = block.register_forward_hook(lambda m, i, o: seen.setdefault("output", o[0] if isinstance(o, tuple) else o))
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        output = model.layers[-1].layer_output.save()
+    hook.remove()
+    assert "_make" not in last[0].__dict__ and torch.equal(output, seen["output"])

@@ -68,16 +68,17 @@ def _offline_miss(error: OSError) -> bool:
     return "couldn't connect" in text or "offline mode" in text or "local_files_only" in text
 
 
-def _causal_lm_config(config: Any) -> Any:
+def _causal_lm_config(config: Any, text: Any = None) -> Any:
     """The config the causal-LM class is built from.
 
     A multimodal checkpoint whose causal-LM class is its text model (Qwen3.5, Qwen3.5-MoE, Llama-4)
     is built from its text config (``model_type`` ``qwen3_5_text``...); transformers maps the
-    checkpoint's language-model weights onto it. Others are built from the config itself.
+    checkpoint's language-model weights onto it. Others are built from the config itself. ``text``:
+    ``config.get_text_config()``, where the caller has it.
     """
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    text = config.get_text_config()
+    text = config.get_text_config() if text is None else text
     if text is config or type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
         return config
     built = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
@@ -156,7 +157,9 @@ class StandardizedTransformer(TransformersModel):
 
         if verify not in VERIFY_MODES:
             raise ValueError(f"verify={verify!r} is not one of {', '.join(map(repr, VERIFY_MODES))}")
-        config = _causal_lm_config(_config_of(model, kwargs))
+        given = _config_of(model, kwargs)
+        given_text = given.get_text_config()
+        config = _causal_lm_config(given, given_text)
         inferred = None
         if family is None:
             from .inference.loading import family_for_load
@@ -170,7 +173,8 @@ class StandardizedTransformer(TransformersModel):
             super().__init__(model, *args, tokenizer=tokenizer, **kwargs)
         self._family = family
         self._inferred = inferred
-        self._text_config = self._module.config.get_text_config()
+        config = self._module.config  # the config read above where the user passed the model
+        self._text_config = given_text if config is given else config.get_text_config()
         # Native paths first: a standard name bound below may shadow a native module of that name
         # (ModernBERT-decoder's native ``lm_head`` is the prediction head run before ``decoder``).
         self._before_head = [m for m in map(self._optional, family.before_head) if m is not None]
@@ -180,19 +184,20 @@ class StandardizedTransformer(TransformersModel):
         self.lm_head = self.get(family.lm_head)
         declines = family.model_declines
         self._model_declines: dict[str, str] = dict(declines(self._text_config) if callable(declines) else declines)
-        mount(self, family, self._text_config)
-        self._provenance = self._prove(verify)
+        unserved = mount(self, family, self._text_config)
+        self._provenance = self._prove(verify, unserved)
 
-    def _prove(self, verify: str) -> Any:
-        """Prove this model's values on a twin of its config (see ``verify``); decline what fails."""
+    def _prove(self, verify: str, unserved: list | None = None) -> Any:
+        """Prove this model's values on a twin of its config (see ``verify``); decline what fails.
+        ``unserved``: what `mount` returned."""
         from .proof.load import load_provenance
 
         with kernel_notices_filtered():
             if self._inferred is None:
-                return load_provenance(self, self._module.config, verify)
+                return load_provenance(self, self._module.config, verify, unserved)
             from .inference.loading import inferred_provenance
 
-            return inferred_provenance(self, verify)
+            return inferred_provenance(self, verify, unserved)
 
     def _model_value_check(self, name: str) -> None:
         reason = self.__dict__.get("_model_declines", {}).get(name)

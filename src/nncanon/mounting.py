@@ -14,7 +14,6 @@ nnsight built.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from nnsight.intervention.envoy import Envoy
@@ -41,6 +40,7 @@ from .errors import ValueNotAvailable
 from .families import Family
 from .order import block_order
 from .served import Binding, Site, operation_name
+from .support import COMPONENT_OF
 
 
 def adopt(envoy: Envoy, role: type) -> None:
@@ -50,7 +50,9 @@ def adopt(envoy: Envoy, role: type) -> None:
         return
     if current is not Envoy:
         role = _combined(role, current)
-    envoy.__class__ = role
+        envoy.__class__ = role  # through the custom class's own __setattr__, if it has one
+    else:
+        object.__setattr__(envoy, "__class__", role)  # what Envoy.__setattr__ does with a class, one call less
 
 
 _COMBINED: dict[tuple[type, type], type] = {}
@@ -109,53 +111,53 @@ def _child(layer: Envoy, path: str) -> Envoy:
     return envoy.get(rest) if rest else envoy
 
 
-def _binder(layer: Envoy, where: str, config: Any) -> Callable[..., Binding]:
-    def bind(name: str, site: Site, heads: int | None = None, component: str = "", lazy: bool = False) -> Binding:
-        module = _child(layer, site.module) if site.module else layer  # fail at load if the path is wrong
-        path = f"{layer.path}.{site.module}" if site.module else layer.path
-        prepare = None
-        weighted = None
-        if site.op is not None and (site.op.endswith("*") or lazy):
-            # Found in the forward's operations at the first read (nnsight parses a forward in 6-130 ms:
-            # too slow for every attention module at load). Only for operations no earlier value of the
-            # module is read inside (the attention kernel's call: nothing inside attention precedes it).
-            binding = Binding(name, "", site, config, f"{where}.{component}" if component else where, heads)
+def _bind(layer: Envoy, config: Any, label: str, order: str, name: str, site: Site,
+          heads: int | None = None, lazy: bool = False) -> Binding:
+    """``name`` bound to ``site`` of block ``layer``; ``label`` names it in messages (``"layers[3].self_attn"``).
+    A ``lazy`` operation site is found in the forward's operations at its first read, like a pattern."""
+    if site.op is None:
+        if not site.module:
+            return Binding(name, f"{layer.path}.{site.key}", site, config, label, heads, None, order)
+        _child(layer, site.module)  # fail at load if the path is wrong
+        return Binding(name, f"{layer.path}.{site.module}.{site.key}", site, config, label, heads, None, order)
+    module = _child(layer, site.module) if site.module else layer
+    path = f"{layer.path}.{site.module}" if site.module else layer.path
+    if site.op.endswith("*") or lazy:
+        # Found in the forward's operations at the first read (nnsight parses a forward in 6-130 ms:
+        # too slow for every attention module at load). Only for operations no earlier value of the
+        # module is read inside (the attention kernel's call: nothing inside attention precedes it).
+        binding = Binding(name, "", site, config, label, heads, None, order)
 
-            def prepare(module: Envoy = module, binding: Binding = binding, path: str = path) -> None:
-                if not binding.location:
-                    op = operation_name(module.source.names, site.op)
-                    if op is None:
-                        raise ValueNotAvailable(
-                            f"{binding.where}.{name} is not available: {type(module._module).__name__}.forward "
-                            f"calls no operation named {site.op!r}"
-                        )
-                    binding.location = f"{path}.source.{op}.{site.key}"
-                module.source  # noqa: B018 - installs nnsight's operation hooks (idempotent)
+        def prepare(module: Envoy = module, binding: Binding = binding, path: str = path) -> None:
+            if not binding.location:
+                op = operation_name(module.source.names, site.op)
+                if op is None:
+                    raise ValueNotAvailable(
+                        f"{binding.where}.{name} is not available: {type(module._module).__name__}.forward "
+                        f"calls no operation named {site.op!r}"
+                    )
+                binding.location = f"{path}.source.{op}.{site.key}"
+            module.source  # noqa: B018 - installs nnsight's operation hooks (idempotent)
 
-            binding.prepare = prepare
-            return binding
-        if site.op is not None:
-            if site.weighted is not None:
-                weighted = tuple(f"{path}.source.{op}.output" for op in site.weighted)
-            path = f"{path}.source.{site.op}"
+        binding.prepare = prepare
+        return binding
+    weighted = None
+    if site.weighted is not None:
+        weighted = tuple(f"{path}.source.{op}.output" for op in site.weighted)
+    path = f"{path}.source.{site.op}"
 
-            def prepare(module: Envoy = module) -> None:
-                module.source  # noqa: B018 - installs nnsight's operation hooks (idempotent)
+    def prepare(module: Envoy = module) -> None:
+        module.source  # noqa: B018 - installs nnsight's operation hooks (idempotent)
 
-            # Now, not at the first read: a forward already running when they are installed
-            # (the router's MoE block, mid-trace) would never reach them.
-            prepare()
-
-        label = f"{where}.{component}" if component else where
-        return Binding(name, f"{path}.{site.key}", site, config, label, heads, prepare, weighted=weighted)
-
-    return bind
+    # Now, not at the first read: a forward already running when they are installed
+    # (the router's MoE block, mid-trace) would never reach them.
+    prepare()
+    return Binding(name, f"{path}.{site.key}", site, config, label, heads, prepare, order, weighted=weighted)
 
 
-def _kernel_inputs(attention: Envoy, path: str, bind: Callable[..., Binding], label: str,
-                   declared: Kernel | str | None) -> tuple[Kernel | str, dict, dict]:
-    """The attention's kernel call (or why it has none), the bindings of its per-head inputs, and the reason
-    each is not served (now, or under the implementations whose forward does not make the call)."""
+def _kernel_sites(attention: Envoy, path: str, declared: Kernel | str | None) -> tuple[Kernel, dict[str, Site]] | str:
+    """The attention's kernel call and the sites of its per-head inputs on ``attention`` (at ``path``), or
+    why it has none."""
     key = (type(attention._module), path, declared)
     known = _KERNEL_SITES.get(key)
     if known is None:  # once per attention class, path and kernel: the same for every block of a layout
@@ -165,12 +167,13 @@ def _kernel_inputs(attention: Envoy, path: str, bind: Callable[..., Binding], la
                        heads_first=True, transposed=kernel.key_transposed and name == "key_states",
                        flat=kernel.batch_heads)
             for name, arg in zip(STATES, kernel.args, strict=True)})
-    if isinstance(known, str):
-        return known, {}, dict.fromkeys(STATES, f"{label}: {known}")
-    kernel, sites = known
-    bindings = {name: bind(name, site, component="self_attn", lazy=True) for name, site in sites.items()}
-    reasons = {} if kernel.implementations is None else dict.fromkeys(STATES, KernelReason(attention, kernel, label))
-    return kernel, bindings, reasons
+    return known
+
+
+def _made(layer: Envoy, config: Any, where: str, order: str, sites: tuple) -> dict[str, Binding]:
+    """The bindings of one component of block ``layer``: ``sites`` are ``(name, site, heads)``, or
+    ``(name, site, heads, True)`` for a site found in the forward's operations at its first read."""
+    return {entry[0]: _bind(layer, config, where, order, *entry) for entry in sites}
 
 
 #: ``(attention class, path, the family's kernel)``: its kernel and the sites of its inputs, or why it has
@@ -214,23 +217,63 @@ class _Shape:
     """What a block layout (a family record, or one of its `Family.layouts`) mounts the same on every
     block of a model: worked out once per layout in `mount`, not once per block."""
 
-    def __init__(self, spec: Family, config: Any) -> None:
+    def __init__(self, spec: Family, config: Any, heads: int | None) -> None:
         self.spec = spec
         # Native names this block uses for a role other than the standard name's own.
         self.hidden = {n for n in (spec.attention, spec.mixer, spec.mlp) if n is not None}
-        self.layer_input, self.layer_output = _block_sites(bool(spec.block_extras or spec.block_tuple),
-                                                           spec.stacked_streams, spec.merged_streams)
+        layer_input, layer_output = _block_sites(bool(spec.block_extras or spec.block_tuple),
+                                                 spec.stacked_streams, spec.merged_streams)
+        self.layer = (("layer_input", layer_input, None), ("layer_output", layer_output, None))
         self.probabilities = spec.probabilities(config) if callable(spec.probabilities) else spec.probabilities
         self.kernel = spec.kernel(config) if callable(spec.kernel) else spec.kernel
         present = {"self_attn": spec.attention, "linear_attn": spec.mixer, "mlp": spec.mlp_output}
         self.components = [c for c in spec.component_order if present.get(c) is not None]
-        self.mlp_sites = [(name, getattr(spec, name)) for name in (*_ROUTING, "shared_expert_output")]
+        self.attention = (("attention_head_outputs", spec.head_outputs, heads),
+                          ("attention_output", spec.attention_output, None))
+        self.with_kernel: dict[int, tuple] = {}  # the attention's sites after its kernel inputs, by their sites' id
+        self.mixer = (("linear_attention_output", spec.mixer_output, None),)
+        if spec.mixer is not None and spec.mixer_head_outputs is not None:
+            heads_of_mixer = getattr(config, spec.mixer_heads)
+            self.mixer += (("linear_attention_head_outputs", spec.mixer_head_outputs, heads_of_mixer),)
+        sites = [(name, getattr(spec, name)) for name in (*_ROUTING, "shared_expert_output")]
+        self.mlp = (("mlp_output", spec.mlp_output, None),
+                    *((name, site, None) for name, site in sites if site is not None))
+        # What an MLP of this layout does not have, with the reason after the block's label.
+        self.mlp_absent = {name: ": its MLP is dense, not a mixture of experts: it has no router" if name in _ROUTING
+                           else ": its MLP has no shared expert" for name, site in sites if site is None}
+        bound = [*self.layer, *(self.attention if spec.attention else ()), *(self.mixer if spec.mixer else ()),
+                 *(self.mlp if spec.mlp_output else ())]
+        # Bindings are made at their first use (`ComponentState.deferred`), unless one installs operation
+        # hooks, which must be in place before a forward (kernel inputs are found at their first read).
+        self.deferred = not any(site.op is not None and not site.op.endswith("*") for _, site, _ in bound)
+        # The module paths the sites name, checked on every block at load (a wrong path fails there), but
+        # the components' own, which `mount` reaches anyway.
+        components = {spec.attention, spec.mixer, spec.mlp}
+        self.paths = list(dict.fromkeys(site.module for _, site, _ in bound
+                                        if site.module and site.module not in components))
+        # The values no block of this layout serves, whatever is declined later: `apply_proof` passes them.
+        missing = {component for component, name in present.items() if name is None}
+        self.unserved = frozenset({*missing, *(v for v, c in COMPONENT_OF.items() if c in missing), *self.mlp_absent,
+                                   *(["linear_attention_head_outputs"] if len(self.mixer) == 1 and spec.mixer else [])})
+
+    def state(self, layer: Envoy, config: Any, where: str, order: str, sites: tuple, reasons: dict,
+              absent: set[str] | None = None, probabilities: tuple[str, ...] | None = None,
+              kernel: Any = None) -> ComponentState:
+        """The state of one component of block ``layer``, its bindings made now or at their first use."""
+        absent = set() if absent is None else absent
+        if self.deferred:
+            return ComponentState.deferred(where, (_made, (layer, config, where, order, sites)), reasons, absent,
+                                           probabilities, kernel)
+        return ComponentState(where, _made(layer, config, where, order, sites), reasons, absent, probabilities,
+                              kernel=kernel)
 
 
-def mount(model: Any, family: Family, config: Any) -> None:
+def mount(model: Any, family: Family, config: Any) -> list[frozenset[str] | None]:
     """Bind every block of ``model`` (a `StandardizedTransformer`) to ``family``'s sites.
 
-    ``config`` is the text config (heads and scale factors are read from it).
+    ``config`` is the text config (heads and scale factors are read from it). Returns, per block, the values
+    its layout does not serve at all (``None`` for a block the model does not run): what a proof need not
+    decline there.
     """
     # SSMs (Mamba) have none; a family with ``head_shape`` reads each block's own (a per-layer config may
     # refuse the global attribute)
@@ -241,53 +284,56 @@ def mount(model: Any, family: Family, config: Any) -> None:
     idle_reasons = [family.idle_reason(config, i) for i in range(count)]
     running = [i for i, idle in enumerate(idle_reasons) if idle is None]
     shapes: dict[int, _Shape] = {}
+    unserved: list[frozenset[str] | None] = []
     for index, layer in enumerate(blocks):
         adopt(layer, LayerEnvoy)
         idle = idle_reasons[index]
         if idle is not None:
             _mount_idle(model, family, config, index, idle, running)
+            unserved.append(None)
             continue
         spec, kind = family.for_layer(config, index)
         shape = shapes.get(id(spec))
         if shape is None or shape.spec is not spec:
-            shape = shapes[id(spec)] = _Shape(spec, config)
+            shape = shapes[id(spec)] = _Shape(spec, config, heads)
+        unserved.append(shape.unserved)
         where = f"layers[{index}]"
         label = _label(index, kind, layer)
-        bind = _binder(layer, where, config)
+        order = block_order(shape.components, index, count, model_type)
         hidden = shape.hidden
+        if shape.deferred:
+            for path in shape.paths:
+                _child(layer, path)  # fail at load if the path is wrong
 
-        state = ComponentState(
-            where,
-            {
-                "layer_input": bind("layer_input", shape.layer_input),
-                "layer_output": bind("layer_output", shape.layer_output),
-            },
-        )
-        layer._nncanon = state
-        components: list[ComponentState] = [state]
+        state = layer._nncanon = shape.state(layer, config, where, order, shape.layer, {})
 
         if spec.attention is not None:
             attention = _child(layer, spec.attention)
             adopt(attention, AttentionEnvoy)
             _route(layer, "self_attn", spec.attention, attention, hidden)
-            kernel, bindings, reasons = _kernel_inputs(attention, spec.attention, bind, label, shape.kernel)
-            attention._nncanon = ComponentState(
-                f"{where}.self_attn",
-                {
-                    **bindings,
-                    "attention_head_outputs": bind(
-                        "attention_head_outputs",
-                        spec.head_outputs,
-                        spec.head_shape(config, index)[0] if spec.head_shape else heads,
-                        "self_attn",
-                    ),
-                    "attention_output": bind("attention_output", spec.attention_output, component="self_attn"),
-                },
-                {**reasons, "attention_probabilities": ProbabilitiesReason(attention), RECOMPUTED: None},
-                probabilities=shape.probabilities,
-                kernel=kernel,
-            )
-            components.append(attention._nncanon)
+            sites = shape.attention
+            if spec.head_shape is not None:
+                sites = (("attention_head_outputs", spec.head_outputs, spec.head_shape(config, index)[0]), sites[1])
+            known = _kernel_sites(attention, spec.attention, shape.kernel)
+            if isinstance(known, str):
+                kernel = known
+                reasons = dict.fromkeys(STATES, f"{label}: {known}")
+            else:
+                kernel, inputs = known
+                reasons = ({} if kernel.implementations is None
+                           else dict.fromkeys(STATES, KernelReason(attention, kernel, label)))
+                if sites is shape.attention:
+                    cached = shape.with_kernel.get(id(inputs))
+                    if cached is None or cached[0] is not inputs:
+                        cached = shape.with_kernel[id(inputs)] = (inputs, (
+                            *((name, site, None, True) for name, site in inputs.items()), *sites))
+                    sites = cached[1]
+                else:
+                    sites = (*((name, site, None, True) for name, site in inputs.items()), *sites)
+            reasons["attention_probabilities"] = ProbabilitiesReason(attention)
+            reasons[RECOMPUTED] = None
+            attention._nncanon = shape.state(layer, config, f"{where}.self_attn", order, sites, reasons,
+                                             probabilities=shape.probabilities, kernel=kernel)
         else:
             _route(layer, "self_attn", None, None, hidden)
             mixer_note = f"; its token mixer is layers[{index}].linear_attn" if spec.mixer else ""
@@ -297,39 +343,22 @@ def mount(model: Any, family: Family, config: Any) -> None:
             mixer = _child(layer, spec.mixer)
             adopt(mixer, LinearAttentionEnvoy)
             _route(layer, "linear_attn", spec.mixer, mixer, hidden)
-            output = bind("linear_attention_output", spec.mixer_output, component="linear_attn")
-            bindings = {"linear_attention_output": output}
             reasons = {}
-            if spec.mixer_head_outputs is not None:
-                bindings["linear_attention_head_outputs"] = bind(
-                    "linear_attention_head_outputs",
-                    spec.mixer_head_outputs,
-                    getattr(config, spec.mixer_heads),
-                    "linear_attn",
-                )
-            else:
+            if spec.mixer_head_outputs is None:
                 reasons["linear_attention_head_outputs"] = (
                     f"{label}: its mixer ({type(mixer._module).__name__}) has no per-head structure "
                     f"before its output projection"
                 )
-            mixer._nncanon = ComponentState(f"{where}.linear_attn", bindings, reasons, set(reasons))
-            components.append(mixer._nncanon)
+            mixer._nncanon = shape.state(layer, config, f"{where}.linear_attn", order, shape.mixer, reasons,
+                                         set(reasons))
         else:
             note = f"; its token mixer is softmax attention: layers[{index}].self_attn" if spec.attention else ""
             state.reasons["linear_attn"] = f"{label}: it has no linear-attention or state-space mixer{note}"
 
         if spec.mlp_output is not None:
-            mlp_binding = bind("mlp_output", spec.mlp_output, component="mlp")
-            mlp_state = ComponentState(f"{where}.mlp", {"mlp_output": mlp_binding})
-            for name, site in shape.mlp_sites:
-                if site is not None:
-                    mlp_state.bindings[name] = bind(name, site, component="mlp")
-                elif name in _ROUTING:
-                    mlp_state.reasons[name] = f"{label}: its MLP is dense, not a mixture of experts: it has no router"
-                    mlp_state.absent.add(name)
-                else:
-                    mlp_state.reasons[name] = f"{label}: its MLP has no shared expert"
-                    mlp_state.absent.add(name)
+            mlp_state = shape.state(layer, config, f"{where}.mlp", order, shape.mlp,
+                                    {name: label + reason for name, reason in shape.mlp_absent.items()},
+                                    set(shape.mlp_absent))
             if spec.mlp is None:
                 object.__setattr__(layer, "mlp", VirtualMLP(mlp_state))
             else:
@@ -337,18 +366,13 @@ def mount(model: Any, family: Family, config: Any) -> None:
                 adopt(mlp, MLPEnvoy)
                 _route(layer, "mlp", spec.mlp, mlp, hidden)
                 mlp._nncanon = mlp_state
-            components.append(mlp_state)
         else:
             _route(layer, "mlp", None, None, hidden)
             state.reasons["mlp"] = f"{label}: it has no MLP"
 
-        order = block_order(shape.components, index, count, model_type)
-        for component in components:
-            for binding in component.bindings.values():
-                binding.order = order
-
         for name, reason in spec.declined(config, index).items():
             decline(layer, name, reason)
+    return unserved
 
 
 def _mount_idle(model: Any, family: Family, config: Any, index: int, reason: str, running: list[int]) -> None:
@@ -366,8 +390,8 @@ def _mount_idle(model: Any, family: Family, config: Any, index: int, reason: str
         site = Site(index=0 if spec.block_extras or spec.block_tuple else None)
     else:
         raise ValueError(f"{family.name}: no block of this model runs ({reason})")
-    bind = _binder(model.layers[block], where, config)
-    bindings = {name: bind(name, site) for name in ("layer_input", "layer_output")}
+    sites = (("layer_input", site, None), ("layer_output", site, None))
+    bindings = _made(model.layers[block], config, where, "", sites)
     for binding in bindings.values():
         binding.block = block
     state = ComponentState(where, bindings)

@@ -277,6 +277,21 @@ def test_failed_trace_leaves_model_unchanged(model, variant):
         assert torch.equal(value, weights[key]), key
 
 
+def test_what_a_layout_has_not_is_not_served(variant):
+    """The values `mount` says a block's layout has not at all (which the proof then passes over) are values
+    the block does not serve, on every block."""
+    from nncanon.mounting import mount
+    from nncanon.support import layer_states, value_reason
+    from nncanon.testing import tiny_model
+
+    model = tiny_model(variant)
+    unserved = mount(model, model.family, model._text_config)  # mounted again: the same states, and the sets
+    assert len(unserved) == model.num_layers
+    for index, absent in enumerate(unserved):
+        states = layer_states(model.layers[index])
+        assert absent is None or all(value_reason(states, value) is not None for value in absent), index
+
+
 def test_support_is_honest(model):
     from nncanon.support import COMPONENT_OF, COMPONENTS, LAYER_VALUES
 

@@ -51,6 +51,34 @@ class ComponentState:
             return reason()
         return reason
 
+    @classmethod
+    def deferred(cls, where: str, make: tuple[Callable[..., dict[str, Binding]], tuple], reasons: dict[str, Reason],
+                 absent: set[str], probabilities: tuple[str, ...] | None = None,
+                 kernel: Any = None) -> ComponentState:
+        """A state whose ``bindings`` are made at their first use, by ``make[0](*make[1])``.
+
+        A load mounts ~10 bindings a block and a script reads a few: `nncanon.mounting.mount` defers
+        them where making them later changes nothing (no operation hooks to install at load). The state
+        is then the state made at once, field for field: reading ``bindings`` makes them, and a pickle or
+        a copy (a remote request) makes them first.
+        """
+        state = cls.__new__(cls)
+        state.__dict__.update(where=where, reasons=reasons, absent=absent, probabilities=probabilities,
+                              gradient_reasons={}, kernel=kernel, _make=make)
+        return state
+
+    def __getattr__(self, name: str) -> Any:
+        make = self.__dict__.get("_make") if name == "bindings" else None
+        if make is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        made = self.__dict__.setdefault("bindings", make[0](*make[1]))  # a thread that made them first wins
+        self.__dict__.pop("_make", None)
+        return made
+
+    def __getstate__(self) -> dict:
+        self.bindings  # noqa: B018 - made before the state travels
+        return self.__dict__
+
 
 class Component:
     """Mixin for the objects that serve standard values: envoys of blocks, attention, MLP.

@@ -49,7 +49,7 @@ def family_for_load(config: Any, model: Any, kwargs: dict) -> tuple[Family, Infe
         return inferred.family, inferred
 
 
-def inferred_provenance(model: Any, verify: str) -> Any:
+def inferred_provenance(model: Any, verify: str, unserved: list | None = None) -> Any:
     """Prove an inferred family on a twin of ``model``'s config (always: an inferred record is a guess,
     so ``verify="never"`` still proves it) and apply the proof; the provenance says it was inferred."""
     from dataclasses import replace
@@ -58,7 +58,8 @@ def inferred_provenance(model: Any, verify: str) -> Any:
 
     # The proof cache keys nncanon's code, not a custom-code model's own: such a model is proved afresh.
     custom = not type(model._module).__module__.startswith("transformers.")
-    provenance = load_provenance(model, model._module.config, "always" if verify == "always" or custom else "auto")
+    provenance = load_provenance(model, model._module.config, "always" if verify == "always" or custom else "auto",
+                                 unserved)
     if provenance.kind != "proved":
         return replace(provenance, text=f"inferred, and not proved: {provenance.text}")
     return replace(provenance, text=f"inferred and {provenance.text}")

@@ -46,8 +46,21 @@ _VOLATILE = {
 
 def cache_dir() -> Path:
     """Where proofs are kept: ``$NNCANON_CACHE/proofs``, default ``~/.cache/nncanon/proofs``."""
-    root = os.environ.get("NNCANON_CACHE") or Path.home() / ".cache" / "nncanon"
-    return Path(root) / "proofs"
+    return Path(_cache_folder())
+
+
+def _cache_folder() -> str:
+    """`cache_dir` as a string, kept by the environment it is made from (a cached load builds no path)."""
+    environment = (os.environ.get("NNCANON_CACHE"), os.environ.get("HOME"))
+    folder = _FOLDERS.get(environment)
+    if folder is None:
+        root = environment[0] or Path.home() / ".cache" / "nncanon"
+        folder = _FOLDERS[environment] = str(Path(root) / "proofs")
+    return folder
+
+
+#: `_cache_folder` by ``($NNCANON_CACHE, $HOME)``.
+_FOLDERS: dict[tuple[str | None, str | None], str] = {}
 
 
 @cache
@@ -66,8 +79,16 @@ def _versions() -> dict[str, str]:
 
     from .. import __version__
 
-    return {"nncanon": __version__, "code": code_digest(), "transformers": transformers.__version__,
-            "torch": torch.__version__}
+    parts = (__version__, transformers.__version__, torch.__version__)
+    versions = _VERSIONS.get(parts)
+    if versions is None:
+        versions = _VERSIONS[parts] = {"nncanon": __version__, "code": code_digest(),
+                                       "transformers": transformers.__version__, "torch": torch.__version__}
+    return dict(versions)
+
+
+#: `_versions` by the version strings (the code digest is the same for the whole process).
+_VERSIONS: dict[tuple[str, str, str], dict[str, str]] = {}
 
 
 def _plain(values: Any) -> Any:
@@ -237,13 +258,13 @@ _KEYS: dict[tuple, str] = {}
 def read_cached(key: str) -> Proof | None:
     """The cached proof under ``key``, or ``None`` (none there, unreadable, corrupt, or made by other
     versions: never a stale proof)."""
-    path = cache_dir() / f"{key}.json"
+    path = os.path.join(_cache_folder(), f"{key}.json")
     try:
-        stat = path.stat()
-        stamp = (str(path), stat.st_mtime_ns, stat.st_size)
+        stat = os.stat(path)
+        stamp = (path, stat.st_mtime_ns, stat.st_size)
         if stamp in _READ:
             return _READ[stamp]
-        data = json.loads(path.read_text())
+        data = json.loads(Path(path).read_text())
         if data.get("schema") != SCHEMA or data.get("key") != key or data.get("versions") != _versions():
             return None
         proof = _READ[stamp] = Proof.from_dict(data)
@@ -322,12 +343,13 @@ class Provenance:
     proof: Proof | None = None
 
 
-def apply_proof(model: Any, proof: Proof) -> Provenance:
+def apply_proof(model: Any, proof: Proof, unserved: list[frozenset[str] | None] | None = None) -> Provenance:
     """Decline on ``model`` every value its proof does not prove, and the gradient of every served value
     whose gradient it does not prove; return the served values' provenance.
 
     A value the block does not serve anyway keeps its own reason. What the proof leaves unproved is
-    worked out once per proof (`_unproved`); a load then looks up only those values on its blocks.
+    worked out once per proof (`_unproved`); a load then looks up only those values on its blocks, less
+    those ``unserved`` (what `nncanon.mounting.mount` returns) says the block's layout has not at all.
     """
     from ..components.kernel import RECOMPUTED
     from ..mounting import decline, decline_gradient
@@ -336,6 +358,9 @@ def apply_proof(model: Any, proof: Proof) -> Provenance:
     for index, layer in enumerate(model.layers):
         twin = proof.layer_map[index] if index < len(proof.layer_map) else None
         unproved = _unproved(proof, twin)
+        absent = unserved[index] if unserved is not None and unproved else None
+        if absent is not None:
+            unproved = _unproved_served(proof, twin, absent)
         states = layer_states(layer) if unproved else None
         for value, reason, gradient in unproved:
             if value_reason(states, value) is not None if value != RECOMPUTED else _declined_recomputed(layer):
@@ -396,6 +421,14 @@ def _unproved(proof: Proof, twin: int | str | None) -> list[tuple[str, str | Non
     return known
 
 
+def _unproved_served(proof: Proof, twin: int | None, absent: frozenset[str]) -> list[tuple[str, str | None, bool]]:
+    """`_unproved` less the values in ``absent`` (a block layout's values it has not at all), once per proof."""
+    known = proof._unproved.get((twin, absent))
+    if known is None:
+        known = proof._unproved[(twin, absent)] = [item for item in _unproved(proof, twin) if item[0] not in absent]
+    return known
+
+
 def _not_proved(proof: Proof, twin: int | None, value: str, block: str | None, model_level: bool = False,
                 gradient: bool = False) -> str | None:
     """Why ``value`` (``gradient``: its gradient) is not proved on the block ``twin`` stands for, or ``None``."""
@@ -408,8 +441,10 @@ def _not_proved(proof: Proof, twin: int | None, value: str, block: str | None, m
     return f"not proved on a twin of this config{where}: {proof.verdict.why_not(layer, value, gradient)}"
 
 
-def load_provenance(model: Any, config: Any, mode: str) -> Provenance:
-    """Prove ``model``'s values as ``mode`` says (`VERIFY_MODES`) and apply the proof; the provenance."""
+def load_provenance(model: Any, config: Any, mode: str, unserved: list[frozenset[str] | None] | None = None
+                    ) -> Provenance:
+    """Prove ``model``'s values as ``mode`` says (`VERIFY_MODES`) and apply the proof (`apply_proof`, with
+    ``unserved``); the provenance."""
     if mode not in VERIFY_MODES:
         raise ValueError(f"verify={mode!r} is not one of {', '.join(map(repr, VERIFY_MODES))}")
     if mode == "never":
@@ -423,4 +458,4 @@ def load_provenance(model: Any, config: Any, mode: str) -> Provenance:
         )
         return Provenance("registry", f"tested on the registry variants only: a twin of this config could not "
                                       f"be built ({error})")
-    return apply_proof(model, proof)
+    return apply_proof(model, proof, unserved)
