@@ -218,3 +218,27 @@ def test_kernel_notices_are_dropped_only_inside_nncanon():
         assert [r for r in records if "falling back" in r]
     finally:
         logger.removeHandler(handler)
+
+
+def test_the_proofs_implementation_switch_notice_is_dropped_only_inside_nncanon(tmp_path, monkeypatch):
+    """Proving Falcon's sdpa call makes an sdpa copy of the twin, and transformers says Falcon cannot switch
+    (a plain ``logger.warning``): not the user's doing, so not shown; the user's own switch still shows it."""
+    from nncanon.quiet import SWITCH_LOGGER
+
+    monkeypatch.setenv("NNCANON_CACHE", str(tmp_path))
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logger = logging.getLogger(SWITCH_LOGGER)
+    logger.addHandler(handler)
+    notice = "setting its attention implementation"
+    try:
+        nncanon.StandardizedTransformer(tiny_hf_model("falcon_7b_style", attn_implementation="sdpa"),
+                                        tokenizer=tiny_tokenizer(), verify="always")
+        assert not [r for r in records if notice in r]
+        monkeypatch.setattr("nncanon.quiet.SWITCH_NOTICE", "a notice transformers never logs")
+        nncanon.StandardizedTransformer(tiny_hf_model("falcon_7b_style", attn_implementation="sdpa"),
+                                        tokenizer=tiny_tokenizer(), verify="always")
+        assert [r for r in records if notice in r], "the proof must switch Falcon's copy for this test to mean anything"
+    finally:
+        logger.removeHandler(handler)

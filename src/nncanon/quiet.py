@@ -1,10 +1,13 @@
 """Silence the notices nncanon's own work triggers, only while it runs: never the user's.
 
-Two notices a user did not cause:
+Three notices a user did not cause:
 
 * transformers' kernel fallback notice (``causal_conv1d_fn is falling back to its reference PyTorch
   implementation``...) when nncanon runs a forward on the CPU: the load-time proof on a twin, the
   CLI's studies. A forward the user runs still shows it (it is about their run).
+* transformers' notice that a class cannot switch its attention implementation (``FalconForCausalLM does
+  not support setting its attention implementation dynamically``), when the load-time proof makes a copy of
+  the twin under another implementation to prove what the forward computes only there (Falcon's sdpa call).
 * nnsight's warning that RWKV's attention has a submodule named ``output`` (nnsight renames it
   ``E_output``), printed for every block when nncanon wraps the model. nncanon reads that module
   by its path, so the rename changes nothing for the user.
@@ -20,17 +23,21 @@ from contextlib import contextmanager
 #: The transformers logger of the kernel fallback notice, and the notice's words.
 KERNEL_LOGGER = "transformers.integrations.hub_kernels"
 KERNEL_NOTICE = "is falling back to its reference PyTorch implementation"
+#: The transformers logger of the notice that a class cannot switch its attention implementation, and its words.
+SWITCH_LOGGER = "transformers.modeling_utils"
+SWITCH_NOTICE = "does not support setting its attention implementation dynamically"
 #: nnsight's warning for a submodule named like an Envoy attribute (RWKV's ``attention.output``).
 SUBMODULE_WARNING = r"Module '.*' has a submodule named '.*', which nnsight already serves on every module"
 
 
-class _KernelNoticeFilter(logging.Filter):
-    def __init__(self) -> None:
+class _NoticeFilter(logging.Filter):
+    def __init__(self, notice: str) -> None:
         super().__init__()
+        self.notice = notice
         self.dropped = False
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if KERNEL_NOTICE in record.getMessage():
+        if self.notice in record.getMessage():
             self.dropped = True
             return False
         return True
@@ -38,18 +45,21 @@ class _KernelNoticeFilter(logging.Filter):
 
 @contextmanager
 def kernel_notices_filtered() -> Iterator[None]:
-    """Drop transformers' kernel fallback notices logged inside the block.
+    """Drop transformers' kernel fallback notices, and its notices that a class cannot switch its attention
+    implementation, logged inside the block.
 
-    transformers logs each notice once per process (``warning_once``); one dropped here is
+    transformers logs each fallback notice once per process (``warning_once``); one dropped here is
     forgotten on exit, so the user's own forward still shows it.
     """
-    logger = logging.getLogger(KERNEL_LOGGER)
-    notices = _KernelNoticeFilter()
+    logger, switches = logging.getLogger(KERNEL_LOGGER), logging.getLogger(SWITCH_LOGGER)
+    notices, switch_notices = _NoticeFilter(KERNEL_NOTICE), _NoticeFilter(SWITCH_NOTICE)
     logger.addFilter(notices)
+    switches.addFilter(switch_notices)
     try:
         yield
     finally:
         logger.removeFilter(notices)
+        switches.removeFilter(switch_notices)
         if notices.dropped:
             from transformers.utils import logging as transformers_logging
 
