@@ -219,8 +219,9 @@ def test_a_proof_that_fails_recomputation_declines_it_with_the_reason(monkeypatc
     assert report.available("query_states", layer=0) and report.available("attention_head_outputs", layer=0)
 
 
-def test_generation_steps_see_the_cached_keys():
-    model = tiny_model("llama")
+def _cached_key_shapes(model) -> list[tuple[int, ...]]:
+    """``layers[0].self_attn.key_states``' shape at each of three generation steps; asserts the key axis grows
+    by one token a step from the prompt's length (the keys the kernel sees include the cache)."""
     attention = model.layers[0].self_attn
     shapes = []
     with torch.no_grad(), model.generate(PROMPTS[0], max_new_tokens=3, do_sample=False) as tracer:
@@ -228,6 +229,11 @@ def test_generation_steps_see_the_cached_keys():
             shapes.append(tuple(attention.key_states.shape))
     prompt = len(model.tokenizer(PROMPTS[0])["input_ids"])
     assert [shape[1] for shape in shapes] == [prompt, prompt + 1, prompt + 2]
+    return shapes
+
+
+def test_generation_steps_see_the_cached_keys():
+    _cached_key_shapes(tiny_model("llama"))
 
 
 # -- attention written inline: the family names its kernel call (`Family.kernel`) --------------------------
@@ -328,11 +334,5 @@ def test_a_transposed_key_is_served_sequence_first():
 @pytest.mark.parametrize("name", ["bloom", "mpt", "gpt_neo"])
 def test_inline_generation_steps_see_the_cached_keys(name):
     model = tiny_model(name)
-    attention = model.layers[0].self_attn
-    shapes = []
-    with torch.no_grad(), model.generate(PROMPTS[0], max_new_tokens=3, do_sample=False) as tracer:
-        for _ in tracer.iter[:3]:
-            shapes.append(tuple(attention.key_states.shape))
-    prompt = len(model.tokenizer(PROMPTS[0])["input_ids"])
-    assert [shape[1] for shape in shapes] == [prompt, prompt + 1, prompt + 2]
+    shapes = _cached_key_shapes(model)
     assert {shape[2:] for shape in shapes} == {(model.num_heads, model.head_dim)}
