@@ -44,6 +44,11 @@ def _interface_scale(module: torch.nn.Module, kwargs: dict, head_dim: int) -> fl
     return head_dim**-0.5 if scale is None else scale
 
 
+def unscaled(module: torch.nn.Module, kwargs: dict, head_dim: int) -> float:
+    """1: a kernel that does not scale ``q·kᵀ`` (GPT-Neo), or whose query is scaled before it (XGLM)."""
+    return 1.0
+
+
 def _sdpa_scale(module: torch.nn.Module, kwargs: dict, head_dim: int) -> float:
     scale = kwargs.get("scale")
     return head_dim**-0.5 if scale is None else scale

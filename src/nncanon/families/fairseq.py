@@ -7,18 +7,11 @@ second, heads folded into the batch (``[b·H, s, head_dim]``), served ``[b, s, H
 query is already scaled by ``1/√head_dim`` (XGLM scales its projection), so ``q·kᵀ`` is not scaled again.
 """
 
-from typing import Any
-
-from ..components.kernel import split_kernel
+from ..components.kernel import split_kernel, unscaled
 from ..served import Site
 from .base import Family
 
 _RESIDUAL = "h = x + self_attn(self_attn_layer_norm(x)); y = h + fc2(act(fc1(final_layer_norm(h))))"
-
-def _prescaled(module: Any, kwargs: dict, head_dim: int) -> float:
-    """1: XGLM's query is scaled before the kernel."""
-    return 1.0
-
 
 XGLM = Family(
     name="xglm",
@@ -28,7 +21,7 @@ XGLM = Family(
     mlp_output=Site("fc2"),
     head_outputs=Site("self_attn.out_proj", key="input"),
     probabilities=("attn_weights_reshaped_0",),
-    kernel=split_kernel("torch_bmm_0", "torch_bmm_1", (0, 1, 1), _prescaled,
+    kernel=split_kernel("torch_bmm_0", "torch_bmm_1", (0, 1, 1), unscaled,
                         "its torch.bmm(query, keyᵀ) and torch.bmm(probabilities, value)", batch_heads=True),
     residual=_RESIDUAL,
 )

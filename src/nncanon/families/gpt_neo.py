@@ -5,17 +5,9 @@ those ``_attn`` is called with (keys and values after the cache); it does not sc
 the causal and local-window positions itself, from its ``bias`` buffer.
 """
 
-from typing import Any
-
-from ..components.kernel import method_kernel
+from ..components.kernel import method_kernel, unscaled
 from ..served import Site
 from .base import Family
-
-
-def _unscaled(module: Any, kwargs: dict, head_dim: int) -> float:
-    """GPT-Neo does not scale its scores."""
-    return 1.0
-
 
 GPT_NEO = Family(
     name="gpt_neo",
@@ -27,7 +19,7 @@ GPT_NEO = Family(
     attention_output=Site("attn.attention", index=0),
     head_outputs=Site("attn.attention.out_proj", key="input"),
     probabilities=("self__attn_0", "torch_matmul_1"),
-    kernel=method_kernel(_unscaled),
+    kernel=method_kernel(unscaled),
     block_extras=1,
     residual="h = x + attn(ln_1(x)); y = h + mlp(ln_2(h))",
 )
