@@ -15,12 +15,16 @@ Run:  python benchmarks/attribution.py [--repeats 5] [--threads N] [--only agree
 - speed: on a GPT-2-small-sized GPT-2 with random weights (12 layers x 12 heads, 124M parameters), fp32 CPU,
   the exact sweeps of every head of every layer (zero ablation: `head_ablation_sweep`; patching:
   `activation_patching`) against `attribution_patching` (heads, attention and MLP of every layer), same
-  prompt, interleaved repeats, medians of wall and of CPU (process) time, the load average alongside.
+  prompt, interleaved repeats, medians of wall and of CPU (process) time, the load average alongside; and the
+  floor: the same estimates in plain PyTorch (`plain_attribution`: hooks on the unwrapped model, one
+  `torch.autograd.grad`; asserted equal to `attribution_patching`'s), the ratio no implementation of one
+  forward and one backward can beat on the machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -195,10 +199,86 @@ def _same_length(model, prompt: str) -> str:
     raise ValueError(f"no landmark gives {prompt!r}'s token length")
 
 
+class _Stop(Exception):
+    """Raised by a hook to end a forward after the last block (the corrupted run needs no logits)."""
+
+
+def plain_attribution(module, clean: torch.Tensor, corrupted: torch.Tensor | None, metric: Callable) -> dict:
+    """The same estimates as `attribution_patching` over GPT-2's heads, attention and MLP, written in plain
+    PyTorch (forward hooks on the unwrapped transformers model, one `torch.autograd.grad`; no nnsight, no
+    nncanon), with the same savings: the last position's logits only, the weights frozen, a leaf at the first
+    block's input, the head's backward over the metric's logits only, the corrupted run stopped after the last
+    block. The floor of any implementation of one forward and one backward on this machine.
+
+    ``clean``, ``corrupted``: token ids ``[1, seq]``; returns ``{"heads": [layers, heads], "attention":
+    [layers], "mlp": [layers]}``.
+    """
+    blocks, heads = module.transformer.h, module.config.n_head
+    found: dict[str, list[torch.Tensor]] = {"heads": [], "attention": [], "mlp": []}
+    hooks = []
+    for block in blocks:
+        hooks += [
+            block.attn.c_proj.register_forward_pre_hook(lambda _, args: found["heads"].append(args[0])),
+            block.attn.register_forward_hook(lambda _, args, output: found["attention"].append(output[0])),
+            block.mlp.register_forward_hook(lambda _, args, output: found["mlp"].append(output)),
+        ]
+    try:
+        patched = None
+        if corrupted is not None:
+            def stop(*_):
+                raise _Stop
+
+            ending = module.transformer.ln_f.register_forward_pre_hook(stop)
+            with torch.no_grad(), contextlib.suppress(_Stop):
+                module(corrupted, use_cache=False)
+            ending.remove()
+            patched = {name: values[:] for name, values in found.items()}
+            for values in found.values():
+                values.clear()
+        entering: list[torch.Tensor] = []
+        hooks += [
+            blocks[0].register_forward_pre_hook(lambda _, args: (args[0].detach().requires_grad_(True), *args[1:])),
+            module.lm_head.register_forward_pre_hook(lambda _, args: entering.append(args[0])),
+        ]
+        frozen = [parameter for parameter in module.parameters() if parameter.requires_grad]
+        for parameter in frozen:
+            parameter.requires_grad_(False)
+        try:
+            with torch.enable_grad():
+                logits = module(clean, use_cache=False, logits_to_keep=1).logits
+                loss = metric(logits).sum()
+                values = [value for name in ("heads", "attention", "mlp") for value in found[name]]
+                (outward,) = torch.autograd.grad(loss, logits, retain_graph=True)
+                columns = outward.flatten(0, -2).ne(0).any(0).nonzero()[:, 0]
+                inward = outward.index_select(-1, columns) @ module.lm_head.weight.index_select(0, columns)
+                grads = torch.autograd.grad(entering[0], values, grad_outputs=inward)
+        finally:
+            for parameter in frozen:
+                parameter.requires_grad_(True)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    count = len(blocks)
+    result = {}
+    for index, name in enumerate(("heads", "attention", "mlp")):
+        rows = []
+        for layer in range(count):
+            value, grad = found[name][layer].detach(), grads[index * count + layer]
+            delta = -value if patched is None else patched[name][layer] - value
+            product = delta * grad
+            rows.append(product.unflatten(-1, (heads, -1)).sum(dim=(0, 1, 3)) if name == "heads" else product.sum())
+        result[name] = torch.stack(rows)
+    return result
+
+
 def _speed(model, prompt: str, repeats: int) -> dict:
     """Wall and CPU (process) seconds of each run, interleaved, medians; the ratios of the medians."""
     tokens = len(model.tokenizer(prompt).input_ids)
     corrupted = _same_length(model, prompt)
+    ids, corrupted_ids = (model.tokenizer(p, return_tensors="pt").input_ids for p in (prompt, corrupted))
+
+    def metric_at_last(logits: torch.Tensor) -> torch.Tensor:  # the model's logits, as `full` takes them
+        return logits[:, -1, 5]
 
     def metric(logits: torch.Tensor) -> torch.Tensor:  # the last position's logits [batch, vocab]
         return logits[:, 5]
@@ -218,7 +298,16 @@ def _speed(model, prompt: str, repeats: int) -> dict:
                                         heads="each", metric=full),
         "attribution patching, corrupted prompt, next_token_only":
             lambda: attribution_patching(model, prompt, corrupted, full, next_token_only=True),
+        "plain PyTorch attribution, zero (the floor)":
+            lambda: plain_attribution(model._module, ids, None, metric_at_last),
+        "plain PyTorch attribution, corrupted prompt (the floor)":
+            lambda: plain_attribution(model._module, ids, corrupted_ids, metric_at_last),
     }
+    for source, plain_source in ((None, None), (corrupted, corrupted_ids)):  # the floor computes the same numbers
+        ours = attribution_patching(model, prompt, source, full, next_token_only=True)
+        plain = plain_attribution(model._module, ids, plain_source, metric_at_last)
+        for item in ("heads", "attention", "mlp"):
+            torch.testing.assert_close(ours[item], plain[item], rtol=1e-5, atol=1e-6)
     wall: dict[str, list[float]] = {name: [] for name in runs}
     cpu: dict[str, list[float]] = {name: [] for name in runs}
     for run in runs.values():  # warm-up
@@ -241,10 +330,17 @@ def _speed(model, prompt: str, repeats: int) -> dict:
             "zero ablation, next_token_only": round(medians[names[0]] / medians[names[1]], 1),
             "zero ablation, every position's logits": round(medians[names[0]] / medians[names[2]], 1),
             "patching, next_token_only": round(medians[names[3]] / medians[names[4]], 1),
+            "zero ablation, plain PyTorch (the floor)": round(medians[names[0]] / medians[names[5]], 1),
+            "patching, plain PyTorch (the floor)": round(medians[names[3]] / medians[names[6]], 1),
+        }
+        result[f"{label} nncanon over plain PyTorch"] = {
+            "zero ablation": round(medians[names[1]] / medians[names[5]], 3),
+            "patching": round(medians[names[4]] / medians[names[6]], 3),
         }
     print(f"GPT-2 124M, {tokens} tokens, {torch.get_num_threads()} threads, load {load}:", flush=True)
     for label in ("wall", "cpu"):
-        print(f"  {label}: {result[f'{label} seconds']}\n  {label} speedup: {result[f'{label} speedup']}", flush=True)
+        print(f"  {label}: {result[f'{label} seconds']}\n  {label} speedup: {result[f'{label} speedup']}\n"
+              f"  {label} nncanon over plain PyTorch: {result[f'{label} nncanon over plain PyTorch']}", flush=True)
     return result
 
 
