@@ -16,6 +16,10 @@ from nncanon.testing import PROMPTS, tiny_model
 torch.set_num_threads(1)
 os.environ["OMP_NUM_THREADS"] = "1"  # and in the processes the tests start (the CLI's)
 
+# The references the tests load with transformers' own from_pretrained are plain models, as nncanon loads them:
+# transformers 5.25 turns hub kernels on by default (and needs the `kernels` package and the hub for them).
+os.environ["USE_HUB_KERNELS"] = "NO"
+
 # Load-time proofs go to a cache of this test process, never the user's ~/.cache/nncanon.
 os.environ["NNCANON_CACHE"] = tempfile.mkdtemp(prefix="nncanon-cache-")
 

@@ -71,6 +71,32 @@ def test_a_multimodal_checkpoint_loads_its_text_model(model_type, tmp_path):
     assert model.support().layers_with("mlp_output") == list(range(model.num_layers))
 
 
+def test_a_folder_loads_without_hub_kernels_and_asking_for_them_is_refused(tmp_path, monkeypatch):
+    """transformers 5.25 turns hub kernels on by default in from_pretrained (they replace modules' forwards with
+    kernels the proof's twin does not run): nncanon loads without them, whatever the environment says, and
+    names them where the user asks for them or passes a kernelized model."""
+    from nncanon.errors import InvalidModel
+
+    hf = tiny_hf_model("llama")
+    hf.save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    monkeypatch.delenv("USE_HUB_KERNELS", raising=False)  # transformers' default, not the suite's "NO"
+    model = StandardizedTransformer(str(tmp_path), attn_implementation="eager")
+    assert model._module.use_kernels is False
+    ids = model.tokenizer(PROMPTS[0], return_tensors="pt").input_ids
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        logits = model.logits.save()
+    with torch.no_grad():
+        assert torch.equal(logits, hf.eval()(input_ids=ids).logits)
+    for asked in ({"use_kernels": True}, {"kernel_config": object()}):
+        with pytest.raises(InvalidModel, match=r"hub kernels .*Leave out use_kernels= and kernel_config="):
+            StandardizedTransformer(str(tmp_path), **asked)
+    hf._use_kernels = True
+    assert hf.use_kernels
+    with pytest.raises(InvalidModel, match=r"LlamaForCausalLM was loaded with hub kernels.*use_kernels=False"):
+        StandardizedTransformer(hf, tokenizer=tiny_tokenizer())
+
+
 def test_loading_runs_no_forward():
     hf = tiny_hf_model("gpt2")
     calls = []

@@ -2,18 +2,34 @@
 
 from __future__ import annotations
 
+import tomllib
+from pathlib import Path
+
 import pytest
 import transformers
 
 from nncanon.registry import Variant, variants
-from nncanon.versions import missing_from_transformers, missing_libraries, transformers_minor
+from nncanon.versions import (
+    NEWEST_MINOR,
+    OLDEST_MINOR,
+    missing_from_transformers,
+    missing_libraries,
+    transformers_minor,
+)
 
 from .conftest import variant_params
 
 
 def test_installed_minor_is_in_the_supported_range():
     assert transformers_minor() == tuple(int(part) for part in transformers.__version__.split(".")[:2])
-    assert (5, 21) <= transformers_minor() < (5, 25), "pyproject.toml: transformers>=5.21,<5.25"
+    assert OLDEST_MINOR <= transformers_minor() <= NEWEST_MINOR
+
+
+def test_pyproject_asks_for_the_supported_range():
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    (requirement,) = [r for r in project["dependencies"] if r.startswith("transformers")]
+    oldest, newest = (".".join(map(str, minor)) for minor in (OLDEST_MINOR, (NEWEST_MINOR[0], NEWEST_MINOR[1] + 1)))
+    assert requirement.replace(" ", "") == f"transformers>={oldest},<{newest}"
 
 
 def test_missing_model_type_and_class_say_which():
@@ -56,7 +72,7 @@ def test_available_variants_are_exactly_those_without_a_reason():
     everything = variants()
     assert variants(available=True) == [v for v in everything if v.unavailable is None]
     assert all(isinstance(v.unavailable, str) for v in everything if v not in variants(available=True))
-    if transformers_minor() == (5, 24):  # every record's model type is in the newest tested minor
+    if transformers_minor() == NEWEST_MINOR:  # every record's model type is in the newest minor
         assert variants(available=True) == [v for v in everything if missing_libraries(v.requires) is None]
 
 

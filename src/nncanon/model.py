@@ -29,6 +29,28 @@ from .quiet import kernel_notices_filtered, wrapping_quietly
 from .served import _rows, check_write, model_value, served_as_stacked
 
 
+_HUB_KERNELS = (
+    "transformers' hub kernels (`use_kernels=True`, `kernel_config=`, `kernelize`) replace modules' forwards "
+    "with kernels downloaded from the hub, which the load-time proof's twin does not run, so nncanon could not "
+    "vouch for a value read inside them"
+)
+
+
+def _without_hub_kernels(model: Any, kwargs: dict) -> None:
+    """Load with transformers' hub kernels off (``use_kernels=False``; transformers 5.25 turns them on by
+    default in ``from_pretrained``); refuse them where the user asked for them or passed a kernelized model."""
+    if kwargs.get("use_kernels") or kwargs.get("kernel_config") is not None:
+        raise InvalidModel(f"{_HUB_KERNELS}. Leave out use_kernels= and kernel_config= (nncanon loads without them).")
+    if isinstance(model, torch.nn.Module):
+        if getattr(model, "use_kernels", False):
+            raise InvalidModel(
+                f"{type(model).__name__} was loaded with hub kernels: {_HUB_KERNELS}. Load it with "
+                "from_pretrained(..., use_kernels=False), or pass its hub id or folder to StandardizedTransformer."
+            )
+    else:
+        kwargs["use_kernels"] = False
+
+
 def _config_of(model: Any, kwargs: dict) -> Any:
     """The config of what the user passed, read without loading weights."""
     if kwargs.get("config") is not None:
@@ -165,6 +187,7 @@ class StandardizedTransformer(TransformersModel):
             from .inference.loading import family_for_load
 
             family, inferred = family_for_load(config, model, kwargs)
+        _without_hub_kernels(model, kwargs)
         if not isinstance(model, torch.nn.Module):
             kwargs.setdefault("task", "text-generation")
             if tokenizer is None:

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from functools import cache
 
+#: The oldest and the newest transformers minor nncanon supports, each tested (docs/versions.md):
+#: ``pyproject.toml`` asks for ``transformers>=5.21,<5.26`` (the suite checks that the two agree).
+OLDEST_MINOR, NEWEST_MINOR = (5, 21), (5, 25)
+
 
 @cache
 def transformers_minor() -> tuple[int, int]:
