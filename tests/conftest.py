@@ -98,15 +98,28 @@ def upstream_failures(variant) -> dict[str, dict]:
     sdpa where the record says ``"eager_only"`` (Gemma-2 on 5.20). Qwen4-Exp's eager attention gives NaN on
     5.20-5.22 (``model_registry/qwen4_exp.json``).
     """
+    found: dict[str, dict] = {}
+    for entry in _on_installed_minor(variant, "upstream_failures"):
+        found.update(dict.fromkeys(entry["checks"], entry))
+    return found
+
+
+def upstream_issue(variant) -> str | None:
+    """Why transformers' own eager and sdpa forwards attend differently on ``variant`` on the installed minor
+    (the record's ``"upstream_issues"`` entry for it: Falcon's ALiBi path before 5.25), else ``None``. There the
+    heads under sdpa are not eager's, and the family declines probabilities recomputed under sdpa."""
+    return next((entry["why"] for entry in _on_installed_minor(variant, "upstream_issues")), None)
+
+
+def _on_installed_minor(variant, key: str) -> list[dict]:
+    """The entries of ``variant``'s record under ``key`` whose ``"transformers"`` minors include the installed
+    one and whose ``"variants"`` (where given) include ``variant``."""
     from nncanon.registry import records
     from nncanon.versions import transformers_minor
 
     minor = "{}.{}".format(*transformers_minor())
-    found: dict[str, dict] = {}
-    for entry in records()[variant.model_type].get("upstream_failures", []):
-        if minor in entry["transformers"] and variant.name in entry.get("variants", [variant.name]):
-            found.update(dict.fromkeys(entry["checks"], entry))
-    return found
+    return [entry for entry in records()[variant.model_type].get(key, [])
+            if minor in entry["transformers"] and variant.name in entry.get("variants", [variant.name])]
 
 
 def inline_kernel_inputs(model, layer: int) -> set[str]:

@@ -14,6 +14,7 @@ import transformers
 from nncanon import InvalidWrite, SizeNotAvailable, StandardizedTransformer, UnknownFamilyError
 from nncanon.testing import PROMPTS, tiny_hf_model, tiny_model, tiny_tokenizer
 from nncanon.tools import head_count
+from nncanon.versions import transformers_minor
 
 
 def test_load_from_folder_matches_in_memory(tmp_path):
@@ -236,19 +237,23 @@ def test_support_report_api():
         report.available("attn_out", layer=0)
     with pytest.raises(IndexError, match="2 layers"):
         report.reason("mlp_output", layer=5)
-    # Falcon's ALiBi path under sdpa: the kernel's inputs are its sdpa call's, its probabilities are declined
-    # (transformers' eager attends differently there); under eager, the kernel's inputs are (no call takes them).
     falcon = tiny_model("falcon_rw_style", attn_implementation="sdpa").support()
-    assert falcon.available("query_states", layer=0)
-    assert not falcon.available("attention_probabilities", layer=0)
-    assert 'attn_implementation="eager"' in falcon.reason("attention_probabilities", layer=0)
-    assert falcon.layers_with("attention_probabilities") == []
-    table = str(falcon)
-    assert "FalconDecoderLayer" in table and "attention_probabilities: transformers' Falcon" in table
-    # Declined: what a block's components have but do not serve; a dense MLP's routing is not declined.
-    assert falcon.declined() == ["attention_probabilities"] == falcon.declined(1)
-    kernel = ["query_states", "key_states", "value_states"]
-    assert tiny_model("falcon_rw_style").support().declined() == kernel
+    if transformers_minor() < (5, 25):
+        # Falcon's ALiBi path under sdpa: the kernel's inputs are its sdpa call's, its probabilities are declined
+        # (transformers' eager attends differently there); under eager, the kernel's inputs are (no call takes them).
+        assert falcon.available("query_states", layer=0)
+        assert not falcon.available("attention_probabilities", layer=0)
+        assert 'attn_implementation="eager"' in falcon.reason("attention_probabilities", layer=0)
+        assert falcon.layers_with("attention_probabilities") == []
+        table = str(falcon)
+        assert "FalconDecoderLayer" in table and "attention_probabilities: transformers' Falcon" in table
+        # Declined: what a block's components have but do not serve; a dense MLP's routing is not declined.
+        assert falcon.declined() == ["attention_probabilities"] == falcon.declined(1)
+        kernel = ["query_states", "key_states", "value_states"]
+        assert tiny_model("falcon_rw_style").support().declined() == kernel
+    else:  # from 5.25 Falcon attends through transformers' interface, ALiBi in the mask: served as Llama's are
+        assert falcon.layers_with("attention_probabilities") == [0, 1] == falcon.layers_with("query_states")
+        assert falcon.declined() == [] == tiny_model("falcon_rw_style").support().declined()
     assert report.declined() == []
     assert tiny_model("mixtral").support().declined() == []
     assert tiny_model("kolibri1").support().declined() == ["router_logits", "shared_expert_output"]

@@ -30,6 +30,7 @@ from ..conftest import (
     inline_kernel_inputs,
     recorded_declines,
     upstream_failures,
+    upstream_issue,
 )
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -125,9 +126,8 @@ def test_probabilities_recomputed_where_eager_serves_them(model, variant, verdic
     served wherever the kernel is called (unless the record declines them: DiffLlama calls it twice), and
     proved on a copy running the kernel's implementation where the forward calls it under that one only."""
     from nncanon.components.kernel import RECOMPUTED, Kernel
-    from nncanon.registry import records
 
-    upstream = variant.name in records()[variant.model_type].get("upstream_issues", {})
+    upstream = upstream_issue(variant) is not None
     report = model.support()
     for index in report.layers_with("self_attn"):
         attention = model.layers[index].self_attn

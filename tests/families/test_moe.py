@@ -98,6 +98,23 @@ def _jetmoe_routed(moe, hidden, indices, weights, logits, config):
     return out
 
 
+def _longcat_routed(moe, hidden, indices, weights, logits, config):
+    """LongCat-Flash's routed part, each chosen expert run on its own: a GLU expert of ``moe.experts`` for
+    an index below ``n_routed_experts``, else a zero-computation expert returning its input (the experts
+    module runs these itself before transformers 5.25, the MoE around it from 5.25)."""
+    experts, out = moe.experts, torch.zeros_like(hidden)
+    for slot in range(indices.shape[-1]):
+        for expert in indices[:, slot].unique().tolist():
+            rows = indices[:, slot] == expert
+            if expert >= config.n_routed_experts:
+                part = hidden[rows]
+            else:
+                gate, up = torch.nn.functional.linear(hidden[rows], experts.gate_up_proj[expert]).chunk(2, dim=-1)
+                part = torch.nn.functional.linear(experts.act_fn(gate) * up, experts.down_proj[expert])
+            out[rows] += weights[rows, slot, None] * part
+    return out
+
+
 def _scaled(attribute):
     """The routed sum times a config factor the MoE applies outside its experts (Laguna)."""
 
@@ -111,6 +128,7 @@ def _scaled(attribute):
 ROUTED = {
     "llama4": _llama4_routed,
     "jetmoe": _jetmoe_routed,
+    "longcat_flash": _longcat_routed,
     "laguna": _scaled("moe_routed_scaling_factor"),
     "minimax_m3": _scaled("routed_scaling_factor"),
     "beam": _scaled("routed_scaling_factor"),

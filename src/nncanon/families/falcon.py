@@ -1,24 +1,32 @@
-"""Falcon: ``transformer.h`` blocks returning ``(hidden, attn_weights)``, attention inline.
+"""Falcon: ``transformer.h`` blocks returning ``(hidden, attn_weights)``.
 
 Parallel blocks (``parallel_attn`` or ``new_decoder_architecture``) add attention into the MLP's
 output *in place* (``mlp_output += attention_output``), so the MLP's contribution is a copy taken
 as the MLP returns (``clone=True``), and a write to it is written back.
 
-The probabilities are read at the assignment that follows the softmax on the RoPE path
-(``attention_scores``) and after dropout on the ALiBi path (``attention_probs``): the two paths
-are chosen by ``config.alibi``.
+From transformers 5.25 the attention goes through transformers' attention interface (``scaling``,
+``num_key_value_groups``; ALiBi reaches it folded into ``attention_mask``): its probabilities, kernel
+inputs and recomputed probabilities are found there, as for Llama.
 
-Under sdpa, each path calls ``torch.nn.functional.scaled_dot_product_attention`` itself (ALiBi folded
-into the mask it passes): the kernel's per-head inputs are read there (the first call in the forward
-on the RoPE path, the second on the ALiBi path), and the probabilities recomputed from them. Under eager
-the attention multiplies them inline (no call receives them): they are not served there.
+Before 5.25 the attention is written inline. The probabilities are read at the assignment that follows
+the softmax on the RoPE path (``attention_scores``) and after dropout on the ALiBi path
+(``attention_probs``): the two paths are chosen by ``config.alibi``. Under sdpa, each path calls
+``torch.nn.functional.scaled_dot_product_attention`` itself (ALiBi folded into the mask it passes): the
+kernel's per-head inputs are read there (the first call in the forward on the RoPE path, the second on
+the ALiBi path), and the probabilities recomputed from them. Under eager the attention multiplies them
+inline (no call receives them): they are not served there. On the ALiBi path eager adds ALiBi twice
+(`_ALIBI_TWICE`), so probabilities recomputed under sdpa are declined there.
 """
 
 from typing import Any
 
 from ..components.kernel import RECOMPUTED, sdpa_kernel
 from ..served import Site
+from ..versions import transformers_minor
 from .base import Family
+
+#: The pre-5.25 modeling code (attention inline, an ``alibi`` argument, eager adding ALiBi twice).
+_OLD_CODE = transformers_minor() < (5, 25)
 
 _SDPA_CALL = "torch_nn_functional_scaled_dot_product_attention_{}"
 _KERNELS = {alibi: sdpa_kernel(_SDPA_CALL.format(int(alibi))) for alibi in (False, True)}
@@ -29,11 +37,17 @@ def _kernel(config: Any) -> Any:
     return _KERNELS[bool(config.alibi)]
 
 
+def _probabilities(config: Any) -> tuple[str, ...]:
+    """The pre-5.25 inline softmax's result: after dropout (ALiBi), else the RoPE path's second assignment."""
+    return ("attention_probs_2",) if config.alibi else ("attention_scores_2",)
+
+
 _ALIBI_TWICE = (
-    "transformers' Falcon attends differently under eager and sdpa on the ALiBi path: FalconModel folds ALiBi "
-    "into the mask it passes every block, and the eager branch of FalconAttention adds it to the scores again "
-    "(eager sees it twice, sdpa once), so probabilities recomputed from the sdpa call are not eager's. Load "
-    "the model with StandardizedTransformer(..., attn_implementation=\"eager\") to read eager's"
+    "transformers' Falcon before 5.25 attends differently under eager and sdpa on the ALiBi path: FalconModel "
+    "folds ALiBi into the mask it passes every block, and the eager branch of FalconAttention adds it to the "
+    "scores again (eager sees it twice, sdpa once), so probabilities recomputed from the sdpa call are not "
+    "eager's. Load the model with StandardizedTransformer(..., attn_implementation=\"eager\") to read eager's "
+    "(or use transformers 5.25 or later, where both see it once)"
 )
 
 
@@ -57,9 +71,9 @@ FALCON = Family(
     attention_output=Site("self_attention", index=0),
     mlp_output=Site("mlp", clone=True),
     head_outputs=Site("self_attention.dense", key="input"),
-    probabilities=lambda config: ("attention_probs_2",) if config.alibi else ("attention_scores_2",),
-    kernel=_kernel,
-    declines=_declines,
+    probabilities=_probabilities if _OLD_CODE else None,
+    kernel=_kernel if _OLD_CODE else None,
+    declines=_declines if _OLD_CODE else None,
     block_extras=1,
     residual=(
         "parallel: y = x + self_attention(ln_attn(x)) + mlp(ln_mlp(x)) (one input_layernorm where configured); "

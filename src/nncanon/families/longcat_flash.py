@@ -9,7 +9,11 @@ the MLP's contribution, so ``attention_output`` and ``mlp_output`` are declined.
 ``layers[i].self_attn`` is the block's first attention sublayer (multi-head latent attention; its
 per-head outputs and probabilities are served); the second is ``layers[i]._module.self_attn[1]``.
 ``layers[i].mlp`` is the shortcut MoE: its router ``mlp.router`` scores the routed experts and
-``zero_expert_num`` zero-computation (identity) experts, which the indices can name.
+``zero_expert_num`` zero-computation (identity) experts, which the indices can name
+(``n_routed_experts`` and above). The served indices and weights are the router's: before transformers
+5.25 the experts module runs the identity experts itself; from 5.25 the MoE adds them around it and
+hands the experts module dummy routed indices with weight 0 in their place (what a hook on
+``mlp.experts`` sees is not the routing).
 """
 
 from ..served import Site
