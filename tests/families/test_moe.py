@@ -159,6 +159,7 @@ COMBINED = {
     "flex_olmo": _normed("post_feedforward_layernorm"),
     "afmoe": _normed("post_mlp_layernorm"),
     "kolibri1": _normed("post_mlp_layernorm"),
+    "kolibri1_1": _normed("post_mlp_layernorm"),
     "inkling": _after("mlp_sconv"),
 }
 
