@@ -159,6 +159,12 @@ def _normed(path):
     return combine
 
 
+def _raw_shared(routed, shared, moe, hidden, block, config):
+    """The routed experts plus the shared expert's own output: the MoE module's output, where the block norms
+    and gates it before it joins the stream (Ergo: the contribution and the shared part are declined)."""
+    return routed + moe.shared_experts(hidden).view_as(routed)
+
+
 def _after(path):
     """The routed plus shared experts through the block's module at ``path`` that follows the MoE
     (Inkling's short convolution ``mlp_sconv``, whose output is the contribution)."""
@@ -177,7 +183,9 @@ COMBINED = {
     "flex_olmo": _normed("post_feedforward_layernorm"),
     "afmoe": _normed("post_mlp_layernorm"),
     "kolibri1": _normed("post_mlp_layernorm"),
+    "kolibri1_1": _normed("post_mlp_layernorm"),
     "inkling": _after("mlp_sconv"),
+    "ergo": _raw_shared,
 }
 
 

@@ -116,17 +116,20 @@ FAMILIES = [
     _family(
         "flint", ("flint",), dict(TOPK_ROUTER, shared_expert_output=Site("mlp.shared_expert", flat=True)), _sparse_step
     ),
+    # Param2-MoE (param2moe) is GLM-4.5's model class with its own config.
     _family(
         "deepseek",
-        ("deepseek_v2", "deepseek_v3", "sarvam_mla", "glm4_moe", "sarvam_moe", "dots1"),
+        ("deepseek_v2", "deepseek_v3", "sarvam_mla", "glm4_moe", "param2moe", "sarvam_moe", "dots1"),
         DEEPSEEK_MOE,
         _first_k_dense,
     ),
     # DeepSeek-V3.2 and A.X K2 add a sparse-attention indexer (it picks the keys each query
     # attends to: the probabilities served are those over the picked keys, zero elsewhere).
+    # MiniCPM5-MoE's attention gates each head's output by a sigmoid (q_gate_proj) before o_proj:
+    # the heads served are o_proj's input, gated.
     _family(
         "glm4_moe_lite",
-        ("glm4_moe_lite", "exaone_moe", "deepseek_v32", "axk2"),
+        ("glm4_moe_lite", "exaone_moe", "deepseek_v32", "axk2", "minicpm5_moe"),
         DEEPSEEK_MOE,
         _mlp_layer_types,
     ),

@@ -153,8 +153,10 @@ RULES: tuple[Rule, ...] = (
     Rule("time-step rank", ("time_step_rank", "mamba_dt_rank", "dt_rank"), f"≤ {STATE}", _at_most(STATE)),
     Rule("windows and chunks", ("sliding_window", "window_size", "attention_window_size", "sliding_window_size",
                                 "attention_chunk_size", "chunk_size", "mamba_chunk_size", "local_attention",
-                                "index_topk", "block_size", "index_block_size"),
+                                "index_topk", "block_size", "index_block_size", "index_compression",
+                                "index_num_local_tokens", "index_num_sink_tokens"),
          f"≤ {WINDOW} tokens, so the proof's prompts cross them", _at_most(WINDOW)),
+    Rule("sparse-attention key pools", ("index_pool_size",), f"≤ {2 * WINDOW} tokens", _at_most(2 * WINDOW)),
 )
 
 _RULE_OF = {name: rule for rule in RULES for name in rule.names}
@@ -237,6 +239,13 @@ def _keep_relations(config: dict, original: dict, path: str, changes: list[Chang
             _set(config, "head_dim", rope + nope, path, changes, "head width = rotary + non-rotary part")
         if isinstance(config.get("qk_head_dim"), int):
             _set(config, "qk_head_dim", rope + nope, path, changes, "latent head = rotary + non-rotary part")
+    scorers = config.get("index_num_heads")
+    if isinstance(scorers, int) and heads and kv and scorers > heads // kv:  # Kolibri-1.1's indexer
+        _set(config, "index_num_heads", heads // kv, path, changes, "indexer heads ≤ query heads of one key head")
+    pool, compression = config.get("index_pool_size"), config.get("index_compression")
+    if isinstance(pool, int) and isinstance(compression, int) and compression > 0 and pool % compression:
+        _set(config, "index_pool_size", compression * max(1, pool // compression), path, changes,
+             "the key pool is whole compressed blocks")
     rates = config.get("compress_rates")
     if isinstance(rates, dict) and all(isinstance(v, int) for v in rates.values()):  # DeepSeek-V4's, per block kind
         _set(config, "compress_rates", {kind: min(rate, WINDOW) for kind, rate in rates.items()}, path, changes,
@@ -302,6 +311,10 @@ def _layer_count_of(values: dict) -> int:
 #: Counts of the last blocks that behave differently (Gemma-3n's last ``num_kv_shared_layers`` reuse
 #: earlier blocks' keys/values): the twin counts the blocks it keeps among them.
 _TRAILING_COUNT = ("num_kv_shared_layers",)
+#: Per-layer lists whose entries are layer indices (Kolibri-1.1's ``kv_source_layers``: the block whose
+#: keys/values each block reads): sliced to the twin's blocks and renumbered; a choice of blocks that
+#: leaves out a block another kept block reads fails.
+_SOURCE_LISTS = ("kv_source_layers",)
 #: Per-layer lists a layer count may be derived from.
 _BLOCK_TYPE_LISTS = ("layers_block_type", "layer_types", "hybrid_override_pattern", "block_types")
 
@@ -319,6 +332,8 @@ def _keep_layers(config: dict, keep: list[int], count: int, path: str, changes: 
             config[name] = {str(position[int(i)]): own for i, own in value.items() if int(i) in position}
         elif isinstance(value, str) and len(value) == count and count > 1:
             config[name] = "".join(value[i] for i in keep)
+        elif name in _SOURCE_LISTS and isinstance(value, (list, tuple)) and len(value) == count:
+            config[name] = type(value)(position[value[i]] for i in keep)  # KeyError: a source left out
         elif isinstance(value, (list, tuple)) and value and _is_index_list(name, value, count):
             config[name] = type(value)(position[i] for i in value if i in position)
         elif isinstance(value, (list, tuple)) and len(value) == count and count > 1:
@@ -345,7 +360,7 @@ def _text_part(config: dict) -> tuple[dict, str]:
 
 # -- block kinds -------------------------------------------------------------------------------
 
-_SKIPPED_SETTINGS = re.compile(r"(^|_)(idx|index|id|number|num|layers|depth)$|^layer_|^training$")
+_SKIPPED_SETTINGS = re.compile(r"(^|_)(idx|index|id|number|num|layers|depth|source_layer)$|^layer_|^training$")
 
 
 def _settings(module: torch.nn.Module) -> tuple:
@@ -589,8 +604,8 @@ def build_twin(config: Any, seed: int = 0, model_class: type | None = None, bloc
     for keep in _layer_choices(kinds):
         values = copy.deepcopy(wide_values)
         layer_changes: list[Change] = []
-        _keep_layers(_text_part(values)[0], keep, count, path, layer_changes)
         try:
+            _keep_layers(_text_part(values)[0], keep, count, path, layer_changes)
             small = _config_from(config, values)
             built = [block_kind(block) for block in blocks_of(_build(cls, small, "meta"), len(keep), blocks)]
         except Exception:
