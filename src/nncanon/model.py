@@ -28,7 +28,6 @@ from .mounting import mount
 from .quiet import kernel_notices_filtered, wrapping_quietly
 from .served import _rows, check_write, model_value, served_as_stacked
 
-
 _HUB_KERNELS = (
     "transformers' hub kernels (`use_kernels=True`, `kernel_config=`, `kernelize`) replace modules' forwards "
     "with kernels downloaded from the hub, which the load-time proof's twin does not run, so nncanon could not "
