@@ -90,7 +90,8 @@ class ProbabilitiesReason:
 
 class KernelReason:
     """The reason the kernel's inputs are not served under the attention implementation the model runs now
-    (``None`` under one whose forward makes the kernel call: Falcon calls sdpa directly under sdpa only)."""
+    (``None`` under one whose forward makes the kernel call: Falcon, before transformers 5.25, calls sdpa
+    directly under sdpa only)."""
 
     def __init__(self, attention: Envoy, kernel: Kernel, label: str) -> None:
         self.attention, self.kernel, self.label = attention, kernel, label

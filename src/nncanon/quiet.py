@@ -7,7 +7,8 @@ Three notices a user did not cause:
   CLI's studies. A forward the user runs still shows it (it is about their run).
 * transformers' notice that a class cannot switch its attention implementation (``FalconForCausalLM does
   not support setting its attention implementation dynamically``), when the load-time proof makes a copy of
-  the twin under another implementation to prove what the forward computes only there (Falcon's sdpa call).
+  the twin under another implementation to prove what the forward computes only there (Falcon's sdpa call,
+  before transformers 5.25).
 * nnsight's warning that RWKV's attention has a submodule named ``output`` (nnsight renames it
   ``E_output``), printed for every block when nncanon wraps the model. nncanon reads that module
   by its path, so the rename changes nothing for the user.

@@ -90,7 +90,7 @@ class SupportReport:
     """The support table of a model. Built from the mounted family data; runs no forward.
 
     Example:
-        >>> report = model.support()          # under sdpa, attention computed inline (Falcon)
+        >>> report = model.support()          # under sdpa, attention computed inline (Falcon before transformers 5.25)
         >>> report.available("attention_probabilities", layer=0)
         False
         >>> print(report.reason("attention_probabilities", layer=0))

@@ -5,9 +5,9 @@ values (`Kernel`). In transformers 5 it is usually ``attention_interface(self, q
 scaling=..., dropout=..., softcap=..., sliding_window=..., s_aux=...)`` with ``[b, heads, s, head_dim]``
 tensors, after rotary and the cache; the implementation (eager, sdpa, flash...) is chosen by the
 config. Families whose attention is written inline name their own call instead (`Family.kernel`):
-Falcon's ``torch.nn.functional.scaled_dot_product_attention`` under sdpa, the ``self._attn(query, key,
-value, mask)`` of GPT-Neo, GPT-NeoX-Japanese and GPT-1, the score and product calls of BLOOM, MPT and
-XGLM (`split_kernel`). nncanon serves those inputs per head
+Falcon's ``torch.nn.functional.scaled_dot_product_attention`` under sdpa (before transformers 5.25),
+the ``self._attn(query, key, value, mask)`` of GPT-Neo, GPT-NeoX-Japanese and GPT-1, the score and
+product calls of BLOOM, MPT and XGLM (`split_kernel`). nncanon serves those inputs per head
 (``query_states``, ``key_states``, ``value_states``, read at the call by nnsight's ``.source``), and under
 a kernel that computes no probabilities (sdpa) recomputes ``attention_probabilities`` from the same call:
 with the family's own ``eager_attention_forward`` for the interface (so the mask, scaling, softcap, sinks
@@ -145,7 +145,8 @@ INTERFACE_KERNEL = Kernel("attention_interface_*", (1, 2, 3), mask=4, mask_keywo
 
 def sdpa_kernel(op: str) -> Kernel:
     """A direct call of ``torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=...,
-    is_causal=..., scale=...)``, made by the forward under sdpa only (Falcon), as operation ``op``."""
+    is_causal=..., scale=...)``, made by the forward under sdpa only (Falcon before transformers 5.25), as operation
+    ``op``."""
     return Kernel(op, (0, 1, 2), mask=3, mask_keyword="attn_mask", causal="is_causal", output=None,
                   output_heads_first=True, recompute="sdpa", implementations=("sdpa",), scale=_sdpa_scale,
                   name="torch.nn.functional.scaled_dot_product_attention")

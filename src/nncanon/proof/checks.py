@@ -789,7 +789,8 @@ def check_kernel(model: Any) -> list[CheckResult]:
     softcap, position bias and sinks, or the module's ALiBi argument where an inline kernel adds it; where the
     kernel masks positions itself, from buffers no argument holds, over the rest, on token rows) reproduces the
     eager probabilities, and zeroing one group of ``value_states`` zeroes exactly its heads' kernel output.
-    Where the forward calls its kernel only under another attention implementation (Falcon's sdpa call), on a
+    Where the forward calls its kernel only under another attention implementation (Falcon's sdpa call before
+    transformers 5.25), on a
     copy of the model running that one: the inputs read there against plain source hooks, and
     ``softmax(q·kᵀ·scale + mask) · v`` against the kernel's own output."""
     results = []
@@ -817,7 +818,8 @@ def _kernel_elsewhere(model: Any) -> list[CheckResult]:
 
 def _kernel_copies(model: Any) -> list[tuple[Any, list[int]]]:
     """For blocks whose forward calls its kernel only under another implementation than ``model`` runs (Falcon's
-    sdpa call), a copy of ``model`` running that one, with those blocks (none where the class cannot run it)."""
+    sdpa call before transformers 5.25), a copy of ``model`` running that one, with those blocks (none where the
+    class cannot run it)."""
     by_implementation: dict[str, list[int]] = {}
     for index in model.support().layers_with("self_attn"):
         kernel = model.layers[index].self_attn._nncanon.kernel
@@ -1012,7 +1014,7 @@ def _implementation_copy(model: Any, implementation: str) -> Any:
         return None
     if kernel_implementation(module) != implementation and _branches_on(model, implementation):
         # transformers will not switch a class without the attention interface (it warns), but a forward
-        # that makes its kernel call under this implementation reads the config at each call (Falcon)
+        # that makes its kernel call under this implementation reads the config at each call (Falcon before 5.25)
         module.config._attn_implementation = implementation
     copy_ = StandardizedTransformer(module, tokenizer=model.tokenizer, verify="never", family=model.family)
     attentions = [copy_.layers[i].self_attn._module for i in copy_.support().layers_with("attention_probabilities")]

@@ -60,7 +60,7 @@ def cache_activations(
 
     Returns:
         An `ActivationCache`; a value a layer declines (see ``model.support()``; e.g. the
-        probabilities of a Falcon model without ``attn_implementation="eager"``) is skipped and its reason kept in
+        probabilities of DiffLlama, whose two softmaxes are not one head's pattern) is skipped and its reason kept in
         ``cache.declined``.
     """
     names = list(LAYER_VALUES) if values is None else list(values)
