@@ -86,3 +86,21 @@ NEW_IN_5_25 = {"ergo", "kolibri1_1", "minicpm5_moe", "param2moe"}
 @pytest.mark.parametrize("variant", variant_params(["llama"]))
 def test_variant_params_selects_by_name(variant):
     assert variant.name == "llama"
+
+
+def test_a_load_on_an_untested_minor_warns_with_the_range_and_a_tested_install(monkeypatch):
+    import warnings
+
+    from nncanon import UntestedTransformersWarning, versions
+    from nncanon.testing import tiny_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UntestedTransformersWarning)
+        tiny_model("gpt2")  # the installed minor is in the range: no warning
+    for untested in ((5, NEWEST_MINOR[1] + 1), (5, OLDEST_MINOR[1] - 1)):
+        monkeypatch.setattr(versions, "transformers_minor", lambda minor=untested: minor)
+        shown = ".".join(map(str, untested))
+        with pytest.warns(UntestedTransformersWarning, match=rf"transformers {shown} \(.* installed\) is outside .*"
+                          r"proved on a twin.*pip install \"transformers>=5\.21,<5\.26\""):
+            model = tiny_model("gpt2")
+        assert model.support().layers_with("attention_output") == [0, 1]  # the load goes on and proves

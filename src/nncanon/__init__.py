@@ -17,6 +17,7 @@ from .errors import (
     SizeNotAvailable,
     TokenizerNotFound,
     UnknownFamilyError,
+    UntestedTransformersWarning,
     ValueNotAvailable,
 )
 from .families import registered_model_types
@@ -45,6 +46,7 @@ __all__ = [
     "SupportReport",
     "TokenizerNotFound",
     "UnknownFamilyError",
+    "UntestedTransformersWarning",
     "ValueNotAvailable",
     "demo_model",
     "registered_model_types",

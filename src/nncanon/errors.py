@@ -69,7 +69,12 @@ class InvalidInput(NncanonError, ValueError):
 
 
 class InvalidModel(NncanonError, TypeError):
-    """What was passed as the model is not a transformers causal LM (no ``.config``)."""
+    """What was passed as the model is not a transformers causal LM (no ``.config``), or it asks for (or was
+    loaded with) transformers' hub kernels, which replace modules' forwards the load-time proof does not run."""
+
+
+class UntestedTransformersWarning(UserWarning):
+    """The installed transformers minor is outside the range nncanon was tested on (`nncanon.versions`)."""
 
 
 class TokenizerNotFound(NncanonError, FileNotFoundError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -21,12 +22,14 @@ from .errors import (
     ModelUnavailable,
     SizeNotAvailable,
     TokenizerNotFound,
+    UntestedTransformersWarning,
     ValueNotAvailable,
 )
 from .families import Family
 from .mounting import mount
 from .quiet import kernel_notices_filtered, wrapping_quietly
 from .served import _rows, check_write, model_value, served_as_stacked
+from .versions import untested_transformers
 
 _HUB_KERNELS = (
     "transformers' hub kernels (`use_kernels=True`, `kernel_config=`, `kernelize`) replace modules' forwards "
@@ -187,6 +190,9 @@ class StandardizedTransformer(TransformersModel):
 
             family, inferred = family_for_load(config, model, kwargs)
         _without_hub_kernels(model, kwargs)
+        untested = untested_transformers()
+        if untested is not None:
+            warnings.warn(untested, UntestedTransformersWarning, stacklevel=2)
         if not isinstance(model, torch.nn.Module):
             kwargs.setdefault("task", "text-generation")
             if tokenizer is None:

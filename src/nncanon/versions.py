@@ -24,6 +24,27 @@ def transformers_minor() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def untested_transformers(minor: tuple[int, int] | None = None) -> str | None:
+    """Why the installed transformers (or ``minor``) is outside the tested range, else ``None``.
+
+    >>> untested_transformers((5, 24)) is None
+    True
+    """
+    import transformers
+
+    minor = transformers_minor() if minor is None else minor
+    if OLDEST_MINOR <= minor <= NEWEST_MINOR:
+        return None
+    oldest, newest = (".".join(map(str, m)) for m in (OLDEST_MINOR, NEWEST_MINOR))
+    after = ".".join(map(str, (NEWEST_MINOR[0], NEWEST_MINOR[1] + 1)))
+    return (
+        f"transformers {'.'.join(map(str, minor))} ({transformers.__version__} installed) is outside the minors "
+        f"nncanon was tested on ({oldest} to {newest}). Every value is still proved on a twin of the model at load "
+        "and declined where the proof fails (model.support() gives the reason), but a family whose modeling code "
+        f"changed may serve fewer values. For a tested minor: pip install \"transformers>={oldest},<{after}\""
+    )
+
+
 @cache
 def missing_from_transformers(model_type: str, *class_names: str | None) -> str | None:
     """Why the installed transformers lacks ``model_type`` (or one of ``class_names``), else ``None``.
