@@ -231,6 +231,20 @@ def test_a_prompt_longer_than_the_positions_names_the_limit(gpt2):
     assert logits.shape == (1, limit, gpt2.vocab_size)
 
 
+@pytest.mark.parametrize("ids, match", [
+    (torch.tensor([[5, 300, 7]]), r"token id\(s\) \[300\] are outside this model's vocabulary: .* has 300 rows"),
+    (torch.tensor([[5, -1, 7]]), r"token id\(s\) \[-1\] are outside .* an id is in 0\.\.299"),
+    (torch.tensor([[5.0, 6.0]]), r"token ids are a torch\.float32 tensor: token ids are integers \(torch\.long\)"),
+], ids=["past-the-vocabulary", "negative", "float"])
+def test_token_ids_the_embedding_has_no_row_for_are_refused(gpt2, ids, match):
+    """Refused by name before the forward (bare, the embedding raises ``IndexError: index out of range in self``)."""
+    with pytest.raises(InvalidInput, match=match), gpt2.trace(ids):
+        gpt2.logits.save()
+    with torch.no_grad(), gpt2.trace(torch.tensor([[5, 299, 7]])):  # the last row is in range: runs
+        logits = gpt2.logits.save()
+    assert logits.shape == (1, 3, gpt2.vocab_size)
+
+
 # -- saved values alias the model's tensors (point 7) ----------------------------------------------
 
 

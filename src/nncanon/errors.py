@@ -64,7 +64,8 @@ class OutOfOrderRead(NncanonError, OutOfOrderError):
 class InvalidInput(NncanonError, ValueError):
     """An input a trace or ``generate`` cannot run.
 
-    No prompt, an empty prompt, a prompt longer than the model's positions.
+    No prompt, an empty prompt, a prompt longer than the model's positions, token ids that are not integers or
+    have no row in the model's embedding.
     """
 
 

@@ -309,15 +309,21 @@ class StandardizedTransformer(TransformersModel):
         return super()._batch_size(*inputs, **kwargs)
 
     def _batch(self, invokes: list, fn: Any) -> tuple:
-        """The batched forward input; refuses an empty row and a prompt longer than the model's positions."""
+        """The batched forward input; refuses an empty row, token ids the embedding has no row for, and a
+        prompt longer than the model's positions."""
         args, kwargs = super()._batch(invokes, fn)
         self._refuse_idle_inputs(kwargs)
-        ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
-        if isinstance(ids, torch.Tensor) and ids.dim() == 2:
-            from torch._guards import detect_fake_mode
+        from torch._guards import detect_fake_mode
 
-            # Under nnsight's scan (fake tensors) there are no values to check; the real trace checks them.
-            masked = isinstance(mask, torch.Tensor) and detect_fake_mode() is None
+        # Under nnsight's scan (fake tensors) there are no values to check; the real trace checks them.
+        real = detect_fake_mode() is None
+        if args and isinstance(args[0], torch.Tensor):  # nnsight passes a float tensor on as it is: the ids' place
+            self._check_token_ids(args[0], real)
+        ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
+        if isinstance(ids, torch.Tensor):
+            self._check_token_ids(ids, real)
+        if isinstance(ids, torch.Tensor) and ids.dim() == 2:
+            masked = isinstance(mask, torch.Tensor) and real
             lengths = mask.sum(-1).tolist() if masked else [ids.shape[1]] * ids.shape[0]
             empty = [row for row, length in enumerate(lengths) if length == 0]
             if empty:
@@ -334,6 +340,25 @@ class StandardizedTransformer(TransformersModel):
                     "tokens, e.g. tokenizer(..., truncation=True, max_length=...)."
                 )
         return args, kwargs
+
+    def _check_token_ids(self, ids: torch.Tensor, real: bool) -> None:
+        """Refuse token ids that are not integers, or (``real``: values to read) have no row in the embedding."""
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise InvalidInput(
+                f"the token ids are a {ids.dtype} tensor: token ids are integers (torch.long), indices into "
+                "the model's embedding. Pass ids.long(), or the text itself."
+            )
+        rows = getattr(self.embed_tokens._module, "num_embeddings", None)
+        if not real or ids.numel() == 0 or not isinstance(rows, int):
+            return
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= rows:
+            bad = sorted({int(i) for i in ids[(ids < 0) | (ids >= rows)].unique()[:5]})
+            raise InvalidInput(
+                f"token id(s) {bad} are outside this model's vocabulary: its embedding has {rows} rows, so an "
+                f"id is in 0..{rows - 1}. Tokenize with model.tokenizer (ids of another tokenizer do not fit "
+                "this model)."
+            )
 
     def _refuse_idle_inputs(self, kwargs: dict) -> None:
         """Refuse a forward argument that would run the blocks the family serves as idle (`Family.idle_inputs`)."""
