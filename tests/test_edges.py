@@ -207,6 +207,23 @@ def test_a_missing_local_folder_names_the_path(tmp_path):
         StandardizedTransformer("./not/here")
 
 
+def test_a_folder_with_a_config_but_no_weights_loads_on_meta_and_a_trace_names_the_missing_weights(tmp_path):
+    """support() needs no weights; the first trace (or ``dispatch=True``) raises `ModelUnavailable` naming them,
+    not nnsight's "Could not load model ... with any of the following classes" with transformers' tracebacks."""
+    from nncanon.testing import tiny_hf_model, tiny_tokenizer
+
+    tiny_hf_model("gpt2").config.save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    model = StandardizedTransformer(str(tmp_path), verify="never")
+    assert model.support().layers_with("self_attn") == list(range(model.num_layers))
+    missing = re.escape(f"the folder '{tmp_path}' has a config but no weights") + r".*model\.save_pretrained\(folder\)"
+    for _ in range(2):  # and again: the model is left as it was
+        with pytest.raises(ModelUnavailable, match=missing), model.trace(PROMPTS[0]):
+            model.logits.save()
+    with pytest.raises(ModelUnavailable, match=missing):
+        StandardizedTransformer(str(tmp_path), verify="never", dispatch=True)
+
+
 def test_a_module_without_a_config_is_refused():
     with pytest.raises(InvalidModel, match=r"given a Linear with no transformers config"):
         StandardizedTransformer(torch.nn.Linear(2, 2))

@@ -40,7 +40,8 @@ class InvalidSkip(NncanonError, ValueError):
 
 class ModelUnavailable(NncanonError, OSError):
     """A model that cannot be loaded from here: a hub id while the hub is unreachable (or ``HF_HUB_OFFLINE``
-    is set) and the checkpoint is not in the local cache, or a local path that does not exist.
+    is set) and the checkpoint is not in the local cache, a local path that does not exist, or (at the first
+    trace, which loads the weights) a local folder with a config but no weight files.
 
     An ``OSError``, as transformers raises for a checkpoint it cannot find. The message is one line
     naming the ways in: a local folder, ``HF_HUB_OFFLINE=1`` with a cached checkpoint, the demo models.

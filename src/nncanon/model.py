@@ -123,6 +123,29 @@ def _tokenizer_of(model: str, kwargs: dict) -> Any:
     return AutoTokenizer.from_pretrained(model, **options)
 
 
+#: Suffixes of the weight files transformers loads from a folder (safetensors, torch pickles, their shard indices).
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".index.json")
+
+
+def _refuse_folder_without_weights(model: Any, kwargs: dict) -> None:
+    """Raise `ModelUnavailable` where ``model`` is a local folder with no weight file (a config alone).
+
+    Such a folder loads on meta (``support()`` and the proof need no weights); running it needs them, and
+    transformers' own error arrives wrapped in nnsight's, tracebacks and all, from the first trace.
+    """
+    if not isinstance(model, (str, os.PathLike)) or kwargs.get("gguf_file") or kwargs.get("subfolder"):
+        return
+    folder = os.path.expanduser(os.fspath(model))
+    if not os.path.isdir(folder) or any(name.endswith(_WEIGHT_SUFFIXES) for name in os.listdir(folder)):
+        return
+    raise ModelUnavailable(
+        f"the folder {os.fspath(model)!r} has a config but no weights (no model.safetensors, pytorch_model.bin or "
+        "shard index): nncanon builds it on meta without them, which serves support() and the load-time proof, "
+        "but running the model needs its weights. Save them beside the config (model.save_pretrained(folder)), "
+        "or load the folder that holds them."
+    )
+
+
 #: Files of which a saved tokenizer has at least one.
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
                     "spiece.model", "sentencepiece.bpe.model", "tekken.json")
@@ -194,6 +217,8 @@ class StandardizedTransformer(TransformersModel):
         if untested is not None:
             warnings.warn(untested, UntestedTransformersWarning, stacklevel=2)
         if not isinstance(model, torch.nn.Module):
+            if kwargs.get("dispatch"):
+                _refuse_folder_without_weights(model, kwargs)
             kwargs.setdefault("task", "text-generation")
             if tokenizer is None:
                 tokenizer = _tokenizer_of(model, kwargs)
@@ -245,6 +270,8 @@ class StandardizedTransformer(TransformersModel):
     def dispatch(self) -> None:
         """Load the real weights (a model built on meta), then re-install the operation hooks on them."""
         was = self.dispatched
+        if not was and self.args:
+            _refuse_folder_without_weights(self.args[0], self.kwargs)
         super().dispatch()
         if not was:
             self._prepare_operations()
