@@ -262,6 +262,23 @@ def test_token_ids_the_embedding_has_no_row_for_are_refused(gpt2, ids, match):
     assert logits.shape == (1, 3, gpt2.vocab_size)
 
 
+def test_project_on_vocab_names_a_tensor_it_cannot_take(gpt2):
+    """A wrong width or dtype, or no tensor, is named (bare: torch's size or dtype mismatch from inside the norm
+    or the head); a tensor that fits is projected as before, equal to the logits at the last layer."""
+    with torch.no_grad(), gpt2.trace(PROMPTS):
+        last = gpt2.layers[-1].layer_output.save()
+        logits = gpt2.logits.save()
+    assert torch.equal(gpt2.project_on_vocab(last), logits)
+    with pytest.raises(InvalidInput, match=r"shape \(2, 7\): its last axis is the residual stream's, 32 wide"):
+        gpt2.project_on_vocab(torch.zeros(2, 7))
+    with pytest.raises(InvalidInput, match=r"dtype torch\.float64; the model runs in torch\.float32"):
+        gpt2.project_on_vocab(last.double())
+    with pytest.raises(InvalidInput, match=r"given a list; it takes a residual-stream tensor \[\.\.\., 32\]"):
+        gpt2.project_on_vocab([0.0] * 32)
+    with pytest.raises(InvalidInput, match=r"shape \(2, \d+, 7\)"), torch.no_grad(), gpt2.trace(PROMPTS):
+        gpt2.project_on_vocab(gpt2.layers[0].layer_output[..., :7]).save()
+
+
 # -- saved values alias the model's tensors (point 7) ----------------------------------------------
 
 

@@ -66,7 +66,7 @@ class InvalidInput(NncanonError, ValueError):
     """An input a trace or ``generate`` cannot run.
 
     No prompt, an empty prompt, a prompt longer than the model's positions, token ids that are not integers or
-    have no row in the model's embedding.
+    have no row in the model's embedding; a ``project_on_vocab`` input that is not a residual-stream tensor.
     """
 
 

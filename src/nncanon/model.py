@@ -576,8 +576,37 @@ class StandardizedTransformer(TransformersModel):
         family's logit post-processing (soft-capping, scaling), so that on the last layer's
         output it equals ``logits``. Works inside a trace and on plain tensors. A multi-stream
         model takes its ``[..., k·hidden]`` stream, collapsed as the model collapses it.
+
+        Raises:
+            InvalidInput: ``hidden`` is not a tensor, or the projection fails on its width or dtype.
         """
         self._model_value_check("project_on_vocab")
+        if not isinstance(hidden, torch.Tensor):
+            raise InvalidInput(
+                f"model.project_on_vocab was given a {type(hidden).__name__}; it takes a residual-stream tensor "
+                f"[..., {self.hidden_size}] (a layer_input or layer_output)."
+            )
+        try:
+            return self._project(hidden)
+        except RuntimeError as error:
+            problem = self._projection_problem(hidden)
+            if problem is None:
+                raise
+            raise InvalidInput(f"model.project_on_vocab was given a tensor of {problem}") from error
+
+    def _projection_problem(self, hidden: torch.Tensor) -> str | None:
+        """What in ``hidden`` a failed projection did not take: its width or its dtype (``None``: neither)."""
+        plain = self._family.collapse is None and not self._family.merged_streams and not self._family.stacked_streams
+        if plain and hidden.shape[-1] != self.hidden_size:
+            return (f"shape {tuple(hidden.shape)}: its last axis is the residual stream's, {self.hidden_size} wide "
+                    f"(a layer_input or layer_output), not {hidden.shape[-1]}.")
+        weight = getattr(self.lm_head._module, "weight", None)
+        if isinstance(weight, torch.Tensor) and hidden.dtype != weight.dtype:
+            return f"dtype {hidden.dtype}; the model runs in {weight.dtype}: pass hidden.to({weight.dtype})."
+        return None
+
+    def _project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`project_on_vocab` of a tensor."""
         x = hidden
         if self._family.collapse is not None:
             x = self._family.collapse(self._module, x)
