@@ -126,6 +126,23 @@ def test_a_read_inside_a_skipped_block_names_the_skip(llama4):
     assert torch.equal(entering, leaving)
 
 
+@pytest.mark.parametrize("read, value", [
+    ("layers[2].layer_output", lambda model: model.layers[2].layer_output),
+    ("layers[1].mlp.mlp_output", lambda model: model.layers[1].mlp.mlp_output),
+], ids=["a-later-block", "inside-the-block"])
+def test_a_skip_after_a_read_the_model_ran_past_names_the_skip_and_the_read(llama4, read, value):
+    """Not "layers[1].layer_input was read" (a read the user never wrote: the skip's own); the next trace is clean."""
+    with torch.no_grad(), llama4.trace(PROMPTS):
+        clean = llama4.logits.save()
+    with pytest.raises(InvalidSkip, match=re.escape(f"skip_layers(1, 1) comes after {read} was read in this trace")):
+        with llama4.trace(PROMPTS):
+            value(llama4).save()
+            llama4.skip_layers(1)
+    with torch.no_grad(), llama4.trace(PROMPTS):
+        after = llama4.logits.save()
+    assert torch.equal(after, clean)
+
+
 @pytest.mark.parametrize("index", [1.0, True, torch.tensor(1)], ids=["float", "bool", "tensor"])
 def test_skip_layers_refuses_an_index_that_is_not_an_int(llama4, index):
     name = type(index).__name__

@@ -20,6 +20,7 @@ from .errors import (
     InvalidSkip,
     InvalidWrite,
     ModelUnavailable,
+    OutOfOrderRead,
     SizeNotAvailable,
     TokenizerNotFound,
     UntestedTransformersWarning,
@@ -641,7 +642,8 @@ class StandardizedTransformer(TransformersModel):
 
         Raises:
             InvalidSkip: for an index that is not an int or is out of range, a skip that overlaps or
-                precedes one already made in the trace, a skip inside ``generate`` with a cache, or a
+                precedes one already made in the trace, a skip made after a read of a value of ``start`` or a
+                later block (the model has run past it), a skip inside ``generate`` with a cache, or a
                 replacement whose type, shape, dtype or device does not match the stream at
                 ``layers[start]``; a value of a skipped block read in the same trace.
         """
@@ -654,7 +656,7 @@ class StandardizedTransformer(TransformersModel):
         refusal = self._family.refuse_skip(self._text_config, start, end) if self._family.refuse_skip else None
         if refusal is not None:
             raise InvalidSkip(f"skip_layers({start}, {end}) cannot run on this model: {refusal}")
-        expected = self.layers[start].layer_input
+        expected = self._skip_input(start, end)
         replacement = expected if skip_with is None else skip_with
         if skip_with is not None:
             self._check_replacement(skip_with, expected, start, end)
@@ -674,6 +676,22 @@ class StandardizedTransformer(TransformersModel):
                 extras = tuple(self.layers[index].inputs[0][1 : 1 + self._family.block_extras])
             tupled = extras or self._family.block_tuple
             self.layers[index].skip((replacement, *extras) if tupled else replacement)
+
+    def _skip_input(self, start: int, end: int) -> torch.Tensor:
+        """``layers[start].layer_input``, the stream the skip passes on; a skip made after a read of a value the
+        model computes later (the model has run past ``layers[start]``) is an `InvalidSkip` naming that read."""
+        from nnsight.intervention.interleaver import Mediator
+
+        try:
+            return self.layers[start].layer_input
+        except OutOfOrderRead:
+            last = Mediator.current("skip_layers").__dict__.get("_nncanon_last_read")
+            read = f"{last} was read" if last is not None else "a value of a later block was read"
+            raise InvalidSkip(
+                f"skip_layers({start}, {end}) comes after {read} in this trace: the model had run past the start "
+                f"of layers[{start}] by then, so it can no longer skip it. Make the skip before reading values of "
+                f"layers[{start}] or later (reads of earlier blocks may come first)."
+            ) from None
 
     @staticmethod
     def _one_invoke(start: int, end: int) -> None:
