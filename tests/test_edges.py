@@ -182,6 +182,10 @@ def test_a_layer_index_out_of_range_is_an_index_error_naming_the_range(llama4):
         llama4.layers[-5].layer_output.save()
     with pytest.raises(TypeError, match=r"was given 1\.5 \(float\)"):
         llama4.layers[1.5]
+    assert llama4.layers["3"] is llama4.layers[3]  # nnsight's name of a block
+    for name in ("4", "-1", "last"):  # (was nnsight's AttributeError: "nor its module has attribute '4'")
+        with pytest.raises(InvalidLayer, match=rf"given '{name}': no block is named that; .* named '0'\.\.'3'"):
+            llama4.layers[name]
     with pytest.raises(InvalidSkip, match=r"skip_layers\(0, 4\) asks for blocks outside 0\.\.3"):
         with llama4.trace(PROMPTS[0]):
             llama4.skip_layers(0, 4)

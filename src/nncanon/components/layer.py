@@ -70,9 +70,15 @@ def layer_index(value: Any, count: int, what: str = "model.layers") -> int:
 
 
 class LayersEnvoy(Envoy):
-    """``model.layers``: the blocks, indexed by `layer_index`'s rule (or sliced)."""
+    """``model.layers``: the blocks, indexed by `layer_index`'s rule, sliced, or by nnsight's block name (``"0"``)."""
 
     def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str) and key not in self._module._modules:
+            count = len(self)
+            raise InvalidLayer(
+                f"model.layers was given {key!r}: no block is named that; this model has {count} blocks, named "
+                f"'0'..'{count - 1}'. Index with an int in {-count}..{count - 1} (negative counts from the end)."
+            )
         if isinstance(key, (slice, str)):
             return super().__getitem__(key)
         return super().__getitem__(layer_index(key, len(self)))
