@@ -299,6 +299,16 @@ def test_an_unwritable_out_is_refused_before_any_work(tmp_path):
     assert re.search(r"--out '.*a-file/figures': cannot create the folder: .*a-file is a file", _one_line(done.stderr))
 
 
+def test_a_folder_with_a_config_alone_is_served_by_support_and_refused_by_ablate_before_any_study(tmp_path):
+    folder = tmp_path / "config-only"
+    tiny_hf_model("gpt2").config.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    assert _cli("support", str(folder)).returncode == EXIT_OK  # support() needs no weights
+    done = _cli("ablate", "--model", str(folder), "--out", str(tmp_path / "out"), "--quiet")
+    assert done.returncode == EXIT_USAGE and done.stdout == ""
+    assert re.search(r"has a config but no weights .*model\.save_pretrained\(folder\)", _one_line(done.stderr))
+
+
 def test_support_on_a_folder_without_tokenizer_files_is_a_usage_error(tmp_path):
     tiny_hf_model("gpt2").save_pretrained(tmp_path / "no-tokenizer")
     done = _cli("support", str(tmp_path / "no-tokenizer"))

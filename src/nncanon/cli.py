@@ -166,6 +166,7 @@ def _ablate(args: argparse.Namespace) -> int:
     for name in names:  # every model and its target token checked before any study runs
         try:
             models[name] = model = _load(name)
+            model.dispatch()  # the weights, now: a folder with a config alone is refused before any study runs
         except CANNOT_LOAD as error:
             _cannot_load(name, error)
             return EXIT_USAGE
