@@ -346,3 +346,29 @@ def test_inline_generation_steps_see_the_cached_keys(name):
     model = tiny_model(name)
     shapes = _cached_key_shapes(model)
     assert {shape[2:] for shape in shapes} == {(model.num_heads, model.head_dim)}
+
+
+@pytest.mark.parametrize("name, implementation", [("llama", "eager"), ("llama", "sdpa"), ("bloom", "eager")])
+def test_an_in_place_write_to_the_keys_and_values_reaches_that_steps_kernel_not_the_cache(name, implementation):
+    """The keys and values the kernel receives are the cache's own tensors (transformers' ``update`` returns
+    its storage): an in-place write at step 0 reaches that step's kernel, and step 1 sees the cache a clean
+    run left."""
+    model = tiny_model(name, attn_implementation=implementation)
+    attention = model.layers[0].self_attn
+    options = {"max_new_tokens": 2, "min_new_tokens": 2, "do_sample": False}
+    clean, written = [], []
+    with torch.no_grad(), model.generate(PROMPTS[0], **options) as tracer:
+        for _ in tracer.iter[0:2]:
+            clean.append((attention.key_states.clone().save(), attention.value_states.clone().save()))
+    with torch.no_grad(), model.generate(PROMPTS[0], **options) as tracer:
+        for step in tracer.iter[0:2]:
+            keys, values = attention.key_states, attention.value_states
+            if step == 0:
+                keys[:, :, 0] = 1.0
+                values[:] = 0
+                zeroed = attention.attention_head_outputs.save()   # every head attends to zero values
+            written.append((keys.clone().save(), values.clone().save()))
+    prompt = clean[0][0].shape[1]
+    assert not zeroed.any() and not written[0][1].any()
+    assert torch.equal(written[1][0][:, :prompt], clean[1][0][:, :prompt])  # the cache kept the model's keys
+    assert torch.equal(written[1][1][:, :prompt], clean[1][1][:, :prompt])  # and values

@@ -166,7 +166,7 @@ def _kernel_sites(attention: Envoy, path: str, declared: Kernel | str | None) ->
         known = _KERNEL_SITES[key] = kernel if isinstance(kernel, str) else (kernel, {
             name: Site(path, key="input", op=kernel.output_op if name == "value_states" else kernel.op, arg=arg,
                        heads_first=True, transposed=kernel.key_transposed and name == "key_states",
-                       flat=kernel.batch_heads)
+                       flat=kernel.batch_heads, private=name != "query_states")
             for name, arg in zip(STATES, kernel.args, strict=True)})
     return known
 

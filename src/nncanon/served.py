@@ -75,6 +75,10 @@ class Site:
             served sequence-first, ``[b, s, heads, head_dim]``, a view.
         transposed: The tensor's last two axes are ``(head_dim, s)`` (a key passed transposed to the
             kernel, GPT-1's): served with them swapped back, a view.
+        private: The tensor may be storage the model keeps past the call (a key or value the cache
+            returned is the cache's own tensor, or a view of it): at the first read the call is handed a
+            copy in its place, and the value served is a view of that copy, so a write reaches the call
+            and not what the cache keeps for later steps.
     """
 
     module: str = ""
@@ -91,6 +95,7 @@ class Site:
     arg: int | str | None = None
     heads_first: bool = False
     transposed: bool = False
+    private: bool = False
 
     def factor(self, config: Any) -> float:
         """The scale factor for ``config`` (``1.0`` where the site has none)."""
@@ -459,6 +464,8 @@ class served(eproperty):
             graph = tracks(view)
         else:
             raw = _value(binding, mediator, label)
+            if binding.site.private:
+                raw = _private(raw, binding.site, location)
             view = binding.read(raw, mediator)
             tensor = _pick(raw, binding.site)
             graph = tracks(tensor)
@@ -492,6 +499,23 @@ class served(eproperty):
             return
         raw = _value(binding, mediator, label)
         Mediator.swap(binding.location, binding.assign(value, raw, mediator))
+
+
+def _private(raw: Any, site: Site, location: str) -> Any:
+    """The raw value once the site's tensor is a copy the model was handed (`Site.private`): the copy is
+    swapped in at the first read, and a later read (another invoke's, or the same again) finds it there."""
+    tensor = _pick(raw, site)
+    if not isinstance(tensor, torch.Tensor) or _owner(tensor).__dict__.get("_nncanon_private", False):
+        return raw
+    Mediator.swap(location, _put(raw, site, tensor.clone()))
+    raw = Mediator.value(location)  # the model's value now (in a batched trace, the batch rebuilt around the copy)
+    _owner(_pick(raw, site)).__dict__["_nncanon_private"] = True
+    return raw
+
+
+def _owner(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor whose storage ``tensor`` views (itself where it is no view)."""
+    return tensor if tensor._base is None else tensor._base
 
 
 def _read_weighted(binding: Binding, mediator: Mediator, label: str) -> tuple[Any, torch.Tensor]:
