@@ -204,6 +204,18 @@ def test_a_value_read_out_of_order_names_it_and_the_order(llama4):
             llama4.layers[0].self_attn.attention_output.save()
 
 
+def test_an_out_of_order_read_after_eager_probabilities_names_them(llama4):
+    """Under eager the probabilities are the model's own, inside the kernel call: a kernel input read after them
+    is out of order, and the message names the probabilities as the read before (not the value read before them)."""
+    attention = llama4.layers[0].self_attn
+    with pytest.raises(OutOfOrderRead, match=r"layers\[0\]\.self_attn\.value_states was read, after "
+                       r"layers\[0\]\.self_attn\.attention_probabilities,"):
+        with llama4.trace(PROMPTS[0]):
+            attention.key_states.save()
+            attention.attention_probabilities.save()
+            attention.value_states.save()
+
+
 def test_the_order_message_follows_the_family():
     """Falcon-H1 runs its Mamba mixer before its attention: the message says so."""
     model = tiny_model("falcon_h1")

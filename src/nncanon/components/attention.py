@@ -11,6 +11,7 @@ from nnsight.intervention.interleaver import Mediator
 
 from ..errors import InvalidWrite, ValueNotAvailable
 from ..gradients import first_read_in_backward, in_backward, mark, refuse_gradient, refuse_gradient_write, tracks
+from ..order import note_read
 from ..served import _value, check_write, served
 from .base import Component
 from .kernel import (
@@ -87,6 +88,7 @@ class AttentionEnvoy(Component, Envoy):
         if not self._eager():
             return self._recomputed()
         probabilities = self._probability_operation().input
+        note_read(Mediator.current("attention_probabilities"), f"{self._nncanon.where}.attention_probabilities")
         reason = self._nncanon_gradient_reason("attention_probabilities")
         if reason is not None:  # (only then: the tensor is the model's own)
             mark(probabilities, f"{self._nncanon.where}.attention_probabilities")
