@@ -216,6 +216,19 @@ def test_an_out_of_order_read_after_eager_probabilities_names_them(llama4):
             attention.value_states.save()
 
 
+@pytest.mark.parametrize("name", ["mamba2", "rwkv"])
+def test_head_dim_of_a_model_without_softmax_attention_is_not_available(name):
+    """As docs/surface.md says, and as num_heads: Mamba-2's config head_dim (its state-space heads' width) was
+    served as model.head_dim, and RWKV's error named num_heads."""
+    from nncanon import SizeNotAvailable
+
+    model = tiny_model(name)
+    with pytest.raises(SizeNotAvailable, match=rf"{name} has no softmax attention, so no head_dim"):
+        model.head_dim
+    with pytest.raises(SizeNotAvailable, match=rf"{name} has no softmax attention, so no num_heads"):
+        model.num_heads
+
+
 def test_the_order_message_follows_the_family():
     """Falcon-H1 runs its Mamba mixer before its attention: the message says so."""
     model = tiny_model("falcon_h1")

@@ -504,6 +504,16 @@ class StandardizedTransformer(TransformersModel):
         config = self._text_config
         if self._family.head_shape is not None:
             return self._one_head_size(1, "head_dim")
+        try:
+            heads = getattr(config, "num_attention_heads", None)
+        except RuntimeError:  # a heterogeneous config (Gemma-4): it has heads, differing by layer
+            heads = True
+        if heads is None:  # (a Mamba-2 config's head_dim is its state-space heads' width)
+            raise SizeNotAvailable(
+                f"{config.model_type} has no softmax attention, so no head_dim (nor num_heads); "
+                f"support().layers_with('self_attn') is {self.support().layers_with('self_attn')}. A linear "
+                "mixer's head width, where it has heads: linear_attention_head_outputs.shape[-1]."
+            )
         for name in ("v_head_dim", "head_dim"):
             try:
                 width = getattr(config, name, None)
