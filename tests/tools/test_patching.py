@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nncanon.errors import InvalidInput
 from nncanon.testing import PROMPTS
-from nncanon.tools import activation_patching, head_count, logit_difference, patch, run_metric
+from nncanon.tools import activation_patching, attribution_patching, head_count, logit_difference, patch, run_metric
+from nncanon.tools._common import token_count
 
-from .conftest import attention_layers
+from .conftest import attention_layers, build
 
 CLEAN = "Paris lies in"
 CORRUPTED = "Rome lies in"  # the same number of tokens
@@ -118,3 +120,17 @@ def test_bad_arguments(model):
         activation_patching(model, CLEAN, CLEAN, value="logits")
     with pytest.raises(ValueError, match="heads="):
         activation_patching(model, CLEAN, CLEAN, value="mlp_output", heads="each")
+
+
+def test_pairs_of_different_lengths_are_refused_even_when_the_batches_pad_to_one_length():
+    """["e f", "d"] and ["d", "e f"] pad to the same length, but each pair's prompts differ: a patch would move
+    a real token's value into padding. Both patching tools refuse them, naming the pair."""
+    model = build("llama")
+    clean, corrupted = ["e f", "d"], ["d", "e f"]
+    assert token_count(model, clean) == token_count(model, corrupted)
+    with pytest.raises(InvalidInput, match=r"\(pair 0\) tokenize to 3 and 1 tokens"):
+        activation_patching(model, clean, corrupted)
+    with pytest.raises(InvalidInput, match=r"\(pair 0\) tokenize to 3 and 1 tokens"):
+        patch(model, clean, corrupted, "layer_output", 0)
+    with pytest.raises(InvalidInput, match=r"\(pair 0\) tokenize to 3 and 1 tokens"):
+        attribution_patching(model, clean, corrupted, logit_difference(5, 7))

@@ -9,7 +9,7 @@ from typing import Any, Union
 import torch
 
 from ..components.layer import layer_index
-from ..errors import ValueNotAvailable
+from ..errors import InvalidInput, ValueNotAvailable
 from ..support import COMPONENT_OF
 
 #: Positions along the sequence axis: ``None`` (all), an index, a list of indices, a slice or an index tensor.
@@ -139,6 +139,26 @@ def token_count(model: Any, prompts: str | Sequence[str]) -> int:
     """The (left-padded) length of ``prompts`` as one batch, as a trace tokenizes them."""
     encoded = model.tokenizer(prompt_list(prompts), padding=True, return_tensors="pt")
     return int(encoded["input_ids"].shape[1])
+
+
+def check_pair(model: Any, clean: str | Sequence[str], corrupted: str | Sequence[str], tool: str) -> None:
+    """Raise `InvalidInput` unless ``clean`` and ``corrupted`` pair up prompt by prompt, of the same token length.
+
+    Each clean prompt must tokenize to as many tokens as its corrupted partner, not just the batches to
+    the same padded length: with left padding, a shorter partner's padding would stand where the other
+    prompt has tokens, and a patch at a position would move a real token's value into padding (or back).
+    """
+    if isinstance(clean, str) != isinstance(corrupted, str) or len(prompt_list(clean)) != len(prompt_list(corrupted)):
+        raise InvalidInput("clean and corrupted must be two prompts or two lists of the same length")
+    pairs = zip(prompt_list(clean), prompt_list(corrupted), strict=True)
+    for index, (a, b) in enumerate(pairs):
+        lengths = [len(model.tokenizer(prompt)["input_ids"]) for prompt in (a, b)]
+        if lengths[0] != lengths[1]:
+            which = "" if isinstance(clean, str) else f" (pair {index})"
+            raise InvalidInput(
+                f"clean and corrupted prompts{which} tokenize to {lengths[0]} and {lengths[1]} tokens: positions "
+                f"must line up, so {tool} needs each clean prompt and its corrupted partner of the same length"
+            )
 
 
 def index_positions(value: torch.Tensor, positions: Positions) -> torch.Tensor:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ..errors import GradientNotAvailable
-from ._common import in_execution_order, prompt_list, read, token_count
+from ._common import check_pair, in_execution_order, prompt_list, read
 from .resume import next_token_only as next_token_kwargs
 
 #: What `attribution_patching` can estimate: each head, the block's token mixer, its MLP.
@@ -197,8 +197,8 @@ def attribution_patching(
     Args:
         model: A `StandardizedTransformer`.
         clean: The prompt (or prompts) whose run is patched; the gradient is taken there.
-        corrupted: The prompt (or prompts) the patched values come from, of the same token length as
-            ``clean``; ``None``: zero (the estimate of zero-ablating each one).
+        corrupted: The prompt (or prompts) the patched values come from, each of the same token length
+            as its clean prompt; ``None``: zero (the estimate of zero-ablating each one).
         metric: The clean run's logits ``[batch, seq, vocab]`` to one number per prompt ``[batch]`` (or a
             scalar): e.g. `logit_difference`, or ``lambda logits: logits[:, -1].softmax(-1)[:, token]``.
         over: Which of ``"heads"``, ``"attention"`` (the block's token mixer) and ``"mlp"`` to estimate.
@@ -221,14 +221,7 @@ def attribution_patching(
         raise ValueError(f"over={tuple(over)!r}: choose among {OVER}")
     batch = prompt_list(clean)
     if corrupted is not None:
-        if isinstance(clean, str) != isinstance(corrupted, str) or len(prompt_list(corrupted)) != len(batch):
-            raise ValueError("clean and corrupted must be two prompts or two lists of the same length")
-        lengths = token_count(model, clean), token_count(model, corrupted)
-        if lengths[0] != lengths[1]:
-            raise ValueError(
-                f"clean and corrupted prompts tokenize to {lengths[0]} and {lengths[1]} tokens: positions must "
-                "line up, so attribution patching needs prompts of the same length"
-            )
+        check_pair(model, clean, corrupted, "attribution patching")
     plan = _plan(model, over)
     order = [(layer, name) for layer, chosen in plan.items()
              for name in in_execution_order(model, layer, list(chosen.values()))]

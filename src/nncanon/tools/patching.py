@@ -8,7 +8,18 @@ from typing import Any
 
 import torch
 
-from ._common import Positions, _as_index, check_value, host, layer_list, prompt_list, require, serving, token_count
+from ._common import (
+    Positions,
+    _as_index,
+    check_pair,
+    check_value,
+    host,
+    layer_list,
+    prompt_list,
+    require,
+    serving,
+    token_count,
+)
 from .resume import resume_at, streams_entering
 
 #: The values activation patching writes.
@@ -45,17 +56,6 @@ def run_metric(model: Any, prompts: str | Sequence[str], metric: Metric = last_t
     with torch.no_grad(), model.trace(prompt_list(prompts)):
         value = metric(model.logits).save()
     return value[0] if isinstance(prompts, str) else value
-
-
-def _check_pair(model: Any, clean: str | Sequence[str], corrupted: str | Sequence[str]) -> None:
-    if isinstance(clean, str) != isinstance(corrupted, str) or len(prompt_list(clean)) != len(prompt_list(corrupted)):
-        raise ValueError("clean and corrupted must be two prompts or two lists of the same length")
-    a, b = token_count(model, clean), token_count(model, corrupted)
-    if a != b:
-        raise ValueError(
-            f"clean and corrupted prompts tokenize to {a} and {b} tokens: positions must line up, "
-            "so patching needs prompts of the same length"
-        )
 
 
 def _write(model: Any, layer: int, name: str, source: torch.Tensor, position: Any, head: Any) -> None:
@@ -102,7 +102,7 @@ def patch(
     Args:
         model: A `StandardizedTransformer`.
         clean: The prompt (or prompts) whose values are patched in.
-        corrupted: The prompt (or prompts) patched, of the same token length as ``clean``.
+        corrupted: The prompt (or prompts) patched, each of the same token length as its clean prompt.
         value: One of `PATCHABLE`: ``"layer_output"``, ``"layer_input"``, ``"attention_output"``,
             ``"mlp_output"``, ``"attention_head_outputs"`` (and a hybrid's ``linear_attention_*``).
         layer: The block.
@@ -115,7 +115,7 @@ def patch(
         ``metric`` of the patched run (the batch axis dropped for single prompts).
     """
     check_value(value, PATCHABLE)
-    _check_pair(model, clean, corrupted)
+    check_pair(model, clean, corrupted, "patching")
     index = layer_list(model, layer)[0]
     require(model, value, [index])
     source = clean_values(model, clean, value, [index])[index]
@@ -150,7 +150,7 @@ def activation_patching(
     Args:
         model: A `StandardizedTransformer`.
         clean: The prompt (or prompts) whose values are patched in.
-        corrupted: The prompt (or prompts) patched, of the same token length as ``clean``.
+        corrupted: The prompt (or prompts) patched, each of the same token length as its clean prompt.
         value: One of `PATCHABLE`: ``"layer_output"`` (default), ``"layer_input"``, ``"attention_output"``,
             ``"mlp_output"``, ``"attention_head_outputs"`` (and a hybrid's ``linear_attention_*``).
         layers: The layers to sweep (default: every layer that serves ``value``, per ``model.support()``).
@@ -172,7 +172,7 @@ def activation_patching(
         raise ValueError("heads= sweeps attention_head_outputs (or linear_attention_head_outputs) only")
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
-    _check_pair(model, clean, corrupted)
+    check_pair(model, clean, corrupted, "patching")
     indices = serving(model, value, layers)
     if not indices:
         raise ValueError(f"no layer of this model serves {value}")
