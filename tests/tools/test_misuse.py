@@ -1,0 +1,35 @@
+"""What a researcher gets wrong first, refused with a named error before the model runs (or as it starts)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nncanon import NestedTrace
+from nncanon.tools import activation_patching, attribution_patching, head_ablation_sweep, logit_difference, logit_lens
+
+from .conftest import build
+
+METRIC = logit_difference(5, 7)
+
+
+@pytest.mark.parametrize("tool", ["trace", "attribution_patching", "head_ablation_sweep", "activation_patching",
+                                  "logit_lens"])
+def test_a_tool_called_inside_an_open_trace_is_refused_and_the_model_still_runs(tool):
+    """A tool runs its own forward; started inside a trace of the same model it is `NestedTrace` (nnsight's own
+    failure is an AttributeError on a None), and the next trace is the plain one."""
+    model = build("llama")
+    with torch.no_grad(), model.trace("a b"):
+        before = model.logits.save()
+    calls = {
+        "trace": lambda: model.trace("c d").__enter__(),
+        "attribution_patching": lambda: attribution_patching(model, "c d", None, METRIC),
+        "head_ablation_sweep": lambda: head_ablation_sweep(model, "c d", layers=[0]),
+        "activation_patching": lambda: activation_patching(model, "c d", "e f", layers=[0]),
+        "logit_lens": lambda: logit_lens(model, "c d"),
+    }
+    with pytest.raises(NestedTrace, match="inside an open trace"), torch.no_grad(), model.trace("a b"):
+        calls[tool]()
+    with torch.no_grad(), model.trace("a b"):
+        after = model.logits.save()
+    assert torch.equal(before, after)
