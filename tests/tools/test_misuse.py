@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nncanon import NestedTrace
+from nncanon import GradientNotAvailable, InvalidInput, NestedTrace
 from nncanon.tools import activation_patching, attribution_patching, head_ablation_sweep, logit_difference, logit_lens
 
 from .conftest import build
@@ -33,3 +33,18 @@ def test_a_tool_called_inside_an_open_trace_is_refused_and_the_model_still_runs(
     with torch.no_grad(), model.trace("a b"):
         after = model.logits.save()
     assert torch.equal(before, after)
+
+
+def test_attribution_patching_refuses_a_metric_that_is_not_one_number_per_prompt():
+    """A metric of five logits per prompt was summed into one number silently; one of no logit at all failed
+    with torch's "does not require grad". A scalar (a sum over the batch) keeps each prompt's estimate."""
+    model = build("llama")
+    prompts = ["a b", "c d"]
+    with pytest.raises(InvalidInput, match=r"metric returned \(2, 5\).*\[batch\] = \[2\]"):
+        attribution_patching(model, prompts, None, lambda logits: logits[:, -1, :5])
+    with pytest.raises(GradientNotAvailable, match="does not depend on the logits"):
+        attribution_patching(model, prompts, None, lambda logits: torch.tensor(1.0))
+    per_prompt = attribution_patching(model, prompts, None, METRIC)
+    summed = attribution_patching(model, prompts, None, lambda logits: METRIC(logits).sum())
+    for item in ("heads", "attention", "mlp"):
+        torch.testing.assert_close(summed[item], per_prompt[item], rtol=1e-6, atol=1e-7)

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..errors import GradientNotAvailable
+from ..errors import GradientNotAvailable, InvalidInput
 from ._common import check_pair, in_execution_order, prompt_list, read
 from .resume import next_token_only as next_token_kwargs
 
@@ -131,6 +131,27 @@ def _through_head(loss: torch.Tensor, values: list[torch.Tensor], entering: torc
     return torch.autograd.grad(entering, values, grad_outputs=inward, allow_unused=True)
 
 
+def _checked_metric(value: Any, batch: int) -> torch.Tensor:
+    """``metric``'s value, refused unless it is one number per prompt ``[batch]`` (or a scalar) with a gradient.
+
+    A metric of another shape (``logits[:, -1, :5]``, every position's) would be summed into one number silently,
+    and one that does not depend on the logits has no gradient to estimate with.
+    """
+    if not isinstance(value, torch.Tensor) or value.shape not in ((), (batch,)):
+        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        raise InvalidInput(
+            f"metric returned {shape}: attribution patching estimates one number per prompt, so the metric must "
+            f"map the logits [batch, seq, vocab] to [batch] = [{batch}] (or a scalar); reduce it, e.g. "
+            "logits[:, -1, correct] - logits[:, -1, incorrect]"
+        )
+    if not value.requires_grad:
+        raise GradientNotAvailable(
+            "the metric's value does not depend on the logits it was given (it has no gradient), so attribution "
+            "patching has nothing to estimate: compute it from the logits argument"
+        )
+    return value
+
+
 def _corrupted_values(model: Any, prompts: list[str], order: list[tuple[int, str]]) -> dict:
     """The values of ``order`` on the corrupted run; the forward stops after the last (no logits computed).
 
@@ -159,7 +180,7 @@ def _estimates(model: Any, prompts: list[str], patched: dict | None, order: list
         head = _linear_head(model)
         if head is not None:
             entering, leaving = model.lm_head.input, model.lm_head.output
-        loss = metric(model.logits).sum()
+        loss = _checked_metric(metric(model.logits), len(prompts)).sum()
         # One backward for the values asked only (the part of the graph below the earliest is not computed),
         # with no hook per value.
         if head is None:
@@ -200,7 +221,8 @@ def attribution_patching(
         corrupted: The prompt (or prompts) the patched values come from, each of the same token length
             as its clean prompt; ``None``: zero (the estimate of zero-ablating each one).
         metric: The clean run's logits ``[batch, seq, vocab]`` to one number per prompt ``[batch]`` (or a
-            scalar): e.g. `logit_difference`, or ``lambda logits: logits[:, -1].softmax(-1)[:, token]``.
+            scalar; any other shape is refused, `InvalidInput`, and one that does not depend on the logits
+            is `GradientNotAvailable`): e.g. `logit_difference`, or ``lambda logits: logits[:, -1].softmax(-1)[:, token]``.
         over: Which of ``"heads"``, ``"attention"`` (the block's token mixer) and ``"mlp"`` to estimate.
         next_token_only: The model computes the last position's logits only (`nncanon.tools.next_token_only`),
             so ``metric`` sees ``[batch, 1, vocab]`` where the model takes ``logits_to_keep``: the same
