@@ -222,7 +222,8 @@ def attribution_patching(
             as its clean prompt; ``None``: zero (the estimate of zero-ablating each one).
         metric: The clean run's logits ``[batch, seq, vocab]`` to one number per prompt ``[batch]`` (or a
             scalar; any other shape is refused, `InvalidInput`, and one that does not depend on the logits
-            is `GradientNotAvailable`): e.g. `logit_difference`, or ``lambda logits: logits[:, -1].softmax(-1)[:, token]``.
+            is `GradientNotAvailable`): e.g. `logit_difference`, or
+            ``lambda logits: logits[:, -1].softmax(-1)[:, token]``.
         over: Which of ``"heads"``, ``"attention"`` (the block's token mixer) and ``"mlp"`` to estimate.
         next_token_only: The model computes the last position's logits only (`nncanon.tools.next_token_only`),
             so ``metric`` sees ``[batch, 1, vocab]`` where the model takes ``logits_to_keep``: the same
