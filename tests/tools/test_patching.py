@@ -134,3 +134,37 @@ def test_pairs_of_different_lengths_are_refused_even_when_the_batches_pad_to_one
         patch(model, clean, corrupted, "layer_output", 0)
     with pytest.raises(InvalidInput, match=r"\(pair 0\) tokenize to 3 and 1 tokens"):
         attribution_patching(model, clean, corrupted, logit_difference(5, 7))
+
+
+@pytest.mark.parametrize("name", ["laguna_uneven_heads", "inkling_text_swa_heads"])
+def test_a_head_sweep_over_blocks_of_different_head_counts(name):
+    """heads="each" sweeps the widest block's heads: each item equals a patch written with the plain surface, NaN
+    past a block's count (the first block's count was taken for all: an IndexError, or heads left out)."""
+    model = build(name)
+    layers = model.support().layers_with("attention_head_outputs")
+    counts = [head_count(model, layer) for layer in layers]
+    assert len(set(counts)) > 1
+    sweep = activation_patching(model, CLEAN, CORRUPTED, value="attention_head_outputs", heads="each", positions=None)
+    assert sweep.shape == (len(layers), max(counts), model.vocab_size)
+    for row, layer, count in zip(sweep, layers, counts, strict=True):
+        assert torch.isnan(row[count:]).all()
+        for head in range(count):
+            torch.testing.assert_close(row[head], _single(model, "attention_head_outputs", layer, head=head), **TOL)
+
+
+def test_out_of_range_positions_and_heads_are_named_before_the_run(model):
+    length = _same_length(model)
+    layer = attention_layers(model)[0]
+    count = head_count(model, layer)
+    with pytest.raises(InvalidInput, match=rf"positions=\[{length}\] is out of range.*0\.\.{length - 1}"):
+        activation_patching(model, CLEAN, CORRUPTED, positions=[length])
+    with pytest.raises(InvalidInput, match=rf"positions=\[{-length - 1}\] is out of range"):
+        patch(model, CLEAN, CORRUPTED, "layer_output", layer, positions=-length - 1)
+    with pytest.raises(InvalidInput, match=rf"heads=\[{count}\] is out of range"):
+        activation_patching(model, CLEAN, CORRUPTED, value="attention_head_outputs", layers=[layer], heads=[count])
+    with pytest.raises(InvalidInput, match=rf"heads=\[{count}\] is out of range: layers\[{layer}\] has {count} heads"):
+        patch(model, CLEAN, CORRUPTED, "attention_head_outputs", layer, heads=count)
+    with pytest.raises(InvalidInput, match="positions='all'"):
+        activation_patching(model, CLEAN, CORRUPTED, positions="all")
+    with pytest.raises(ValueError, match="heads= patches attention_head_outputs"):
+        patch(model, CLEAN, CORRUPTED, "mlp_output", layer, heads=0)

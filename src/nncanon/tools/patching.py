@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from ..errors import InvalidInput
 from ._common import (
     Positions,
     _as_index,
@@ -76,6 +77,18 @@ def selection(position: Any, head: Any) -> tuple:
     return where
 
 
+def _listed(index: int | list) -> list:
+    return index if isinstance(index, list) else [index]
+
+
+def _check_indices(indices: Sequence[int], size: int, name: str, why: str) -> None:
+    """Raise `InvalidInput` unless every index of ``indices`` is in ``-size..size-1``."""
+    outside = [index for index in indices if not -size <= index < size]
+    if outside:
+        raise InvalidInput(f"{name}={outside} is out of range: {why}, so an index is in 0..{size - 1} "
+                           f"(or {-size}..-1 from the end)")
+
+
 def clean_values(
     model: Any, prompts: str | Sequence[str], value: str, layers: Sequence[int]
 ) -> dict[int, torch.Tensor]:
@@ -115,12 +128,20 @@ def patch(
         ``metric`` of the patched run (the batch axis dropped for single prompts).
     """
     check_value(value, PATCHABLE)
+    if heads is not None and not value.endswith("head_outputs"):
+        raise ValueError("heads= patches attention_head_outputs (or linear_attention_head_outputs) only")
     check_pair(model, clean, corrupted, "patching")
     index = layer_list(model, layer)[0]
     require(model, value, [index])
     source = clean_values(model, clean, value, [index])[index]
     head = None if heads is None else (heads if isinstance(heads, int) else list(heads))
     position = None if positions is None else _as_index(positions)
+    if isinstance(position, (int, list)):
+        length = source.shape[1]
+        _check_indices(_listed(position), length, "positions", f"the prompts are {length} tokens long (padded)")
+    if head is not None:
+        count = source.shape[2]
+        _check_indices(_listed(head), count, "heads", f"layers[{index}] has {count} heads")
     with torch.no_grad(), model.trace(prompt_list(corrupted)):
         _write(model, index, value, source, position, head)
         result = metric(model.logits).save()
@@ -156,8 +177,9 @@ def activation_patching(
         layers: The layers to sweep (default: every layer that serves ``value``, per ``model.support()``).
         positions: ``"each"`` (default: sweep every position), a list of positions to sweep, or
             ``None`` (no position axis: patch all positions at once).
-        heads: For ``*_head_outputs``: ``"each"`` (sweep every head), a list of heads to sweep, or
-            ``None`` (no head axis: patch all heads at once).
+        heads: For ``*_head_outputs``: ``"each"`` (sweep every head of the widest layer), a list of heads
+            to sweep, or ``None`` (no head axis: patch all heads at once). Where a layer has fewer heads than
+            the widest (blocks that differ), its items past its count are NaN.
         metric: Maps the corrupted run's logits ``[batch, seq, vocab]`` to what is recorded
             (default: the last position's logits; `logit_difference` gives one number per prompt).
         batch_size: Items per trace (memory: each item is one copy of the batch).
@@ -168,6 +190,9 @@ def activation_patching(
         ``imshow``.
     """
     check_value(value, PATCHABLE)
+    for name, given in (("positions", positions), ("heads", heads)):
+        if isinstance(given, str) and given != "each":
+            raise InvalidInput(f'{name}={given!r}: give "each", a list of indices or None')
     if heads is not None and not value.endswith("head_outputs"):
         raise ValueError("heads= sweeps attention_head_outputs (or linear_attention_head_outputs) only")
     if batch_size < 1:
@@ -178,11 +203,18 @@ def activation_patching(
         raise ValueError(f"no layer of this model serves {value}")
     length = token_count(model, clean)
     position_axis = list(range(length)) if positions == "each" else (None if positions is None else list(positions))
+    if position_axis is not None:
+        _check_indices(position_axis, length, "positions", f"the prompts are {length} tokens long (padded)")
 
     sources = clean_values(model, clean, value, indices)
-    count = sources[indices[0]].shape[2] if heads is not None else 0
-    head_axis = list(range(count)) if heads == "each" else (None if heads is None else list(heads))
-    items = list(product(indices, position_axis or [None], head_axis or [None]))
+    counts = {index: sources[index].shape[2] for index in indices} if heads is not None else {}
+    width = max(counts.values(), default=0)
+    head_axis = list(range(width)) if heads == "each" else (None if heads is None else list(heads))
+    if head_axis is not None:
+        _check_indices(head_axis, width, "heads", f"the widest of these layers has {width} heads")
+    grid = list(product(indices, position_axis or [None], head_axis or [None]))
+    # A layer with fewer heads than the widest (a model whose blocks differ) has no item past its count: NaN there.
+    items = [item for item in grid if item[2] is None or -counts[item[0]] <= item[2] < counts[item[0]]]
     # The corrupted run's blocks before a chunk's first layer are the same for all its items: run them once.
     chunks = [items[start : start + batch_size] for start in range(0, len(items), batch_size)]
     streams = streams_entering(model, corrupted, sorted({chunk[0][0] for chunk in chunks}))
@@ -195,7 +227,12 @@ def activation_patching(
                     resume_at(model, first, streams[first])
                     _write(model, index, value, sources[index], position, head)
                     results.append(metric(model.logits).save())
-    stacked = torch.stack([r[0] if isinstance(clean, str) else r for r in results])
+    done = [r[0] if isinstance(clean, str) else r for r in results]
+    if len(items) < len(grid):
+        ran = dict(zip(items, done, strict=True))
+        blank = torch.full_like(done[0], float("nan"), dtype=torch.result_type(done[0], 0.5))
+        done = [ran.get(item, blank) for item in grid]
+    stacked = torch.stack(done)
     shape = [len(indices)]
     if position_axis is not None:
         shape.append(len(position_axis))
