@@ -168,3 +168,13 @@ def test_out_of_range_positions_and_heads_are_named_before_the_run(model):
         activation_patching(model, CLEAN, CORRUPTED, positions="all")
     with pytest.raises(ValueError, match="heads= patches attention_head_outputs"):
         patch(model, CLEAN, CORRUPTED, "mlp_output", layer, heads=0)
+
+
+def test_layers_in_any_order_are_the_sweep_of_each(model):
+    """layers=[last, first] in one trace resumed every invoke at the last layer, past the first one's write
+    (OutOfOrderRead); each row equals the sweep of its layer alone."""
+    first, last = 0, model.num_layers - 1
+    both = activation_patching(model, CLEAN, CORRUPTED, layers=[last, first], positions=None)
+    for row, layer in zip(both, (last, first), strict=True):
+        torch.testing.assert_close(row, activation_patching(model, CLEAN, CORRUPTED, layers=[layer], positions=None)[0],
+                                   **TOL)

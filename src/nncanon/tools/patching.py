@@ -217,10 +217,11 @@ def activation_patching(
     items = [item for item in grid if item[2] is None or -counts[item[0]] <= item[2] < counts[item[0]]]
     # The corrupted run's blocks before a chunk's first layer are the same for all its items: run them once.
     chunks = [items[start : start + batch_size] for start in range(0, len(items), batch_size)]
-    streams = streams_entering(model, corrupted, sorted({chunk[0][0] for chunk in chunks}))
+    # (The earliest layer of a chunk: ``layers`` may be given in any order.)
+    streams = streams_entering(model, corrupted, sorted({min(item[0] for item in chunk) for chunk in chunks}))
     results: list[torch.Tensor] = []
     for chunk in chunks:
-        first = chunk[0][0]  # items are in layer order
+        first = min(item[0] for item in chunk)
         with torch.no_grad(), model.trace() as tracer:
             for index, position, head in chunk:
                 with tracer.invoke(prompt_list(corrupted)):
