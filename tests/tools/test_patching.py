@@ -178,3 +178,13 @@ def test_layers_in_any_order_are_the_sweep_of_each(model):
     for row, layer in zip(both, (last, first), strict=True):
         torch.testing.assert_close(row, activation_patching(model, CLEAN, CORRUPTED, layers=[layer], positions=None)[0],
                                    **TOL)
+
+
+def test_an_int_where_a_sweep_takes_a_list_and_empty_prompts_are_named(model):
+    """positions=1 was "'int' object is not iterable"; two empty lists were an IndexError."""
+    with pytest.raises(InvalidInput, match=r"positions=1: give \"each\", a list of indices \(\[1\] sweeps that one\)"):
+        activation_patching(model, CLEAN, CORRUPTED, positions=1)
+    with pytest.raises(InvalidInput, match=r"heads=0: give \"each\", a list of indices \(\[0\] sweeps that one\)"):
+        activation_patching(model, CLEAN, CORRUPTED, value="attention_head_outputs", heads=0)
+    with pytest.raises(InvalidInput, match="empty lists"):
+        activation_patching(model, [], [])

@@ -150,6 +150,8 @@ def check_pair(model: Any, clean: str | Sequence[str], corrupted: str | Sequence
     """
     if isinstance(clean, str) != isinstance(corrupted, str) or len(prompt_list(clean)) != len(prompt_list(corrupted)):
         raise InvalidInput("clean and corrupted must be two prompts or two lists of the same length")
+    if not prompt_list(clean):
+        raise InvalidInput("clean and corrupted are empty lists: give a prompt, or a list of prompts, for each")
     pairs = zip(prompt_list(clean), prompt_list(corrupted), strict=True)
     for index, (a, b) in enumerate(pairs):
         lengths = [len(model.tokenizer(prompt)["input_ids"]) for prompt in (a, b)]

@@ -191,8 +191,9 @@ def activation_patching(
     """
     check_value(value, PATCHABLE)
     for name, given in (("positions", positions), ("heads", heads)):
-        if isinstance(given, str) and given != "each":
-            raise InvalidInput(f'{name}={given!r}: give "each", a list of indices or None')
+        if (isinstance(given, str) and given != "each") or isinstance(given, int):
+            hint = f" ([{given}] sweeps that one)" if isinstance(given, int) else ""
+            raise InvalidInput(f'{name}={given!r}: give "each", a list of indices{hint} or None')
     if heads is not None and not value.endswith("head_outputs"):
         raise ValueError("heads= sweeps attention_head_outputs (or linear_attention_head_outputs) only")
     if batch_size < 1:
