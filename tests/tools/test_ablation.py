@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nncanon.errors import ValueNotAvailable
+from nncanon.errors import InvalidInput, ValueNotAvailable
 from nncanon.testing import PROMPTS
 from nncanon.tools import (
     head_ablation_sweep,
@@ -195,3 +195,16 @@ def test_head_ablation_sweep_refuses_what_a_layer_does_not_serve():
         head_ablation_sweep(model, PROMPT, layers=[linear])
     with pytest.raises(KeyError, match="mlp_output"):
         head_ablation_sweep(model, PROMPT, value="mlp_output")
+
+
+def test_head_ablation_sweep_refuses_means_that_do_not_fit():
+    """A mean for another layer was KeyError 0; the mean of attention_output ([hidden]) was torch's "expanded size"
+    error inside the trace. Both are named before the sweep runs."""
+    model = build("llama")
+    heads = head_count(model, 0)
+    with pytest.raises(InvalidInput, match=r"mean= has no entry for layers\[0\] \(it has \[1\]\)"):
+        head_ablation_sweep(model, PROMPT, layers=[0], mean=mean_values(model, REFERENCE, "attention_head_outputs",
+                                                                        layers=[1]))
+    with pytest.raises(InvalidInput, match=rf"mean\[0\] is \({model.hidden_size},\).*\[{heads}, \.\.\.\]"):
+        head_ablation_sweep(model, PROMPT, layers=[0], mean=mean_values(model, REFERENCE, "attention_output",
+                                                                        layers=[0]))

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..errors import InvalidInput
 from ._common import Positions, _as_index, check_value, head_count, host, prompt_list, serving
 from .resume import next_token_only, resume_at, streams_entering
 
@@ -177,6 +178,19 @@ def _probabilities(logits: torch.Tensor) -> torch.Tensor:
     return torch.softmax(logits, dim=-1)
 
 
+def _check_means(model: Any, mean: dict[int, torch.Tensor], indices: list[int], value: str) -> None:
+    """Raise `InvalidInput` unless ``mean`` has a ``[heads, head_dim]`` mean of ``value`` for every layer swept."""
+    for layer in indices:
+        found = mean.get(layer)
+        if found is None:
+            raise InvalidInput(f"mean= has no entry for layers[{layer}] (it has {sorted(mean)}): pass "
+                               f"mean_values(model, prompts, {value!r}) for the layers swept")
+        count = head_count(model, layer, value)
+        if found.dim() != 2 or found.shape[0] != count:
+            raise InvalidInput(f"mean[{layer}] is {tuple(found.shape)}; a head sweep replaces each head by its mean "
+                               f"[heads, head_dim] = [{count}, ...]: pass mean_values(model, prompts, {value!r})")
+
+
 def head_ablation_sweep(
     model: Any,
     prompts: str | Sequence[str],
@@ -201,7 +215,8 @@ def head_ablation_sweep(
         value: ``"attention_head_outputs"`` or ``"linear_attention_head_outputs"``.
         metric: Maps the next-token logits ``[batch, vocab]`` to what is recorded (default: the
             probabilities, ``softmax``). It sees the last position only.
-        mean: ``{layer: [heads, head_dim]}`` from `mean_values`: mean-ablate instead of zeroing.
+        mean: ``{layer: [heads, head_dim]}`` from `mean_values`: mean-ablate instead of zeroing (one for every
+            layer swept, else `InvalidInput`).
         batch_size: Invokes per trace (memory: each is one copy of the batch).
 
     Returns:
@@ -218,6 +233,8 @@ def head_ablation_sweep(
     indices = serving(model, value, layers)
     if not indices:
         raise ValueError(f"no layer of this model serves {value}")
+    if mean is not None:
+        _check_means(model, mean, indices, value)
     batch = prompt_list(prompts)
     streams = streams_entering(model, batch, indices)
     keep = next_token_only(model)
