@@ -6,7 +6,16 @@ import pytest
 import torch
 
 from nncanon import GradientNotAvailable, InvalidInput, NestedTrace
-from nncanon.tools import activation_patching, attribution_patching, head_ablation_sweep, logit_difference, logit_lens
+from nncanon.tools import (
+    activation_patching,
+    attribution_patching,
+    head_ablation_sweep,
+    logit_difference,
+    logit_lens,
+    mean_values,
+    steer,
+    zero_ablate,
+)
 
 from .conftest import build
 
@@ -48,3 +57,21 @@ def test_attribution_patching_refuses_a_metric_that_is_not_one_number_per_prompt
     summed = attribution_patching(model, prompts, None, lambda logits: METRIC(logits).sum())
     for item in ("heads", "attention", "mlp"):
         torch.testing.assert_close(summed[item], per_prompt[item], rtol=1e-6, atol=1e-7)
+
+
+def test_positions_and_heads_out_of_range_are_named_by_every_tool():
+    """Each was torch's IndexError "index 5 is out of bounds for dimension 0 with size 3" from inside the trace."""
+    model = build("llama")
+    prompt = "a b"  # 3 tokens
+    message = r"positions=\[5\] is out of range: the sequence is 3 tokens long \(padded\), so an index is in 0\.\.2"
+    with pytest.raises(InvalidInput, match=message):
+        logit_lens(model, prompt, positions=[5])
+    with pytest.raises(InvalidInput, match=message):
+        mean_values(model, prompt, "mlp_output", positions=[5])
+    with pytest.raises(InvalidInput, match=message), torch.no_grad(), model.trace(prompt):
+        steer(model, 0, torch.ones(model.hidden_size), positions=5)
+    with pytest.raises(InvalidInput, match=message), torch.no_grad(), model.trace(prompt):
+        zero_ablate(model, 0, "block", positions=torch.tensor([5]))
+    with pytest.raises(InvalidInput, match=r"heads=\[9\] is out of range: layers\[0\] has 4 heads"), \
+            torch.no_grad(), model.trace(prompt):
+        zero_ablate(model, 0, "attention_head_outputs", heads=[0, 9])

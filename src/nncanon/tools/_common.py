@@ -163,11 +163,33 @@ def check_pair(model: Any, clean: str | Sequence[str], corrupted: str | Sequence
             )
 
 
+def check_indices(indices: Sequence[int], size: int, name: str, why: str) -> None:
+    """Raise `InvalidInput` unless every index of ``indices`` is in ``-size..size-1`` (``why``: what ``size`` is)."""
+    outside = [int(index) for index in indices if not -size <= index < size]
+    if outside:
+        raise InvalidInput(f"{name}={outside} is out of range: {why}, so an index is in 0..{size - 1} "
+                           f"(or {-size}..-1 from the end)")
+
+
+def checked_positions(positions: Positions, length: int) -> Any:
+    """``positions`` as an index of the sequence axis, refused (`InvalidInput`) where one is not in a sequence of
+    ``length`` tokens (a slice or a mask is taken as it is)."""
+    index = _as_index(positions)
+    if isinstance(index, torch.Tensor):
+        if index.dtype == torch.bool:
+            return index
+        listed = index.flatten().tolist()
+    else:
+        listed = [] if isinstance(index, slice) else [index] if isinstance(index, int) else index
+    check_indices(listed, length, "positions", f"the sequence is {length} tokens long (padded)")
+    return index
+
+
 def index_positions(value: torch.Tensor, positions: Positions) -> torch.Tensor:
     """``value[:, positions]`` (all of ``value`` when ``positions`` is ``None``)."""
     if positions is None:
         return value
-    return value[:, _as_index(positions)]
+    return value[:, checked_positions(positions, value.shape[1])]
 
 
 def _as_index(positions: Positions) -> Any:

@@ -20,7 +20,17 @@ from typing import Any
 import torch
 
 from ..errors import InvalidInput
-from ._common import Positions, _as_index, check_value, head_count, host, prompt_list, serving
+from ._common import (
+    Positions,
+    _as_index,
+    check_indices,
+    check_value,
+    checked_positions,
+    head_count,
+    host,
+    prompt_list,
+    serving,
+)
 from .resume import next_token_only, resume_at, streams_entering
 
 #: The values these helpers ablate.
@@ -57,11 +67,19 @@ def _ablate(model: Any, layer: int, value: str, replacement: Any, heads: Any, po
         block = model.layers[layer]
         entering = block.layer_input.clone()
         leaving = block.layer_output
+        if positions is not None:
+            checked_positions(positions, leaving.shape[1])
         if isinstance(replacement, torch.Tensor):
             replacement = replacement.to(device=leaving.device, dtype=leaving.dtype)
         leaving[where] = entering[where] + replacement
         return
     target = getattr(host(model, layer, value), value)
+    if positions is not None:
+        checked_positions(positions, target.shape[1])
+    if heads is not None:
+        count = target.shape[2]
+        check_indices([heads] if isinstance(heads, int) else list(heads), count, "heads",
+                      f"layers[{layer}] has {count} heads")
     if isinstance(replacement, torch.Tensor):
         replacement = replacement.to(device=target.device, dtype=target.dtype)
         if heads is not None and replacement.dim() >= 2:  # a [heads, head_dim] mean: the rows of these heads
@@ -142,7 +160,7 @@ def mean_values(
             means[index] = (tensor * weights).sum((0, 1)) / weights.sum()
         return means
     for index in indices:
-        picked = raw[index][:, _as_index(positions)]
+        picked = raw[index][:, checked_positions(positions, raw[index].shape[1])]
         if picked.dim() == raw[index].dim():  # several positions: average them too
             picked = picked.flatten(0, 1)
         means[index] = picked.mean(0)

@@ -12,8 +12,10 @@ from ..errors import InvalidInput
 from ._common import (
     Positions,
     _as_index,
+    check_indices,
     check_pair,
     check_value,
+    checked_positions,
     host,
     layer_list,
     prompt_list,
@@ -77,18 +79,6 @@ def selection(position: Any, head: Any) -> tuple:
     return where
 
 
-def _listed(index: int | list) -> list:
-    return index if isinstance(index, list) else [index]
-
-
-def _check_indices(indices: Sequence[int], size: int, name: str, why: str) -> None:
-    """Raise `InvalidInput` unless every index of ``indices`` is in ``-size..size-1``."""
-    outside = [index for index in indices if not -size <= index < size]
-    if outside:
-        raise InvalidInput(f"{name}={outside} is out of range: {why}, so an index is in 0..{size - 1} "
-                           f"(or {-size}..-1 from the end)")
-
-
 def clean_values(
     model: Any, prompts: str | Sequence[str], value: str, layers: Sequence[int]
 ) -> dict[int, torch.Tensor]:
@@ -136,12 +126,11 @@ def patch(
     source = clean_values(model, clean, value, [index])[index]
     head = None if heads is None else (heads if isinstance(heads, int) else list(heads))
     position = None if positions is None else _as_index(positions)
-    if isinstance(position, (int, list)):
-        length = source.shape[1]
-        _check_indices(_listed(position), length, "positions", f"the prompts are {length} tokens long (padded)")
+    if position is not None:
+        checked_positions(position, source.shape[1])
     if head is not None:
         count = source.shape[2]
-        _check_indices(_listed(head), count, "heads", f"layers[{index}] has {count} heads")
+        check_indices([head] if isinstance(head, int) else head, count, "heads", f"layers[{index}] has {count} heads")
     with torch.no_grad(), model.trace(prompt_list(corrupted)):
         _write(model, index, value, source, position, head)
         result = metric(model.logits).save()
@@ -205,14 +194,14 @@ def activation_patching(
     length = token_count(model, clean)
     position_axis = list(range(length)) if positions == "each" else (None if positions is None else list(positions))
     if position_axis is not None:
-        _check_indices(position_axis, length, "positions", f"the prompts are {length} tokens long (padded)")
+        checked_positions(position_axis, length)
 
     sources = clean_values(model, clean, value, indices)
     counts = {index: sources[index].shape[2] for index in indices} if heads is not None else {}
     width = max(counts.values(), default=0)
     head_axis = list(range(width)) if heads == "each" else (None if heads is None else list(heads))
     if head_axis is not None:
-        _check_indices(head_axis, width, "heads", f"the widest of these layers has {width} heads")
+        check_indices(head_axis, width, "heads", f"the widest of these layers has {width} heads")
     grid = list(product(indices, position_axis or [None], head_axis or [None]))
     # A layer with fewer heads than the widest (a model whose blocks differ) has no item past its count: NaN there.
     items = [item for item in grid if item[2] is None or -counts[item[0]] <= item[2] < counts[item[0]]]

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ._common import Positions, _as_index, layer_list
+from ._common import Positions, checked_positions, layer_list
 
 
 def steer(
@@ -46,4 +46,4 @@ def steer(
         if positions is None:
             output += added
         else:
-            output[:, _as_index(positions)] += added
+            output[:, checked_positions(positions, output.shape[1])] += added
