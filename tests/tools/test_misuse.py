@@ -75,3 +75,14 @@ def test_positions_and_heads_out_of_range_are_named_by_every_tool():
     with pytest.raises(InvalidInput, match=r"heads=\[9\] is out of range: layers\[0\] has 4 heads"), \
             torch.no_grad(), model.trace(prompt):
         zero_ablate(model, 0, "attention_head_outputs", heads=[0, 9])
+
+
+def test_attribution_patching_takes_one_item_of_over_as_a_string():
+    """over="heads" was read letter by letter: "over=('h', 'e', 'a', 'd', 's'): choose among ..."."""
+    model = build("llama")
+    alone = attribution_patching(model, "a b", None, METRIC, over="heads")
+    listed = attribution_patching(model, "a b", None, METRIC, over=("heads",))
+    assert alone.attention is None and alone.mlp is None
+    assert torch.equal(alone.heads, listed.heads)
+    with pytest.raises(ValueError, match=r"over=\('neurons',\): choose among"):
+        attribution_patching(model, "a b", None, METRIC, over="neurons")

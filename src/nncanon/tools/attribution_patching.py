@@ -205,7 +205,7 @@ def attribution_patching(
     clean: str | Sequence[str],
     corrupted: str | Sequence[str] | None,
     metric: Callable[[torch.Tensor], torch.Tensor],
-    over: Sequence[str] = OVER,
+    over: str | Sequence[str] = OVER,
     next_token_only: bool = False,
 ) -> AttributionPatching:
     """The linear estimate of patching each head and sublayer of every layer from ``corrupted`` into ``clean``.
@@ -224,7 +224,8 @@ def attribution_patching(
             scalar; any other shape is refused, `InvalidInput`, and one that does not depend on the logits
             is `GradientNotAvailable`): e.g. `logit_difference`, or
             ``lambda logits: logits[:, -1].softmax(-1)[:, token]``.
-        over: Which of ``"heads"``, ``"attention"`` (the block's token mixer) and ``"mlp"`` to estimate.
+        over: Which of ``"heads"``, ``"attention"`` (the block's token mixer) and ``"mlp"`` to estimate (one
+            of them alone may be given as a string).
         next_token_only: The model computes the last position's logits only (`nncanon.tools.next_token_only`),
             so ``metric`` sees ``[batch, 1, vocab]`` where the model takes ``logits_to_keep``: the same
             estimate for a metric of the next token (``logits[:, -1]``), without unembedding (forward and
@@ -239,6 +240,8 @@ def attribution_patching(
         ...                               lambda logits: logits[:, -1, paris])
         >>> result.heads      # [layers, heads]: the estimated change of the logit when each head is zeroed
     """
+    if isinstance(over, str):  # over="heads": one item, not its letters
+        over = (over,)
     unknown = [item for item in over if item not in OVER]
     if unknown or not over:
         raise ValueError(f"over={tuple(over)!r}: choose among {OVER}")
