@@ -13,6 +13,7 @@ from nncanon.tools import (
     logit_difference,
     logit_lens,
     mean_values,
+    patchscope,
     steer,
     zero_ablate,
 )
@@ -86,3 +87,11 @@ def test_attribution_patching_takes_one_item_of_over_as_a_string():
     assert torch.equal(alone.heads, listed.heads)
     with pytest.raises(ValueError, match=r"over=\('neurons',\): choose among"):
         attribution_patching(model, "a b", None, METRIC, over="neurons")
+
+
+def test_patchscope_positions_out_of_range_are_named():
+    model = build("llama")
+    with pytest.raises(InvalidInput, match=r"positions=\[5\] is out of range: the sequence is 3 tokens long"):
+        patchscope(model, "a b", "c d", 0, source_position=5)
+    with pytest.raises(InvalidInput, match=r"positions=\[-9\] is out of range: the sequence is 3 tokens long"):
+        patchscope(model, "a b", "c d", 0, target_position=-9)
