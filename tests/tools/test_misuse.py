@@ -95,3 +95,15 @@ def test_patchscope_positions_out_of_range_are_named():
         patchscope(model, "a b", "c d", 0, source_position=5)
     with pytest.raises(InvalidInput, match=r"positions=\[-9\] is out of range: the sequence is 3 tokens long"):
         patchscope(model, "a b", "c d", 0, target_position=-9)
+
+
+def test_an_empty_list_of_layers_is_named():
+    """layers=[] was "no layer of this model serves layer_output" (it serves it on every layer), or torch's
+    "stack expects a non-empty TensorList" from the lens."""
+    model = build("llama")
+    with pytest.raises(InvalidInput, match=r"layers=\[\] names no layer"):
+        logit_lens(model, "a b", layers=[])
+    with pytest.raises(InvalidInput, match=r"layers=\[\] names no layer.*serves attention_head_outputs"):
+        head_ablation_sweep(model, "a b", layers=[])
+    with pytest.raises(InvalidInput, match=r"layers=\[\] names no layer.*serves layer_output"):
+        activation_patching(model, "a b", "c d", layers=[])

@@ -112,10 +112,14 @@ def require(model: Any, name: str, layers: Sequence[int]) -> None:
 
 
 def serving(model: Any, name: str, layers: int | Sequence[int] | None) -> list[int]:
-    """``layers`` checked against ``support()``; ``None``: every layer that serves ``name``."""
+    """``layers`` checked against ``support()`` (an empty list is `InvalidInput`); ``None``: every layer that serves
+    ``name``."""
     if layers is None:
         return model.support().layers_with(name)
     indices = layer_list(model, layers)
+    if not indices:
+        raise InvalidInput(f"layers={layers!r} names no layer: give a layer, a list of layers, or None for every "
+                           f"layer that serves {name}")
     require(model, name, indices)
     return indices
 
