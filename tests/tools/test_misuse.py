@@ -107,3 +107,10 @@ def test_an_empty_list_of_layers_is_named():
         head_ablation_sweep(model, "a b", layers=[])
     with pytest.raises(InvalidInput, match=r"layers=\[\] names no layer.*serves layer_output"):
         activation_patching(model, "a b", "c d", layers=[])
+
+
+def test_a_metric_of_another_position_under_next_token_only_is_named():
+    """With the last position's logits only, logits[:, -2] was torch's IndexError from inside the trace."""
+    model = build("llama")
+    with pytest.raises(InvalidInput, match=r"next_token_only=True .* the metric sees \[batch, 1, vocab\]"):
+        attribution_patching(model, "a b", None, lambda logits: logits[:, -2, 5], next_token_only=True)

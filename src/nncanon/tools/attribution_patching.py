@@ -180,7 +180,18 @@ def _estimates(model: Any, prompts: list[str], patched: dict | None, order: list
         head = _linear_head(model)
         if head is not None:
             entering, leaving = model.lm_head.input, model.lm_head.output
-        loss = _checked_metric(metric(model.logits), len(prompts)).sum()
+        logits = model.logits
+        try:
+            value = metric(logits)
+        except IndexError as error:
+            if not keep:
+                raise
+            raise InvalidInput(
+                f"metric failed on the logits {tuple(logits.shape)} ({error}): with next_token_only=True the model "
+                "computes the last position's logits only, so the metric sees [batch, 1, vocab]; read logits[:, -1], "
+                "or leave next_token_only off"
+            ) from error
+        loss = _checked_metric(value, len(prompts)).sum()
         # One backward for the values asked only (the part of the graph below the earliest is not computed),
         # with no hook per value.
         if head is None:
