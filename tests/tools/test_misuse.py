@@ -114,3 +114,14 @@ def test_a_metric_of_another_position_under_next_token_only_is_named():
     model = build("llama")
     with pytest.raises(InvalidInput, match=r"next_token_only=True .* the metric sees \[batch, 1, vocab\]"):
         attribution_patching(model, "a b", None, lambda logits: logits[:, -2, 5], next_token_only=True)
+
+
+def test_attribution_patching_under_inference_mode_is_named_and_under_no_grad_is_the_same():
+    """Under torch.inference_mode() the backward has nothing to run on (it was torch's "does not require grad");
+    under torch.no_grad() the tool takes its own gradients: the same estimates."""
+    model = build("llama")
+    with pytest.raises(GradientNotAvailable, match="inference_mode"), torch.inference_mode():
+        attribution_patching(model, "a b", None, METRIC)
+    with torch.no_grad():
+        inside = attribution_patching(model, "a b", None, METRIC)
+    assert torch.equal(inside.heads, attribution_patching(model, "a b", None, METRIC).heads)

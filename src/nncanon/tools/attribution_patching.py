@@ -251,6 +251,9 @@ def attribution_patching(
         ...                               lambda logits: logits[:, -1, paris])
         >>> result.heads      # [layers, heads]: the estimated change of the logit when each head is zeroed
     """
+    if torch.is_inference_mode_enabled():
+        raise GradientNotAvailable("attribution patching takes a backward, and torch.inference_mode() has none: "
+                                   "call it outside the inference_mode block (torch.no_grad() is fine)")
     if isinstance(over, str):  # over="heads": one item, not its letters
         over = (over,)
     unknown = [item for item in over if item not in OVER]
