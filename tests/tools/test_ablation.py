@@ -208,3 +208,16 @@ def test_head_ablation_sweep_refuses_means_that_do_not_fit():
     with pytest.raises(InvalidInput, match=rf"mean\[0\] is \({model.hidden_size},\).*\[{heads}, \.\.\.\]"):
         head_ablation_sweep(model, PROMPT, layers=[0], mean=mean_values(model, REFERENCE, "attention_output",
                                                                         layers=[0]))
+
+
+def test_mean_ablate_refuses_a_mean_of_another_shape():
+    """A mean of another value ([hidden] for the heads', or of another width) was torch's shape error inside the
+    trace."""
+    model = build("llama")
+    means = mean_values(model, REFERENCE, "attention_output", layers=[0])
+    with pytest.raises(InvalidInput, match=r"the mean is \(\d+,\); layers\[0\] attention_head_outputs is \(4, \d+\)"), \
+            torch.no_grad(), model.trace(PROMPT):
+        mean_ablate(model, 0, "attention_head_outputs", means[0], heads=[1])
+    with pytest.raises(InvalidInput, match=r"the mean is \(5,\); layers\[0\] block is"), \
+            torch.no_grad(), model.trace(PROMPT):
+        mean_ablate(model, 0, "block", torch.zeros(5))

@@ -70,6 +70,7 @@ def _ablate(model: Any, layer: int, value: str, replacement: Any, heads: Any, po
         if positions is not None:
             checked_positions(positions, leaving.shape[1])
         if isinstance(replacement, torch.Tensor):
+            _check_mean(replacement, leaving, layer, value)
             replacement = replacement.to(device=leaving.device, dtype=leaving.dtype)
         leaving[where] = entering[where] + replacement
         return
@@ -81,10 +82,18 @@ def _ablate(model: Any, layer: int, value: str, replacement: Any, heads: Any, po
         check_indices([heads] if isinstance(heads, int) else list(heads), count, "heads",
                       f"layers[{layer}] has {count} heads")
     if isinstance(replacement, torch.Tensor):
+        _check_mean(replacement, target, layer, value)
         replacement = replacement.to(device=target.device, dtype=target.dtype)
         if heads is not None and replacement.dim() >= 2:  # a [heads, head_dim] mean: the rows of these heads
             replacement = replacement[heads if isinstance(heads, int) else list(heads)]
     target[where] = replacement
+
+
+def _check_mean(mean: torch.Tensor, target: torch.Tensor, layer: int, value: str) -> None:
+    """Raise `InvalidInput` unless ``mean`` is one position of ``target``: ``[hidden]`` (``[heads, head_dim]``)."""
+    if mean.shape != target.shape[2:]:
+        raise InvalidInput(f"the mean is {tuple(mean.shape)}; layers[{layer}] {value} is {tuple(target.shape[2:])} "
+                           f"at each position: pass mean_values(model, prompts, {value!r})[{layer}]")
 
 
 def zero_ablate(
