@@ -14,6 +14,7 @@ from nncanon.tools import (
     logit_lens,
     mean_values,
     patchscope,
+    run_metric,
     steer,
     zero_ablate,
 )
@@ -125,3 +126,21 @@ def test_attribution_patching_under_inference_mode_is_named_and_under_no_grad_is
     with torch.no_grad():
         inside = attribution_patching(model, "a b", None, METRIC)
     assert torch.equal(inside.heads, attribution_patching(model, "a b", None, METRIC).heads)
+
+
+def test_a_metric_for_one_prompt_keeps_a_scalar_and_refuses_a_dropped_batch_axis():
+    """For one prompt (a string) the sweeps drop the metric's batch axis by taking [0]: a scalar metric was torch's
+    "invalid index of a 0-dim tensor" after the whole sweep, and a metric that dropped the batch axis itself
+    (logits[0, -1], [vocab]) was silently cut to the logit of token 0."""
+    model = build("llama")
+    scalar = lambda logits: (logits[:, -1, 5] - logits[:, -1, 7]).sum()  # noqa: E731
+    alone = activation_patching(model, "a b", "c d", layers=[0], metric=scalar)
+    listed = activation_patching(model, ["a b"], ["c d"], layers=[0], metric=scalar)
+    assert torch.equal(alone, listed)
+    swept = head_ablation_sweep(model, "a b", layers=[0], metric=lambda logits: logits[:, 5].sum())
+    torch.testing.assert_close(swept, head_ablation_sweep(model, "a b", layers=[0], metric=lambda logits: logits[:, 5]))
+    assert run_metric(model, "a b", scalar).shape == ()
+    with pytest.raises(InvalidInput, match=r"the metric returned \(300,\) for one prompt: keep the batch axis"):
+        activation_patching(model, "a b", "c d", layers=[0], metric=lambda logits: logits[0, -1])
+    with pytest.raises(InvalidInput, match=r"the metric returned \(300,\) for one prompt"):
+        head_ablation_sweep(model, "a b", layers=[0], metric=lambda logits: logits[0])

@@ -139,6 +139,20 @@ def prompt_list(prompts: str | Sequence[str]) -> list[str]:
     return [prompts] if isinstance(prompts, str) else list(prompts)
 
 
+def one_prompts(value: torch.Tensor, prompts: Any) -> torch.Tensor:
+    """A metric's ``value`` for ``prompts``: its batch axis dropped where ``prompts`` is one string.
+
+    A scalar stays as it is; a value whose first axis is not the batch of one (a metric that dropped the batch
+    axis itself, ``logits[0, -1]``) is refused (`InvalidInput`) rather than cut to its first element.
+    """
+    if not isinstance(prompts, str) or value.dim() == 0:
+        return value
+    if value.shape[0] != 1:
+        raise InvalidInput(f"the metric returned {tuple(value.shape)} for one prompt: keep the batch axis first "
+                           "([1, ...], e.g. logits[:, -1]) or return a scalar")
+    return value[0]
+
+
 def token_count(model: Any, prompts: str | Sequence[str]) -> int:
     """The (left-padded) length of ``prompts`` as one batch, as a trace tokenizes them."""
     encoded = model.tokenizer(prompt_list(prompts), padding=True, return_tensors="pt")

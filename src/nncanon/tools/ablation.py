@@ -28,6 +28,7 @@ from ._common import (
     checked_positions,
     head_count,
     host,
+    one_prompts,
     prompt_list,
     serving,
 )
@@ -278,7 +279,7 @@ def head_ablation_sweep(
                         _ablate(model, layer, value, replacement, head, None)
                         row.append(metric(model.logits[:, -1]).save())
         rows.append(row)
-    results = [torch.stack([item[0] if isinstance(prompts, str) else item for item in row]) for row in rows]
+    results = [torch.stack([one_prompts(item, prompts) for item in row]) for row in rows]
     width = max(len(row) for row in results)
     if all(len(row) == width for row in results):
         return torch.stack(results)

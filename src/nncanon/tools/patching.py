@@ -18,6 +18,7 @@ from ._common import (
     checked_positions,
     host,
     layer_list,
+    one_prompts,
     prompt_list,
     require,
     serving,
@@ -58,7 +59,7 @@ def run_metric(model: Any, prompts: str | Sequence[str], metric: Metric = last_t
     """``metric`` of an unpatched run: the baselines a patching result is read against (clean, corrupted)."""
     with torch.no_grad(), model.trace(prompt_list(prompts)):
         value = metric(model.logits).save()
-    return value[0] if isinstance(prompts, str) else value
+    return one_prompts(value, prompts)
 
 
 def _write(model: Any, layer: int, name: str, source: torch.Tensor, position: Any, head: Any) -> None:
@@ -134,7 +135,7 @@ def patch(
     with torch.no_grad(), model.trace(prompt_list(corrupted)):
         _write(model, index, value, source, position, head)
         result = metric(model.logits).save()
-    return result[0] if isinstance(clean, str) else result
+    return one_prompts(result, clean)
 
 
 def activation_patching(
@@ -218,7 +219,7 @@ def activation_patching(
                     resume_at(model, first, streams[first])
                     _write(model, index, value, sources[index], position, head)
                     results.append(metric(model.logits).save())
-    done = [r[0] if isinstance(clean, str) else r for r in results]
+    done = [one_prompts(r, clean) for r in results]
     if len(items) < len(grid):
         ran = dict(zip(items, done, strict=True))
         blank = torch.full_like(done[0], float("nan"), dtype=torch.result_type(done[0], 0.5))
