@@ -188,3 +188,15 @@ def test_an_int_where_a_sweep_takes_a_list_and_empty_prompts_are_named(model):
         activation_patching(model, CLEAN, CORRUPTED, value="attention_head_outputs", heads=0)
     with pytest.raises(InvalidInput, match="empty lists"):
         activation_patching(model, [], [])
+
+
+def test_token_ids_patch_as_their_prompts_do(model):
+    """Token ids (a [batch, seq] tensor) were handed to the tokenizer to count them: its "text input must be of
+    type str" error. They patch as the prompts they encode."""
+    ids = [model.tokenizer([prompt], return_tensors="pt")["input_ids"] for prompt in (CLEAN, CORRUPTED)]
+    by_ids = activation_patching(model, *ids, value="layer_output", positions=[-1])
+    by_text = activation_patching(model, [CLEAN], [CORRUPTED], value="layer_output", positions=[-1])
+    torch.testing.assert_close(by_ids, by_text, rtol=0, atol=0)
+    estimate = attribution_patching(model, *ids, logit_difference(5, 7))
+    torch.testing.assert_close(estimate.heads, attribution_patching(model, [CLEAN], [CORRUPTED],
+                                                                    logit_difference(5, 7)).heads, rtol=0, atol=0)

@@ -154,9 +154,15 @@ def one_prompts(value: torch.Tensor, prompts: Any) -> torch.Tensor:
 
 
 def token_count(model: Any, prompts: str | Sequence[str]) -> int:
-    """The (left-padded) length of ``prompts`` as one batch, as a trace tokenizes them."""
-    encoded = model.tokenizer(prompt_list(prompts), padding=True, return_tensors="pt")
-    return int(encoded["input_ids"].shape[1])
+    """The (left-padded) length of ``prompts`` as one batch, as a trace tokenizes them (prompts or token ids)."""
+    return max((prompt_length(model, prompt) for prompt in prompt_list(prompts)), default=0)
+
+
+def prompt_length(model: Any, prompt: Any) -> int:
+    """How many tokens a trace runs ``prompt`` as: a string tokenized, or token ids (a 1-D tensor or list) as given."""
+    if isinstance(prompt, str):
+        return len(model.tokenizer(prompt)["input_ids"])
+    return len(prompt)
 
 
 def check_pair(model: Any, clean: str | Sequence[str], corrupted: str | Sequence[str], tool: str) -> None:
@@ -172,7 +178,7 @@ def check_pair(model: Any, clean: str | Sequence[str], corrupted: str | Sequence
         raise InvalidInput("clean and corrupted are empty lists: give a prompt, or a list of prompts, for each")
     pairs = zip(prompt_list(clean), prompt_list(corrupted), strict=True)
     for index, (a, b) in enumerate(pairs):
-        lengths = [len(model.tokenizer(prompt)["input_ids"]) for prompt in (a, b)]
+        lengths = [prompt_length(model, prompt) for prompt in (a, b)]
         if lengths[0] != lengths[1]:
             which = "" if isinstance(clean, str) else f" (pair {index})"
             raise InvalidInput(
