@@ -131,3 +131,12 @@ def test_a_vector_that_does_not_fit_the_stream_is_named():
     with pytest.raises(InvalidInput, match=rf"one per prompt, \[batch, hidden\] = \[2, {model.hidden_size}\]"), \
             torch.no_grad(), model.trace(PROMPTS[:2]):
         steer(model, 0, torch.ones(3, model.hidden_size))
+
+
+def test_a_scalar_vector_still_adds_to_every_feature():
+    model = build("llama")
+    with torch.no_grad(), model.trace(PROMPTS[:2]):
+        clean = model.layers[0].layer_output.clone().save()
+        steer(model, 0, torch.tensor(0.5), factor=2.0)
+        steered = model.layers[0].layer_output.save()
+    assert torch.equal(steered, clean + 1.0)

@@ -54,7 +54,9 @@ def steer(
 def _fitted(added: torch.Tensor, output: torch.Tensor, positions: Positions) -> torch.Tensor:
     """``added`` shaped to broadcast to ``output[:, positions]``: a ``[batch, hidden]`` vector gets the position
     axis where ``positions`` keeps one (else its rows would line up with the positions, not the prompts)."""
-    if added.shape[-1:] != output.shape[-1:]:
+    if added.dim() == 0:  # one number added to every feature
+        return added
+    if added.shape[-1] not in (1, output.shape[-1]):
         raise InvalidInput(f"the steering vector is {tuple(added.shape)}; the stream is {output.shape[-1]} wide: "
                            f"give [{output.shape[-1]}] (or [batch, {output.shape[-1]}], one per prompt)")
     one_position = isinstance(positions, int) or (isinstance(positions, torch.Tensor) and positions.dim() == 0)
