@@ -221,3 +221,11 @@ def test_mean_ablate_refuses_a_mean_of_another_shape():
     with pytest.raises(InvalidInput, match=r"the mean is \(5,\); layers\[0\] block is"), \
             torch.no_grad(), model.trace(PROMPT):
         mean_ablate(model, 0, "block", torch.zeros(5))
+
+
+def test_mean_ablate_with_a_0d_tensor_writes_that_number():
+    model = build("llama")
+    with torch.no_grad(), model.trace(PROMPT):
+        mean_ablate(model, 0, "mlp_output", torch.tensor(0.25))
+        written = model.layers[0].mlp.mlp_output.save()
+    assert torch.equal(written, torch.full_like(written, 0.25))

@@ -91,8 +91,8 @@ def _ablate(model: Any, layer: int, value: str, replacement: Any, heads: Any, po
 
 
 def _check_mean(mean: torch.Tensor, target: torch.Tensor, layer: int, value: str) -> None:
-    """Raise `InvalidInput` unless ``mean`` is one position of ``target``: ``[hidden]`` (``[heads, head_dim]``)."""
-    if mean.shape != target.shape[2:]:
+    """Raise `InvalidInput` unless ``mean`` is 0-d or one position of ``target`` ([hidden], [heads, head_dim])."""
+    if mean.dim() > 0 and mean.shape != target.shape[2:]:  # (a 0-d tensor: one number everywhere)
         raise InvalidInput(f"the mean is {tuple(mean.shape)}; layers[{layer}] {value} is {tuple(target.shape[2:])} "
                            f"at each position: pass mean_values(model, prompts, {value!r})[{layer}]")
 
