@@ -144,3 +144,11 @@ def test_a_metric_for_one_prompt_keeps_a_scalar_and_refuses_a_dropped_batch_axis
         activation_patching(model, "a b", "c d", layers=[0], metric=lambda logits: logits[0, -1])
     with pytest.raises(InvalidInput, match=r"the metric returned \(300,\) for one prompt"):
         head_ablation_sweep(model, "a b", layers=[0], metric=lambda logits: logits[0])
+
+
+def test_attribution_patching_takes_a_metric_of_batch_by_one():
+    """logits[:, -1, [5]] is [batch, 1]: one number per prompt, the same estimate as logits[:, -1, 5]."""
+    model = build("llama")
+    kept = attribution_patching(model, ["a b", "c d"], None, lambda logits: logits[:, -1, [5]])
+    flat = attribution_patching(model, ["a b", "c d"], None, lambda logits: logits[:, -1, 5])
+    assert torch.equal(kept.heads, flat.heads)

@@ -137,7 +137,8 @@ def _checked_metric(value: Any, batch: int) -> torch.Tensor:
     A metric of another shape (``logits[:, -1, :5]``, every position's) would be summed into one number silently,
     and one that does not depend on the logits has no gradient to estimate with.
     """
-    if not isinstance(value, torch.Tensor) or value.shape not in ((), (batch,)):
+    per_prompt = isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == value.numel() == batch
+    if not isinstance(value, torch.Tensor) or not (value.dim() == 0 or per_prompt):  # [batch] (or [batch, 1]), or ()
         shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
         raise InvalidInput(
             f"metric returned {shape}: attribution patching estimates one number per prompt, so the metric must "
