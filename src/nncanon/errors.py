@@ -70,6 +70,11 @@ class InvalidInput(NncanonError, ValueError):
     """
 
 
+class NestedTrace(NncanonError, RuntimeError):
+    """A trace (or a tool that runs one: a sweep, the lens, patching) started inside an open trace of the same
+    model: nnsight runs one trace of a model at a time. Save what the tool needs and call it after the ``with``."""
+
+
 class InvalidModel(NncanonError, TypeError):
     """What was passed as the model is not a transformers causal LM (no ``.config``), or it asks for (or was
     loaded with) transformers' hub kernels, which replace modules' forwards the load-time proof does not run."""

@@ -20,6 +20,7 @@ from .errors import (
     InvalidSkip,
     InvalidWrite,
     ModelUnavailable,
+    NestedTrace,
     OutOfOrderRead,
     SizeNotAvailable,
     TokenizerNotFound,
@@ -290,8 +291,14 @@ class StandardizedTransformer(TransformersModel):
 
     def trace(self, *inputs: Any, **kwargs: Any) -> Any:
         """nnsight's trace, run under this model's lock: threads sharing the model take turns (`nncanon.threads`)."""
-        from .threads import SerialTracer
+        from .threads import SerialTracer, trace_lock
 
+        if self.interleaver.interleaving and trace_lock(self)._is_owned():
+            raise NestedTrace(
+                "a trace of this model was started inside an open trace of it (directly, or by a tool that runs "
+                "its own forward: a sweep, patching, the logit lens, a cache): nnsight runs one trace of a model "
+                "at a time. Call it after the `with model.trace(...)` block, on what you saved there"
+            )
         if not kwargs.get("remote") and kwargs.get("backend") is None:  # a remote request runs on the server
             kwargs.setdefault("tracer_cls", SerialTracer)
         return super().trace(*inputs, **kwargs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nncanon.errors import ValueNotAvailable
+from nncanon.errors import InvalidInput, ValueNotAvailable
 from nncanon.testing import PROMPTS
 from nncanon.tools import (
     head_ablation_sweep,
@@ -195,3 +195,37 @@ def test_head_ablation_sweep_refuses_what_a_layer_does_not_serve():
         head_ablation_sweep(model, PROMPT, layers=[linear])
     with pytest.raises(KeyError, match="mlp_output"):
         head_ablation_sweep(model, PROMPT, value="mlp_output")
+
+
+def test_head_ablation_sweep_refuses_means_that_do_not_fit():
+    """A mean for another layer was KeyError 0; the mean of attention_output ([hidden]) was torch's "expanded size"
+    error inside the trace. Both are named before the sweep runs."""
+    model = build("llama")
+    heads = head_count(model, 0)
+    with pytest.raises(InvalidInput, match=r"mean= has no entry for layers\[0\] \(it has \[1\]\)"):
+        head_ablation_sweep(model, PROMPT, layers=[0], mean=mean_values(model, REFERENCE, "attention_head_outputs",
+                                                                        layers=[1]))
+    with pytest.raises(InvalidInput, match=rf"mean\[0\] is \({model.hidden_size},\).*\[{heads}, \.\.\.\]"):
+        head_ablation_sweep(model, PROMPT, layers=[0], mean=mean_values(model, REFERENCE, "attention_output",
+                                                                        layers=[0]))
+
+
+def test_mean_ablate_refuses_a_mean_of_another_shape():
+    """A mean of another value ([hidden] for the heads', or of another width) was torch's shape error inside the
+    trace."""
+    model = build("llama")
+    means = mean_values(model, REFERENCE, "attention_output", layers=[0])
+    with pytest.raises(InvalidInput, match=r"the mean is \(\d+,\); layers\[0\] attention_head_outputs is \(4, \d+\)"), \
+            torch.no_grad(), model.trace(PROMPT):
+        mean_ablate(model, 0, "attention_head_outputs", means[0], heads=[1])
+    with pytest.raises(InvalidInput, match=r"the mean is \(5,\); layers\[0\] block is"), \
+            torch.no_grad(), model.trace(PROMPT):
+        mean_ablate(model, 0, "block", torch.zeros(5))
+
+
+def test_mean_ablate_with_a_0d_tensor_writes_that_number():
+    model = build("llama")
+    with torch.no_grad(), model.trace(PROMPT):
+        mean_ablate(model, 0, "mlp_output", torch.tensor(0.25))
+        written = model.layers[0].mlp.mlp_output.save()
+    assert torch.equal(written, torch.full_like(written, 0.25))

@@ -49,3 +49,12 @@ def test_cache_skips_what_a_layer_declines():
     assert "DiffLlama" in reason and cache.declined[("attention_probabilities", 1)] == reason
     assert set(cache["mlp_output"]) == {1}
     assert "router_logits" in repr(cache.declined)
+
+
+def test_one_value_may_be_given_as_a_string():
+    """values="mlp_output" was read letter by letter ("'m' is not a standard layer value")."""
+    model = build("llama")
+    one = cache_activations(model, PROMPTS[0], values="mlp_output")
+    listed = cache_activations(model, PROMPTS[0], values=["mlp_output"])
+    assert list(one) == ["mlp_output"]
+    assert torch.equal(one.stack("mlp_output"), listed.stack("mlp_output"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nncanon.errors import InvalidInput
 from nncanon.testing import PROMPTS
 from nncanon.tools import steer
 
@@ -103,3 +104,39 @@ def test_per_row_vectors(model):
         steered = model.layers[0].layer_output.save()
     assert torch.equal(steered[:, -1], clean[:, -1] + vectors)
     assert torch.equal(steered[:, :-1], clean[:, :-1])
+
+
+@pytest.mark.parametrize("positions", [None, [0, -1], slice(1, None)])
+def test_per_row_vectors_at_several_positions(model, positions):
+    """A [batch, hidden] vector steers each prompt by its own vector at every position asked: it broadcast against
+    [batch, seq, hidden] with its rows on the positions (torch's size error, or silently each position by another
+    prompt's vector where batch == seq)."""
+    vectors = torch.stack([_vector(model, 7), _vector(model, 8)])  # [batch, hidden]
+    with torch.no_grad(), model.trace(PROMPTS[:2]):
+        clean = model.layers[0].layer_output.clone().save()
+        steer(model, 0, vectors, positions=positions)
+        steered = model.layers[0].layer_output.save()
+    where = slice(None) if positions is None else positions
+    expected = clean.clone()
+    for row in range(2):
+        expected[row, where] += vectors[row]
+    assert torch.equal(steered, expected)
+
+
+def test_a_vector_that_does_not_fit_the_stream_is_named():
+    model = build("llama")
+    with pytest.raises(InvalidInput, match=rf"the steering vector is \({model.hidden_size + 1},\)"), \
+            torch.no_grad(), model.trace(PROMPTS[:2]):
+        steer(model, 0, torch.ones(model.hidden_size + 1))
+    with pytest.raises(InvalidInput, match=rf"one per prompt, \[batch, hidden\] = \[2, {model.hidden_size}\]"), \
+            torch.no_grad(), model.trace(PROMPTS[:2]):
+        steer(model, 0, torch.ones(3, model.hidden_size))
+
+
+def test_a_scalar_vector_still_adds_to_every_feature():
+    model = build("llama")
+    with torch.no_grad(), model.trace(PROMPTS[:2]):
+        clean = model.layers[0].layer_output.clone().save()
+        steer(model, 0, torch.tensor(0.5), factor=2.0)
+        steered = model.layers[0].layer_output.save()
+    assert torch.equal(steered, clean + 1.0)

@@ -19,7 +19,19 @@ from typing import Any
 
 import torch
 
-from ._common import Positions, _as_index, check_value, head_count, host, prompt_list, serving
+from ..errors import InvalidInput
+from ._common import (
+    Positions,
+    _as_index,
+    check_indices,
+    check_value,
+    checked_positions,
+    head_count,
+    host,
+    one_prompts,
+    prompt_list,
+    serving,
+)
 from .resume import next_token_only, resume_at, streams_entering
 
 #: The values these helpers ablate.
@@ -56,16 +68,33 @@ def _ablate(model: Any, layer: int, value: str, replacement: Any, heads: Any, po
         block = model.layers[layer]
         entering = block.layer_input.clone()
         leaving = block.layer_output
+        if positions is not None:
+            checked_positions(positions, leaving.shape[1])
         if isinstance(replacement, torch.Tensor):
+            _check_mean(replacement, leaving, layer, value)
             replacement = replacement.to(device=leaving.device, dtype=leaving.dtype)
         leaving[where] = entering[where] + replacement
         return
     target = getattr(host(model, layer, value), value)
+    if positions is not None:
+        checked_positions(positions, target.shape[1])
+    if heads is not None:
+        count = target.shape[2]
+        check_indices([heads] if isinstance(heads, int) else list(heads), count, "heads",
+                      f"layers[{layer}] has {count} heads")
     if isinstance(replacement, torch.Tensor):
+        _check_mean(replacement, target, layer, value)
         replacement = replacement.to(device=target.device, dtype=target.dtype)
         if heads is not None and replacement.dim() >= 2:  # a [heads, head_dim] mean: the rows of these heads
             replacement = replacement[heads if isinstance(heads, int) else list(heads)]
     target[where] = replacement
+
+
+def _check_mean(mean: torch.Tensor, target: torch.Tensor, layer: int, value: str) -> None:
+    """Raise `InvalidInput` unless ``mean`` is 0-d or one position of ``target`` ([hidden], [heads, head_dim])."""
+    if mean.dim() > 0 and mean.shape != target.shape[2:]:  # (a 0-d tensor: one number everywhere)
+        raise InvalidInput(f"the mean is {tuple(mean.shape)}; layers[{layer}] {value} is {tuple(target.shape[2:])} "
+                           f"at each position: pass mean_values(model, prompts, {value!r})[{layer}]")
 
 
 def zero_ablate(
@@ -141,7 +170,7 @@ def mean_values(
             means[index] = (tensor * weights).sum((0, 1)) / weights.sum()
         return means
     for index in indices:
-        picked = raw[index][:, _as_index(positions)]
+        picked = raw[index][:, checked_positions(positions, raw[index].shape[1])]
         if picked.dim() == raw[index].dim():  # several positions: average them too
             picked = picked.flatten(0, 1)
         means[index] = picked.mean(0)
@@ -177,6 +206,19 @@ def _probabilities(logits: torch.Tensor) -> torch.Tensor:
     return torch.softmax(logits, dim=-1)
 
 
+def _check_means(model: Any, mean: dict[int, torch.Tensor], indices: list[int], value: str) -> None:
+    """Raise `InvalidInput` unless ``mean`` has a ``[heads, head_dim]`` mean of ``value`` for every layer swept."""
+    for layer in indices:
+        found = mean.get(layer)
+        if found is None:
+            raise InvalidInput(f"mean= has no entry for layers[{layer}] (it has {sorted(mean)}): pass "
+                               f"mean_values(model, prompts, {value!r}) for the layers swept")
+        count = head_count(model, layer, value)
+        if found.dim() != 2 or found.shape[0] != count:
+            raise InvalidInput(f"mean[{layer}] is {tuple(found.shape)}; a head sweep replaces each head by its mean "
+                               f"[heads, head_dim] = [{count}, ...]: pass mean_values(model, prompts, {value!r})")
+
+
 def head_ablation_sweep(
     model: Any,
     prompts: str | Sequence[str],
@@ -201,7 +243,8 @@ def head_ablation_sweep(
         value: ``"attention_head_outputs"`` or ``"linear_attention_head_outputs"``.
         metric: Maps the next-token logits ``[batch, vocab]`` to what is recorded (default: the
             probabilities, ``softmax``). It sees the last position only.
-        mean: ``{layer: [heads, head_dim]}`` from `mean_values`: mean-ablate instead of zeroing.
+        mean: ``{layer: [heads, head_dim]}`` from `mean_values`: mean-ablate instead of zeroing (one for every
+            layer swept, else `InvalidInput`).
         batch_size: Invokes per trace (memory: each is one copy of the batch).
 
     Returns:
@@ -218,6 +261,8 @@ def head_ablation_sweep(
     indices = serving(model, value, layers)
     if not indices:
         raise ValueError(f"no layer of this model serves {value}")
+    if mean is not None:
+        _check_means(model, mean, indices, value)
     batch = prompt_list(prompts)
     streams = streams_entering(model, batch, indices)
     keep = next_token_only(model)
@@ -234,7 +279,7 @@ def head_ablation_sweep(
                         _ablate(model, layer, value, replacement, head, None)
                         row.append(metric(model.logits[:, -1]).save())
         rows.append(row)
-    results = [torch.stack([item[0] if isinstance(prompts, str) else item for item in row]) for row in rows]
+    results = [torch.stack([one_prompts(item, prompts) for item in row]) for row in rows]
     width = max(len(row) for row in results)
     if all(len(row) == width for row in results):
         return torch.stack(results)

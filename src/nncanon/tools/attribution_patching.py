@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from ..errors import GradientNotAvailable
-from ._common import in_execution_order, prompt_list, read, token_count
+from ..errors import GradientNotAvailable, InvalidInput
+from ._common import check_pair, in_execution_order, prompt_list, read
 from .resume import next_token_only as next_token_kwargs
 
 #: What `attribution_patching` can estimate: each head, the block's token mixer, its MLP.
@@ -131,6 +131,28 @@ def _through_head(loss: torch.Tensor, values: list[torch.Tensor], entering: torc
     return torch.autograd.grad(entering, values, grad_outputs=inward, allow_unused=True)
 
 
+def _checked_metric(value: Any, batch: int) -> torch.Tensor:
+    """``metric``'s value, refused unless it is one number per prompt ``[batch]`` (or a scalar) with a gradient.
+
+    A metric of another shape (``logits[:, -1, :5]``, every position's) would be summed into one number silently,
+    and one that does not depend on the logits has no gradient to estimate with.
+    """
+    per_prompt = isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == value.numel() == batch
+    if not isinstance(value, torch.Tensor) or not (value.dim() == 0 or per_prompt):  # [batch] (or [batch, 1]), or ()
+        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        raise InvalidInput(
+            f"metric returned {shape}: attribution patching estimates one number per prompt, so the metric must "
+            f"map the logits [batch, seq, vocab] to [batch] = [{batch}] (or a scalar); reduce it, e.g. "
+            "logits[:, -1, correct] - logits[:, -1, incorrect]"
+        )
+    if not value.requires_grad:
+        raise GradientNotAvailable(
+            "the metric's value does not depend on the logits it was given (it has no gradient), so attribution "
+            "patching has nothing to estimate: compute it from the logits argument"
+        )
+    return value
+
+
 def _corrupted_values(model: Any, prompts: list[str], order: list[tuple[int, str]]) -> dict:
     """The values of ``order`` on the corrupted run; the forward stops after the last (no logits computed).
 
@@ -159,7 +181,18 @@ def _estimates(model: Any, prompts: list[str], patched: dict | None, order: list
         head = _linear_head(model)
         if head is not None:
             entering, leaving = model.lm_head.input, model.lm_head.output
-        loss = metric(model.logits).sum()
+        logits = model.logits
+        try:
+            value = metric(logits)
+        except IndexError as error:
+            if not keep:
+                raise
+            raise InvalidInput(
+                f"metric failed on the logits {tuple(logits.shape)} ({error}): with next_token_only=True the model "
+                "computes the last position's logits only, so the metric sees [batch, 1, vocab]; read logits[:, -1], "
+                "or leave next_token_only off"
+            ) from error
+        loss = _checked_metric(value, len(prompts)).sum()
         # One backward for the values asked only (the part of the graph below the earliest is not computed),
         # with no hook per value.
         if head is None:
@@ -184,7 +217,7 @@ def attribution_patching(
     clean: str | Sequence[str],
     corrupted: str | Sequence[str] | None,
     metric: Callable[[torch.Tensor], torch.Tensor],
-    over: Sequence[str] = OVER,
+    over: str | Sequence[str] = OVER,
     next_token_only: bool = False,
 ) -> AttributionPatching:
     """The linear estimate of patching each head and sublayer of every layer from ``corrupted`` into ``clean``.
@@ -197,11 +230,14 @@ def attribution_patching(
     Args:
         model: A `StandardizedTransformer`.
         clean: The prompt (or prompts) whose run is patched; the gradient is taken there.
-        corrupted: The prompt (or prompts) the patched values come from, of the same token length as
-            ``clean``; ``None``: zero (the estimate of zero-ablating each one).
+        corrupted: The prompt (or prompts) the patched values come from, each of the same token length
+            as its clean prompt; ``None``: zero (the estimate of zero-ablating each one).
         metric: The clean run's logits ``[batch, seq, vocab]`` to one number per prompt ``[batch]`` (or a
-            scalar): e.g. `logit_difference`, or ``lambda logits: logits[:, -1].softmax(-1)[:, token]``.
-        over: Which of ``"heads"``, ``"attention"`` (the block's token mixer) and ``"mlp"`` to estimate.
+            scalar; any other shape is refused, `InvalidInput`, and one that does not depend on the logits
+            is `GradientNotAvailable`): e.g. `logit_difference`, or
+            ``lambda logits: logits[:, -1].softmax(-1)[:, token]``.
+        over: Which of ``"heads"``, ``"attention"`` (the block's token mixer) and ``"mlp"`` to estimate (one
+            of them alone may be given as a string).
         next_token_only: The model computes the last position's logits only (`nncanon.tools.next_token_only`),
             so ``metric`` sees ``[batch, 1, vocab]`` where the model takes ``logits_to_keep``: the same
             estimate for a metric of the next token (``logits[:, -1]``), without unembedding (forward and
@@ -216,19 +252,17 @@ def attribution_patching(
         ...                               lambda logits: logits[:, -1, paris])
         >>> result.heads      # [layers, heads]: the estimated change of the logit when each head is zeroed
     """
+    if torch.is_inference_mode_enabled():
+        raise GradientNotAvailable("attribution patching takes a backward, and torch.inference_mode() has none: "
+                                   "call it outside the inference_mode block (torch.no_grad() is fine)")
+    if isinstance(over, str):  # over="heads": one item, not its letters
+        over = (over,)
     unknown = [item for item in over if item not in OVER]
     if unknown or not over:
         raise ValueError(f"over={tuple(over)!r}: choose among {OVER}")
     batch = prompt_list(clean)
     if corrupted is not None:
-        if isinstance(clean, str) != isinstance(corrupted, str) or len(prompt_list(corrupted)) != len(batch):
-            raise ValueError("clean and corrupted must be two prompts or two lists of the same length")
-        lengths = token_count(model, clean), token_count(model, corrupted)
-        if lengths[0] != lengths[1]:
-            raise ValueError(
-                f"clean and corrupted prompts tokenize to {lengths[0]} and {lengths[1]} tokens: positions must "
-                "line up, so attribution patching needs prompts of the same length"
-            )
+        check_pair(model, clean, corrupted, "attribution patching")
     plan = _plan(model, over)
     order = [(layer, name) for layer, chosen in plan.items()
              for name in in_execution_order(model, layer, list(chosen.values()))]

@@ -46,7 +46,7 @@ class ActivationCache(Mapping):
 def cache_activations(
     model: Any,
     prompts: str | Sequence[str],
-    values: Sequence[str] | None = None,
+    values: str | Sequence[str] | None = None,
     layers: int | Sequence[int] | None = None,
 ) -> ActivationCache:
     """Every standard value of every layer (or those asked for), from one forward.
@@ -54,7 +54,7 @@ def cache_activations(
     Args:
         model: A `StandardizedTransformer`.
         prompts: One prompt or a batch (left-padded).
-        values: Standard names to keep (default: all of them, `LAYER_VALUES`: ``layer_input``, the
+        values: A standard name, or the names, to keep (default: all of them, `LAYER_VALUES`: ``layer_input``, the
             attention's, a hybrid mixer's, the MLP's and a mixture of experts' values, ``layer_output``).
         layers: The layers (default: all).
 
@@ -63,7 +63,7 @@ def cache_activations(
         probabilities of DiffLlama, whose two softmaxes are not one head's pattern) is skipped and its reason kept in
         ``cache.declined``.
     """
-    names = list(LAYER_VALUES) if values is None else list(values)
+    names = list(LAYER_VALUES) if values is None else [values] if isinstance(values, str) else list(values)
     for name in names:
         if name not in LAYER_VALUES:
             raise KeyError(f"{name!r} is not a standard layer value: {', '.join(LAYER_VALUES)}")

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ..errors import InvalidInput
 from ._common import Positions, index_positions, layer_list, prompt_list
 
 
@@ -37,6 +38,8 @@ def logit_lens(
         >>> lens.softmax(-1).argmax(-1)          # [1, num_layers]: the top token by layer
     """
     indices = layer_list(model, layers)
+    if not indices:
+        raise InvalidInput(f"layers={layers!r} names no layer: give a layer, a list of layers, or None for all")
     rows: list[torch.Tensor] = []  # bound outside the trace, appended inside
     with torch.no_grad(), model.trace(prompt_list(prompts)):
         for index in sorted(set(indices)):

@@ -8,7 +8,22 @@ from typing import Any
 
 import torch
 
-from ._common import Positions, _as_index, check_value, host, layer_list, prompt_list, require, serving, token_count
+from ..errors import InvalidInput
+from ._common import (
+    Positions,
+    _as_index,
+    check_indices,
+    check_pair,
+    check_value,
+    checked_positions,
+    host,
+    layer_list,
+    one_prompts,
+    prompt_list,
+    require,
+    serving,
+    token_count,
+)
 from .resume import resume_at, streams_entering
 
 #: The values activation patching writes.
@@ -44,18 +59,7 @@ def run_metric(model: Any, prompts: str | Sequence[str], metric: Metric = last_t
     """``metric`` of an unpatched run: the baselines a patching result is read against (clean, corrupted)."""
     with torch.no_grad(), model.trace(prompt_list(prompts)):
         value = metric(model.logits).save()
-    return value[0] if isinstance(prompts, str) else value
-
-
-def _check_pair(model: Any, clean: str | Sequence[str], corrupted: str | Sequence[str]) -> None:
-    if isinstance(clean, str) != isinstance(corrupted, str) or len(prompt_list(clean)) != len(prompt_list(corrupted)):
-        raise ValueError("clean and corrupted must be two prompts or two lists of the same length")
-    a, b = token_count(model, clean), token_count(model, corrupted)
-    if a != b:
-        raise ValueError(
-            f"clean and corrupted prompts tokenize to {a} and {b} tokens: positions must line up, "
-            "so patching needs prompts of the same length"
-        )
+    return one_prompts(value, prompts)
 
 
 def _write(model: Any, layer: int, name: str, source: torch.Tensor, position: Any, head: Any) -> None:
@@ -102,7 +106,7 @@ def patch(
     Args:
         model: A `StandardizedTransformer`.
         clean: The prompt (or prompts) whose values are patched in.
-        corrupted: The prompt (or prompts) patched, of the same token length as ``clean``.
+        corrupted: The prompt (or prompts) patched, each of the same token length as its clean prompt.
         value: One of `PATCHABLE`: ``"layer_output"``, ``"layer_input"``, ``"attention_output"``,
             ``"mlp_output"``, ``"attention_head_outputs"`` (and a hybrid's ``linear_attention_*``).
         layer: The block.
@@ -115,16 +119,23 @@ def patch(
         ``metric`` of the patched run (the batch axis dropped for single prompts).
     """
     check_value(value, PATCHABLE)
-    _check_pair(model, clean, corrupted)
+    if heads is not None and not value.endswith("head_outputs"):
+        raise ValueError("heads= patches attention_head_outputs (or linear_attention_head_outputs) only")
+    check_pair(model, clean, corrupted, "patching")
     index = layer_list(model, layer)[0]
     require(model, value, [index])
     source = clean_values(model, clean, value, [index])[index]
     head = None if heads is None else (heads if isinstance(heads, int) else list(heads))
     position = None if positions is None else _as_index(positions)
+    if position is not None:
+        checked_positions(position, source.shape[1])
+    if head is not None:
+        count = source.shape[2]
+        check_indices([head] if isinstance(head, int) else head, count, "heads", f"layers[{index}] has {count} heads")
     with torch.no_grad(), model.trace(prompt_list(corrupted)):
         _write(model, index, value, source, position, head)
         result = metric(model.logits).save()
-    return result[0] if isinstance(clean, str) else result
+    return one_prompts(result, clean)
 
 
 def activation_patching(
@@ -150,14 +161,15 @@ def activation_patching(
     Args:
         model: A `StandardizedTransformer`.
         clean: The prompt (or prompts) whose values are patched in.
-        corrupted: The prompt (or prompts) patched, of the same token length as ``clean``.
+        corrupted: The prompt (or prompts) patched, each of the same token length as its clean prompt.
         value: One of `PATCHABLE`: ``"layer_output"`` (default), ``"layer_input"``, ``"attention_output"``,
             ``"mlp_output"``, ``"attention_head_outputs"`` (and a hybrid's ``linear_attention_*``).
         layers: The layers to sweep (default: every layer that serves ``value``, per ``model.support()``).
         positions: ``"each"`` (default: sweep every position), a list of positions to sweep, or
             ``None`` (no position axis: patch all positions at once).
-        heads: For ``*_head_outputs``: ``"each"`` (sweep every head), a list of heads to sweep, or
-            ``None`` (no head axis: patch all heads at once).
+        heads: For ``*_head_outputs``: ``"each"`` (sweep every head of the widest layer), a list of heads
+            to sweep, or ``None`` (no head axis: patch all heads at once). Where a layer has fewer heads than
+            the widest (blocks that differ), its items past its count are NaN.
         metric: Maps the corrupted run's logits ``[batch, seq, vocab]`` to what is recorded
             (default: the last position's logits; `logit_difference` gives one number per prompt).
         batch_size: Items per trace (memory: each item is one copy of the batch).
@@ -168,34 +180,51 @@ def activation_patching(
         ``imshow``.
     """
     check_value(value, PATCHABLE)
+    for name, given in (("positions", positions), ("heads", heads)):
+        if (isinstance(given, str) and given != "each") or isinstance(given, int):
+            hint = f" ([{given}] sweeps that one)" if isinstance(given, int) else ""
+            raise InvalidInput(f'{name}={given!r}: give "each", a list of indices{hint} or None')
     if heads is not None and not value.endswith("head_outputs"):
         raise ValueError("heads= sweeps attention_head_outputs (or linear_attention_head_outputs) only")
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
-    _check_pair(model, clean, corrupted)
+    check_pair(model, clean, corrupted, "patching")
     indices = serving(model, value, layers)
     if not indices:
         raise ValueError(f"no layer of this model serves {value}")
     length = token_count(model, clean)
     position_axis = list(range(length)) if positions == "each" else (None if positions is None else list(positions))
+    if position_axis is not None:
+        checked_positions(position_axis, length)
 
     sources = clean_values(model, clean, value, indices)
-    count = sources[indices[0]].shape[2] if heads is not None else 0
-    head_axis = list(range(count)) if heads == "each" else (None if heads is None else list(heads))
-    items = list(product(indices, position_axis or [None], head_axis or [None]))
+    counts = {index: sources[index].shape[2] for index in indices} if heads is not None else {}
+    width = max(counts.values(), default=0)
+    head_axis = list(range(width)) if heads == "each" else (None if heads is None else list(heads))
+    if head_axis is not None:
+        check_indices(head_axis, width, "heads", f"the widest of these layers has {width} heads")
+    grid = list(product(indices, position_axis or [None], head_axis or [None]))
+    # A layer with fewer heads than the widest (a model whose blocks differ) has no item past its count: NaN there.
+    items = [item for item in grid if item[2] is None or -counts[item[0]] <= item[2] < counts[item[0]]]
     # The corrupted run's blocks before a chunk's first layer are the same for all its items: run them once.
     chunks = [items[start : start + batch_size] for start in range(0, len(items), batch_size)]
-    streams = streams_entering(model, corrupted, sorted({chunk[0][0] for chunk in chunks}))
+    # (The earliest layer of a chunk: ``layers`` may be given in any order.)
+    streams = streams_entering(model, corrupted, sorted({min(item[0] for item in chunk) for chunk in chunks}))
     results: list[torch.Tensor] = []
     for chunk in chunks:
-        first = chunk[0][0]  # items are in layer order
+        first = min(item[0] for item in chunk)
         with torch.no_grad(), model.trace() as tracer:
             for index, position, head in chunk:
                 with tracer.invoke(prompt_list(corrupted)):
                     resume_at(model, first, streams[first])
                     _write(model, index, value, sources[index], position, head)
                     results.append(metric(model.logits).save())
-    stacked = torch.stack([r[0] if isinstance(clean, str) else r for r in results])
+    done = [one_prompts(r, clean) for r in results]
+    if len(items) < len(grid):
+        ran = dict(zip(items, done, strict=True))
+        blank = torch.full_like(done[0], float("nan"), dtype=torch.result_type(done[0], 0.5))
+        done = [ran.get(item, blank) for item in grid]
+    stacked = torch.stack(done)
     shape = [len(indices)]
     if position_axis is not None:
         shape.append(len(position_axis))

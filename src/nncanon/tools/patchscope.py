@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ._common import layer_list, prompt_list
+from ._common import checked_positions, layer_list, prompt_list
 
 #: The target of the Patchscopes paper's next-token "identity" inspection: the model repeats a word.
 IDENTITY_TARGET = "cat -> cat\n1135 -> 1135\nhello -> hello\n?"
@@ -30,7 +30,8 @@ def source_states(
     states: dict[int, torch.Tensor] = {}
     with torch.no_grad(), model.trace(prompt_list(source)):
         for index in sorted(set(layers)):
-            states[index] = model.layers[index].layer_output[:, position].save()
+            output = model.layers[index].layer_output
+            states[index] = output[:, checked_positions(position, output.shape[1])].save()
     return states
 
 
@@ -72,7 +73,7 @@ def patchscope(
             where = index if fixed is None else fixed
             with tracer.invoke(targets):
                 output = model.layers[where].layer_output
-                output[:, target_position] = states[index].to(output.dtype)
+                output[:, checked_positions(target_position, output.shape[1])] = states[index].to(output.dtype)
                 probs.append(model.next_token_probs.save())
     stacked = torch.stack(probs, dim=1)
     return stacked[:, 0] if isinstance(layers, int) else stacked
@@ -103,6 +104,6 @@ def patchscope_generate(
     where = index if target_layer is None else layer_list(model, target_layer)[0]
     with torch.no_grad(), model.generate(targets, max_new_tokens=max_new_tokens, **generate_kwargs) as tracer:
         output = model.layers[where].layer_output
-        output[:, target_position] = states[index].to(output.dtype)
+        output[:, checked_positions(target_position, output.shape[1])] = states[index].to(output.dtype)
         ids = tracer.result.save()
     return ids

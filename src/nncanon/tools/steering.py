@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from ._common import Positions, _as_index, layer_list
+from ..errors import InvalidInput
+from ._common import Positions, checked_positions, layer_list
 
 
 def steer(
@@ -28,8 +29,9 @@ def steer(
         model: A `StandardizedTransformer`, inside ``model.trace()`` / ``model.generate()``.
         layers: A layer or several (applied in execution order, so every layer can be steered
             in one call).
-        vector: ``[hidden]``, or any shape that broadcasts to ``layer_output[:, positions]``
-            (``[batch, hidden]`` steers each row by its own vector).
+        vector: ``[hidden]``; ``[batch, hidden]``: each prompt by its own vector (at every position of
+            ``positions``); or ``[batch, positions, hidden]``, any shape that broadcasts to
+            ``layer_output[:, positions]`` (``[1, seq, hidden]``: one vector per position).
         factor: The scale of the vector.
         positions: Positions of the (left-padded) sequence to steer: ``None`` (all), an index,
             a list, a slice or an index tensor.
@@ -42,8 +44,25 @@ def steer(
     delta = factor * vector
     for index in sorted(set(layer_list(model, layers))):
         output = model.layers[index].layer_output
-        added = delta.to(device=output.device, dtype=output.dtype)
+        added = _fitted(delta.to(device=output.device, dtype=output.dtype), output, positions)
         if positions is None:
             output += added
         else:
-            output[:, _as_index(positions)] += added
+            output[:, checked_positions(positions, output.shape[1])] += added
+
+
+def _fitted(added: torch.Tensor, output: torch.Tensor, positions: Positions) -> torch.Tensor:
+    """``added`` shaped to broadcast to ``output[:, positions]``: a ``[batch, hidden]`` vector gets the position
+    axis where ``positions`` keeps one (else its rows would line up with the positions, not the prompts)."""
+    if added.dim() == 0:  # one number added to every feature
+        return added
+    if added.shape[-1] not in (1, output.shape[-1]):
+        raise InvalidInput(f"the steering vector is {tuple(added.shape)}; the stream is {output.shape[-1]} wide: "
+                           f"give [{output.shape[-1]}] (or [batch, {output.shape[-1]}], one per prompt)")
+    one_position = isinstance(positions, int) or (isinstance(positions, torch.Tensor) and positions.dim() == 0)
+    if added.dim() != 2 or one_position:
+        return added
+    if added.shape[0] not in (1, output.shape[0]):
+        raise InvalidInput(f"the steering vector is {tuple(added.shape)}: a 2-D vector is one per prompt, "
+                           f"[batch, hidden] = [{output.shape[0]}, {output.shape[-1]}] here")
+    return added[:, None]
