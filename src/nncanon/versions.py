@@ -15,13 +15,17 @@ from functools import cache
 OLDEST_MINOR, NEWEST_MINOR = (5, 21), (5, 25)
 
 
-@cache
+_MINOR: dict[str, tuple[int, int]] = {}  # a plain dict: a functools cache cannot travel by value to a remote server
+
+
 def transformers_minor() -> tuple[int, int]:
     """The installed transformers' ``(major, minor)``, e.g. ``(5, 24)``."""
-    import transformers
+    if "installed" not in _MINOR:
+        import transformers
 
-    major, minor = transformers.__version__.split(".")[:2]
-    return int(major), int(minor)
+        major, minor = transformers.__version__.split(".")[:2]
+        _MINOR["installed"] = int(major), int(minor)
+    return _MINOR["installed"]
 
 
 def untested_transformers(minor: tuple[int, int] | None = None) -> str | None:
