@@ -223,3 +223,15 @@ class Family:
     def declined(self, config: Any, layer: int) -> dict:
         """The values layer ``layer`` of a model with ``config`` cannot serve, with the reasons."""
         return dict(self.declines(config, layer)) if self.declines is not None else {}
+
+
+def stranded_readers(producers: dict[int, list[int]], start: int, end: int) -> tuple[int, list[int]] | None:
+    """For a `Family.refuse_skip`: the first producer block skipped by ``start..end`` (``producers``: each block
+    that hands state to later blocks in the same forward, with the blocks that read it), and its readers after
+    ``end``, which would run without that state; ``None`` where the skip strands no reader."""
+    for producer, readers in producers.items():
+        later = [j for j in readers if j > end]
+        if start <= producer <= end and later:
+            return producer, later
+    return None
+

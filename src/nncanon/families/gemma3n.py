@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from ..served import Site
 from ..versions import transformers_minor
-from .base import Family, LogitStep
+from .base import Family, LogitStep, stranded_readers
 
 
 def _collapse(text_model: str, model: torch.nn.Module, stream: torch.Tensor) -> torch.Tensor:
@@ -115,15 +115,15 @@ def _shared_kv(config: Any) -> dict[int, list[int]]:
 
 
 def _refuse_skip(config: Any, start: int, end: int) -> str | None:
-    for store, readers in _shared_kv(config).items():
-        later = [j for j in readers if j > end]
-        if start <= store <= end and later:
-            return (
-                f"layers[{store}] stores the {config.layer_types[store]} keys/values that layers {later} reuse "
-                f"(Gemma-3n's KV sharing, num_kv_shared_layers={config.num_kv_shared_layers}), and a skipped "
-                f"block stores none. Skip through layers[{max(later)}] as well, or leave layers[{store}] running"
-            )
-    return None
+    stranded = stranded_readers(_shared_kv(config), start, end)
+    if stranded is None:
+        return None
+    store, later = stranded
+    return (
+        f"layers[{store}] stores the {config.layer_types[store]} keys/values that layers {later} reuse "
+        f"(Gemma-3n's KV sharing, num_kv_shared_layers={config.num_kv_shared_layers}), and a skipped "
+        f"block stores none. Skip through layers[{max(later)}] as well, or leave layers[{store}] running"
+    )
 
 
 def _model_declines(config: Any) -> dict[str, str]:

@@ -26,7 +26,7 @@ block's keys/values or pool.
 from typing import Any
 
 from ..served import Site
-from .base import Family
+from .base import Family, stranded_readers
 from .qwen3_next import TOPK_ROUTER
 
 _AFMOE_SHARED = (
@@ -142,22 +142,22 @@ def _kolibri1_1_declines(config: Any, layer: int) -> dict:
 
 
 def _kolibri1_1_refuse_skip(config: Any, start: int, end: int) -> str | None:
-    for store, readers in _kolibri1_1_shared_kv(config).items():
-        later = [j for j in readers if j > end]
-        if start <= store <= end and later:
-            return (
-                f"layers[{store}] produces the keys/values that layers {later} read (Kolibri-1.1's "
-                f"kv_source_layers), and a skipped block produces none. Skip through layers[{max(later)}] as "
-                f"well, or leave layers[{store}] running"
-            )
-    for indexer, rescorers in _kolibri1_1_pools(config).items():
-        later = [j for j in rescorers if j > end]
-        if start <= indexer <= end and later:
-            return (
-                f"layers[{indexer}] selects the pool of candidate keys that layers {later} rescore (Kolibri-1.1's "
-                f"index_layers), and a skipped block selects none. Skip through layers[{max(later)}] as well, or "
-                f"leave layers[{indexer}] running"
-            )
+    stranded = stranded_readers(_kolibri1_1_shared_kv(config), start, end)
+    if stranded is not None:
+        store, later = stranded
+        return (
+            f"layers[{store}] produces the keys/values that layers {later} read (Kolibri-1.1's "
+            f"kv_source_layers), and a skipped block produces none. Skip through layers[{max(later)}] as "
+            f"well, or leave layers[{store}] running"
+        )
+    stranded = stranded_readers(_kolibri1_1_pools(config), start, end)
+    if stranded is not None:
+        indexer, later = stranded
+        return (
+            f"layers[{indexer}] selects the pool of candidate keys that layers {later} rescore (Kolibri-1.1's "
+            f"index_layers), and a skipped block selects none. Skip through layers[{max(later)}] as well, or "
+            f"leave layers[{indexer}] running"
+        )
     return None
 
 
