@@ -24,7 +24,8 @@ from nncanon import StandardizedTransformer
 from nncanon.families import REGISTRY
 from nncanon.proof import load as proof_load
 from nncanon.proof.checks import GRADIENT_VALUES
-from nncanon.proof.twin import TwinError, block_kind, blocks_of, build_twin, model_class_for, twin
+from nncanon.proof.ladder import NoTwinRuns, running_twin, twin
+from nncanon.proof.twin import TwinError, block_kind, blocks_of, build_twin, model_class_for
 from nncanon.registry import records
 from nncanon.served import Site
 from nncanon.support import COMPONENTS, LAYER_VALUES
@@ -92,13 +93,21 @@ UNBUILDABLE_DEFAULTS = {
     "cohere_compass_text", "dbrx", "dots1", "hunyuan_v1_dense", "hunyuan_v1_moe", "lfm2_moe", "ministral",
     "nemotron", "qwen4_exp", "qwen4_exp_text",
 }
+#: transformers' default config of these types builds but does not run at full size either (upstream): every
+#: twin's forward raises transformers' own error. Bamba's and Granite-4.0-H's defaults have no attention layer
+#: (a cache of state-space layers alone has no sequence length); DeepSeek-V2's has no experts per token.
+UNRUNNABLE_DEFAULTS = {
+    "bamba": "get_seq_length", "granitemoehybrid": "get_seq_length", "deepseek_v2": "argument 'k' must be int",
+}
 
 
 @pytest.mark.parametrize("model_type", model_type_params())
 def test_twin_of_the_full_size_default_config(model_type):
-    """Every registered type's full-size default config (a real checkpoint's shape) has a twin whose
-    blocks have the kinds of the blocks they stand for (checked inside `build_twin`), whose forward
-    runs, and whose blocks are the family's."""
+    """Every registered type's full-size default config (a real checkpoint's shape) has a twin that runs in
+    plain transformers (`running_twin`: the first step of the ladder whose forward, padded batch and cached
+    generation step run), whose blocks have the kinds of the blocks they stand for (checked inside
+    `build_twin`) and are the family's. A default config transformers itself cannot build or run has none,
+    and says so with transformers' error."""
     from nncanon.model import _causal_lm_config
 
     record = records()[model_type]
@@ -110,8 +119,15 @@ def test_twin_of_the_full_size_default_config(model_type):
     if model_type in UNBUILDABLE_DEFAULTS:
         with pytest.raises(TwinError, match=r"cannot build .* at full size either"):
             build_twin(config, model_class=cls, blocks=family.layers)
+        with pytest.raises(NoTwinRuns, match=r"does not build"):
+            running_twin(config, model_class=cls, blocks=family.layers)
         return
-    built = build_twin(config, model_class=cls, blocks=family.layers)
+    if model_type in UNRUNNABLE_DEFAULTS:
+        with pytest.raises(NoTwinRuns, match=UNRUNNABLE_DEFAULTS[model_type]):
+            running_twin(config, model_class=cls, blocks=family.layers)
+        return
+    run = running_twin(config, model_class=cls, blocks=family.layers)
+    built = run.twin
     assert len(built.model.get_submodule(family.layers)) == len(built.stands_for)
     assert sum(p.numel() for p in built.model.parameters()) < 10_000_000
     assert all(built.block_for(i) is not None for i in range(len(built.kinds)))
@@ -265,7 +281,7 @@ def test_the_cache_is_reused_and_verify_always_proves_again(monkeypatch, tmp_pat
     first = _load(hf, verify="auto")._provenance.proof
     assert not first.from_cache and len(list((tmp_path / "proofs").glob("*.json"))) == 1
     calls = []
-    monkeypatch.setattr(proof_load, "build_twin", lambda *a, **k: calls.append(1) or pytest.fail("re-proved"))
+    monkeypatch.setattr(proof_load, "running_twin", lambda *a, **k: calls.append(1) or pytest.fail("re-proved"))
     second = _load(hf, verify="auto")._provenance.proof
     assert second.from_cache and second.key == first.key and second.verdict.to_list() == first.verdict.to_list()
     monkeypatch.undo()
@@ -325,16 +341,26 @@ def test_verify_takes_three_modes():
         _load(tiny_hf_model("llama"), verify="sometimes")
 
 
-def test_a_twin_that_cannot_be_built_serves_as_tested_on_the_registry(monkeypatch):
-    def cannot(*args, **kwargs):
-        raise TwinError("LlamaConfig cannot be shrunk: setting head_dim (head width) from 128 to 16 fails")
+def test_a_config_no_twin_runs_declines_every_value_for_one_reason(monkeypatch, tmp_path):
+    """Where no twin runs, the load warns once and declines every value (model-level ones too) for the one
+    reason, transformers' error on the twin; ``support()`` states it once, at the top."""
+    monkeypatch.setenv("NNCANON_CACHE", str(tmp_path))
 
-    monkeypatch.setattr(proof_load, "build_twin", cannot)
-    with pytest.warns(UserWarning, match="head_dim"):
+    def fails(*args, **kwargs):
+        raise NoTwinRuns("no twin of this LlamaConfig runs: ... its forward fails in transformers: RuntimeError: X", [])
+
+    monkeypatch.setattr(proof_load, "running_twin", fails)
+    with pytest.warns(UserWarning, match="declines every value") as caught:
         model = _load(tiny_hf_model("llama"))
+    assert len([w for w in caught if "declines every value" in str(w.message)]) == 1
     report = model.support()
-    assert report.provenance.startswith("tested on the registry variants only") and "head_dim" in report.provenance
-    assert report.declined() == []
+    assert report.provenance.startswith("declined: the proof could not run on any twin")
+    assert report.cause is not None and "RuntimeError: X" in report.cause
+    assert set(report.declined()) >= {"attention_output", "mlp_output"}
+    assert report.reason("layer_output", 0) == report.cause and report.model_declines["logits"] == report.cause
+    text = str(report)
+    assert text.count("RuntimeError: X") == 1 and len(text) < 2500
+    assert report.to_dict()["layers"][0]["values"]["attention_output"] == report.cause
 
 
 def test_an_unwritable_cache_warns_and_still_proves(monkeypatch, tmp_path):

@@ -23,7 +23,7 @@ from .errors import (
 )
 from .families import registered_model_types
 from .model import StandardizedTransformer
-from .proof.twin import twin
+from .proof.ladder import twin
 from .support import SupportReport
 
 __version__ = "0.1.0"

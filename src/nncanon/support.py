@@ -100,7 +100,7 @@ class SupportReport:
     """
 
     def __init__(self, layers: list[LayerSupport], model_type: str, family: str, provenance: str = "",
-                 model_declines: dict | None = None) -> None:
+                 model_declines: dict | None = None, cause: str | None = None) -> None:
         self.layers = layers
         self.model_type = model_type
         self.family = family
@@ -109,6 +109,9 @@ class SupportReport:
         self.provenance = provenance
         #: Model-level values (``logits``, ``project_on_vocab``, ``skip_layers``) not served, with the reason.
         self.model_declines = dict(model_declines or {})
+        #: The one reason that declines every value, where there is one (no twin of the config runs):
+        #: printed once, at the top; each value's reason (`reason`, `to_dict`) still says it in full.
+        self.cause = cause
 
     @classmethod
     def of(cls, model: Any) -> SupportReport:
@@ -128,7 +131,8 @@ class SupportReport:
             rows.append(LayerSupport(index, type(layer._module).__name__, reasons, absent, gradients))
         provenance = model.__dict__.get("_provenance")
         return cls(rows, model._text_config.model_type, model.family.name,
-                   provenance.text if provenance is not None else "", model.__dict__.get("_model_declines"))
+                   provenance.text if provenance is not None else "", model.__dict__.get("_model_declines"),
+                   getattr(provenance, "cause", None))
 
     def _row(self, layer: int) -> LayerSupport:
         from .components.layer import layer_index
@@ -197,6 +201,7 @@ class SupportReport:
             "model_type": self.model_type,
             "family": self.family,
             "provenance": self.provenance,
+            "cause": self.cause,
             "model_declines": dict(self.model_declines),
             "layers": [
                 {"layer": row.index, "block_type": row.block_type, "values": dict(row.reasons),
@@ -213,35 +218,41 @@ class SupportReport:
         width = max([len("block"), *(len(row.block_type) for row in self.layers)])
         refused = {v for row in self.layers for v in row.gradient_reasons}
         widths = [max(len(v), 17 if v in refused else 6) for v in columns]
+        by_cause = [name for name, reason in self.model_declines.items() if reason == self.cause]
         lines = [
             f"support of {self.model_type} (family {self.family})",
-            *([f"values served: {self.provenance}"] if self.provenance else []),
-            *(f"model.{name} not served: {reason}" for name, reason in self.model_declines.items()),
+            *([f"values served: none, {self.cause.removeprefix('not proved: ')}"] if self.cause else
+              [f"values served: {self.provenance}"] if self.provenance else []),
+            *([f"{', '.join(f'model.{name}' for name in by_cause)} not served: [*]"] if by_cause else []),
+            *(f"model.{name} not served: {reason}" for name, reason in self.model_declines.items()
+              if name not in by_cause),
             f"{'layer':>5}  {'block':<{width}}  "
             + "  ".join(f"{v:<{w}}" for v, w in zip(columns, widths, strict=True)),
         ]
-        notes: dict[str, int] = {}
+        notes: dict[str, int | str] = {self.cause: "*"} if self.cause else {}
+        numbered = 0 if self.cause is None else -1  # (the cause is no numbered note)
         for row in self.layers:
             cells = []
             for value, cell_width in zip(columns, widths, strict=True):
                 reason = row.reasons[value]
                 refusal = row.gradient_reasons.get(value)
                 if reason is None and refusal is not None:
-                    mark = notes.setdefault(f".grad not served: {refusal}", len(notes) + 1)
+                    mark = notes.setdefault(f".grad not served: {refusal}", len(notes) + 1 + numbered)
                     cells.append(f"{'yes, no .grad [' + str(mark) + ']':<{cell_width}}")
                 elif reason is None:
                     cells.append(f"{'yes':<{cell_width}}")
                 else:
-                    mark = notes.setdefault(reason, len(notes) + 1)
+                    mark = notes.setdefault(reason, len(notes) + 1 + numbered)
                     cells.append(f"{'no [' + str(mark) + ']':<{cell_width}}")
             lines.append(f"{row.index:>5}  {row.block_type:<{width}}  " + "  ".join(cells))
         for reason, mark in notes.items():
-            lines.append(f"[{mark}] {reason}")
+            lines.append("[*] the cause above" if mark == "*" else f"[{mark}] {reason}")
         if absent:
             lines.append("not served on any layer:")
             grouped: dict[str, list[str]] = {}
             for value in absent:
-                reasons = dict.fromkeys(_ANY_LAYER.sub("layers[i]", row.reasons[value]) for row in self.layers)
+                reasons = dict.fromkeys("[*]" if row.reasons[value] == self.cause else
+                                        _ANY_LAYER.sub("layers[i]", row.reasons[value]) for row in self.layers)
                 grouped.setdefault(" / ".join(reasons), []).append(value)
             for reason, values in grouped.items():
                 lines.append(f"  {', '.join(values)}: {reason}")

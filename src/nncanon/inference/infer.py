@@ -1,6 +1,6 @@
 """`infer_family`: propose the `Family` of an architecture nobody wrote, from a twin of its config.
 
-The twin (`nncanon.proof.twin.build_twin`) runs once with a hook on every module (`record_run`);
+The twin (`nncanon.proof.ladder.running_twin`) runs once with a hook on every module (`record_run`);
 the skeleton (blocks, embedding, head, final norm) and each block's roles and candidate
 contributions are read from what ran (`find_skeleton`, `block_parts`); the factors are solved from
 the contribution identity and named by the config attribute holding them (`solve_scales`). Among
@@ -19,7 +19,8 @@ from typing import Any
 
 from ..errors import UnknownFamilyError
 from ..families.base import Family
-from ..proof.twin import TwinError, build_twin, model_class_for
+from ..proof.ladder import running_twin
+from ..proof.twin import TwinError, model_class_for
 from ..served import Site
 from .blocks import BlockParts, block_parts
 from .factors import CLOSE, config_attribute, logit_steps, solve_scales
@@ -323,7 +324,7 @@ def infer_family(config: Any, model_class: type | None = None) -> InferredFamily
     torch.set_num_threads(1)
     try:
         try:
-            twin = build_twin(config, model_class=cls)
+            twin = running_twin(config, model_class=cls).twin
         except TwinError as error:
             raise UnknownFamilyError(
                 f"nncanon could not infer a family for {cls.__name__}: a twin of its config could not be built "

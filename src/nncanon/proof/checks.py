@@ -48,7 +48,7 @@ from ..components.kernel import RECOMPUTED, STATES, Kernel
 from ..components.kernel import implementation as kernel_implementation
 from ..served import _pick, _put, operation_name, stacked_as_served
 from ..support import COMPONENT_OF, COMPONENTS, LAYER_VALUES
-from ..testing import PROMPTS
+from .prompts import PROMPTS
 
 #: Sums of fp32 tensors computed in another order than the model's (a parallel block adds its
 #: sublayers in one expression) agree to about 1e-8; this is the bar, relative and absolute.

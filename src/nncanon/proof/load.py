@@ -29,13 +29,14 @@ from typing import Any
 
 import torch
 
-from .twin import TwinError, _shrink_sizes, build_twin
+from .ladder import running_twin
+from .twin import TwinError, _shrink_sizes
 from .verdict import Verdict, verify
 
 #: What ``verify=`` takes.
 VERIFY_MODES = ("auto", "always", "never")
 #: The layout of a cache file; another layout is ignored and rewritten.
-SCHEMA = 1
+SCHEMA = 2
 #: Config entries that do not change what a model computes.
 _VOLATILE = {
     "transformers_version", "_name_or_path", "architectures", "dtype", "torch_dtype", "use_cache",
@@ -201,6 +202,11 @@ class Proof:
             the twin has no block of its kind).
         twin_layers: The original block each twin block stands for.
         verdict: The checks' results on the twin.
+        changes: Every attribute the twin changed, ``[path, old, new, rule]``.
+        twin: Which twin it ran on (`nncanon.proof.ladder.TwinRun.to_dict`: the step of the ladder, its
+            sizes, the steps before it and why each was not taken), and ``config``: a digest of the config,
+            for a twin of a later step (such a proof stands for that config alone).
+        no_twin: Where no twin runs, the one reason every value is declined (the verdict is then empty).
         from_cache: Whether it was read from the cache rather than made now.
     """
 
@@ -213,28 +219,54 @@ class Proof:
     twin_layers: list[int]
     verdict: Verdict
     changes: list[list[Any]] = field(default_factory=list)
+    twin: dict = field(default_factory=dict)
+    no_twin: str | None = None
     from_cache: bool = False
     _unproved: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def describe(self) -> str:
-        """``proved on a twin of this config (transformers 5.24.0, 2026-12-01 08:12 UTC)``."""
+        """``proved on a twin of this config (transformers 5.24.0, 2026-12-01 08:12 UTC; step 1 of the ladder
+        (the table's sizes): 64 wide, 4 heads of 16, 2 of 32 blocks, vocabulary 320, 0.1M parameters)``, or why
+        nothing was proved."""
         when = self.created.replace("T", " ")[:16] + " UTC"
-        return f"proved on a twin of this config (transformers {self.versions['transformers']}, {when})"
+        if self.no_twin is not None:
+            return f"declined: the proof could not run on any twin: {self.no_twin} (transformers " \
+                   f"{self.versions['transformers']}, {when})"
+        twin = f"; {self.twin['described']}" if self.twin.get("described") else ""
+        return f"proved on a twin of this config (transformers {self.versions['transformers']}, {when}{twin})"
 
     def to_dict(self) -> dict:
         return {
             "schema": SCHEMA, "key": self.key, "versions": self.versions, "family": self.family,
             "created": self.created, "seconds": self.seconds, "layer_map": self.layer_map,
-            "twin_layers": self.twin_layers, "changes": self.changes, "results": self.verdict.to_list(),
+            "twin_layers": self.twin_layers, "changes": self.changes, "twin": self.twin, "no_twin": self.no_twin,
+            "results": self.verdict.to_list(),
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> Proof:
+        no_twin = data.get("no_twin")
+        if no_twin is not None and not isinstance(no_twin, str):
+            raise TypeError("no_twin is not a reason")
         return cls(
             data["key"], dict(data["versions"]), data["family"], data["created"], float(data["seconds"]),
             list(data["layer_map"]), list(data["twin_layers"]), Verdict.from_list(data["results"]),
-            list(data.get("changes", [])), from_cache=True,
+            list(data.get("changes", [])), dict(data.get("twin") or {}), no_twin, from_cache=True,
         )
+
+    def stands_for(self, config: Any) -> bool:
+        """Whether this proof proves ``config``: a proof on the table's twin proves every config of that
+        twin (the cache key says which); one on a later step's twin, or one that found no twin, was made
+        for one config (``twin["config"]``)."""
+        if self.no_twin is None and self.twin.get("step", 1) == 1:
+            return True
+        return self.twin.get("config") == config_digest(config)
+
+
+def config_digest(config: Any) -> str:
+    """A digest of all of ``config`` that changes what it computes (its sizes included)."""
+    text = json.dumps(_plain(config.to_dict()), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 def cache_key(config: Any, family: Any, model_class: type) -> str:
@@ -255,20 +287,20 @@ def cache_key(config: Any, family: Any, model_class: type) -> str:
 _KEYS: dict[tuple, str] = {}
 
 
-def read_cached(key: str) -> Proof | None:
-    """The cached proof under ``key``, or ``None`` (none there, unreadable, corrupt, or made by other
-    versions: never a stale proof)."""
+def read_cached(key: str, config: Any = None) -> Proof | None:
+    """The cached proof under ``key``, or ``None`` (none there, unreadable, corrupt, made by other
+    versions, or, given ``config``, made for another config: never a stale proof)."""
     path = os.path.join(_cache_folder(), f"{key}.json")
     try:
         stat = os.stat(path)
         stamp = (path, stat.st_mtime_ns, stat.st_size)
-        if stamp in _READ:
-            return _READ[stamp]
-        data = json.loads(Path(path).read_text())
-        if data.get("schema") != SCHEMA or data.get("key") != key or data.get("versions") != _versions():
-            return None
-        proof = _READ[stamp] = Proof.from_dict(data)
-        return proof
+        proof = _READ.get(stamp)
+        if proof is None:
+            data = json.loads(Path(path).read_text())
+            if data.get("schema") != SCHEMA or data.get("key") != key or data.get("versions") != _versions():
+                return None
+            proof = _READ[stamp] = Proof.from_dict(data)
+        return proof if config is None or proof.stands_for(config) else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -291,42 +323,46 @@ def write_cached(proof: Proof) -> None:
 
 def prove(config: Any, family: Any, model_class: type, mode: str = "auto") -> Proof:
     """The proof of ``config`` served by ``family`` with ``model_class``: from the cache (``mode="auto"``)
-    or made now on a twin.
-
-    Raises:
-        TwinError: the config cannot be shrunk (the message names the attribute).
-    """
+    or made now on the first twin of the ladder that runs (`nncanon.proof.ladder.running_twin`). Where no
+    twin runs (or none can be built: `TwinError`), the proof's ``no_twin`` is the one reason every value
+    is declined."""
     key = cache_key(config, family, model_class)
     if mode == "auto":
-        cached = read_cached(key)
+        cached = read_cached(key, config)
         if cached is not None:
             return cached
     start = time.perf_counter()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a twin's matrices are small: one thread is fastest, and spares the user's
     try:
-        twin = build_twin(config, model_class=model_class, blocks=family.layers)
-        verdict = verify(_mounted(twin.model, family))
+        run = running_twin(config, model_class=model_class, blocks=family.layers)
+        verdict = verify(_mounted(run.twin.model, family))
+    except TwinError as error:  # (NoTwinRuns, or a config with no causal LM or no list of blocks)
+        run, verdict = None, Verdict([])
+        no_twin = str(error)
     finally:
         torch.set_num_threads(threads)
-    proof = Proof(
-        key=key,
-        versions=_versions(),
-        family=family.name,
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        seconds=round(time.perf_counter() - start, 3),
-        layer_map=[twin.block_for(index) for index in range(len(twin.kinds))],
-        twin_layers=list(twin.stands_for),
-        verdict=verdict,
-        changes=[[c.path, c.old, c.new, c.rule] for c in twin.changes],
-    )
+    made = {"key": key, "versions": _versions(), "family": family.name,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "seconds": round(time.perf_counter() - start, 3)}
+    if run is None:
+        proof = Proof(**made, layer_map=[], twin_layers=[], verdict=verdict, no_twin=no_twin,
+                      twin={"config": config_digest(config)})
+    else:
+        twin = run.twin
+        described = run.to_dict()
+        if run.step != 1:
+            described["config"] = config_digest(config)
+        proof = Proof(**made, layer_map=[twin.block_for(index) for index in range(len(twin.kinds))],
+                      twin_layers=list(twin.stands_for), verdict=verdict,
+                      changes=[[c.path, c.old, c.new, c.rule] for c in twin.changes], twin=described)
     write_cached(proof)
     return proof
 
 
 def _mounted(module: torch.nn.Module, family: Any) -> Any:
     from ..model import StandardizedTransformer
-    from ..testing import tiny_tokenizer
+    from .prompts import tiny_tokenizer
 
     return StandardizedTransformer(module, tokenizer=tiny_tokenizer(), verify="never", family=family)
 
@@ -336,11 +372,13 @@ __all__ = ["VERIFY_MODES", "Proof", "TwinError", "cache_dir", "cache_key", "fing
 
 @dataclass(frozen=True)
 class Provenance:
-    """Where a model's served values stand: ``kind`` is ``"proved"``, ``"unproved"`` or ``"registry"``."""
+    """Where a model's served values stand: ``kind`` is ``"proved"``, ``"unproved"`` (``verify="never"``) or
+    ``"declined"`` (no twin of the config runs: every value is declined, for the reason ``cause``)."""
 
     kind: str
     text: str
     proof: Proof | None = None
+    cause: str | None = None
 
 
 def apply_proof(model: Any, proof: Proof, unserved: list[frozenset[str] | None] | None = None) -> Provenance:
@@ -367,14 +405,21 @@ def apply_proof(model: Any, proof: Proof, unserved: list[frozenset[str] | None] 
                 continue  # (not served anyway: its own reason stays)
             if reason is None:  # no twin block stands for it: the reason names the block's kind
                 reason = _not_proved(proof, None, value, type(layer._module).__name__)
-            if value == RECOMPUTED:  # (a block without attention has no such reason: nothing happens)
+            if value == RECOMPUTED and proof.no_twin is None:  # (a block without attention has no such reason)
                 reason = (f"attention probabilities are not computed by this model's attention implementation, "
                           f"and recomputing them from the kernel's inputs is {reason}. Load it with "
                           f"StandardizedTransformer(..., attn_implementation=\"eager\") to read them.")
             (decline_gradient if gradient else decline)(layer, value, reason)
     for value, reason, _ in _unproved(proof, "model"):
         model._model_declines[value] = reason
+    if proof.no_twin is not None:
+        return Provenance("declined", proof.describe(), proof, no_twin_reason(proof))
     return Provenance("proved", proof.describe(), proof)
+
+
+def no_twin_reason(proof: Proof) -> str:
+    """The one reason every value of a config no twin runs is declined (``support()``'s cause)."""
+    return f"not proved: the proof could not run on any twin of this config: {proof.no_twin}"
 
 
 def _declined_recomputed(layer: Any) -> bool:
@@ -432,6 +477,8 @@ def _unproved_served(proof: Proof, twin: int | None, absent: frozenset[str]) -> 
 def _not_proved(proof: Proof, twin: int | None, value: str, block: str | None, model_level: bool = False,
                 gradient: bool = False) -> str | None:
     """Why ``value`` (``gradient``: its gradient) is not proved on the block ``twin`` stands for, or ``None``."""
+    if proof.no_twin is not None:
+        return no_twin_reason(proof)
     if not model_level and twin is None:
         return f"not proved: a twin of this config has no block of this kind ({block})"
     layer = None if model_level else twin
@@ -449,13 +496,10 @@ def load_provenance(model: Any, config: Any, mode: str, unserved: list[frozenset
         raise ValueError(f"verify={mode!r} is not one of {', '.join(map(repr, VERIFY_MODES))}")
     if mode == "never":
         return Provenance("unproved", "unproved: loaded with verify='never' (no check ran on this config)")
-    try:
-        proof = prove(config, model.family, type(model._module), mode)
-    except TwinError as error:
+    proof = prove(config, model.family, type(model._module), mode)
+    if proof.no_twin is not None:
         warnings.warn(
-            f"nncanon could not build a twin of this {config.model_type} config, so its values are not proved "
-            f"on it: {error}. They are served as tested on the registry variants only.", stacklevel=4,
+            f"nncanon declines every value of this {config.model_type} model: the load-time proof could not run on "
+            f"any twin of its config: {proof.no_twin}. model.support() says the same.", stacklevel=4,
         )
-        return Provenance("registry", f"tested on the registry variants only: a twin of this config could not "
-                                      f"be built ({error})")
     return apply_proof(model, proof, unserved)

@@ -47,11 +47,18 @@ ROPE_WIDTH = 8  # the rotary part of a latent-attention head
 LAYER_LIMIT = 64  # a layout that needs more blocks than this is not shrunk
 
 
+#: The kinds of size a rule shrinks (see `Shrink`): a width (an axis of a weight or an activation), a count
+#: (heads, experts, groups: how many of a thing), a window (a number of tokens) or the vocabulary.
+WIDTH_KIND, COUNT_KIND, WINDOW_KIND, VOCABULARY_KIND = "width", "count", "window", "vocabulary"
+
+
 @dataclass(frozen=True)
 class Rule:
-    """One line of the shrinking table: the config attributes it applies to, and what they become."""
+    """One line of the shrinking table: the config attributes it applies to, what kind of size they are,
+    and what they become under the table's targets (``value(old, config)``, ``config``: as it was)."""
 
     what: str
+    kind: str
     names: tuple[str, ...]
     becomes: str
     value: Callable[[Any, dict], Any]
@@ -59,6 +66,10 @@ class Rule:
 
 def _at_most(limit: int) -> Callable[[Any, dict], Any]:
     return lambda old, config: min(old, limit)
+
+
+def _stream_width(config: dict) -> int | None:
+    return _first(config, _STREAM_NAMES)
 
 
 def _kv_heads(old: int, config: dict) -> int:
@@ -86,7 +97,7 @@ def _groups(old: int, config: dict) -> int:
 
 
 def _group_top_k(old: int, config: dict) -> int:
-    groups = config.get("n_group")
+    groups = _first(config, ("n_group", "num_expert_group"))
     if groups is not None and old >= groups:
         return min(groups, 2)
     return min(old, 1)
@@ -100,63 +111,93 @@ def _ssm_head_width(old: int, config: dict) -> int:
     return min(old, HEAD_WIDTH * 2)
 
 
+def _mlp_width(old: int, config: dict) -> int:
+    """≤ `FFN`; a width equal to the stream's (RWKV's attention width, RecurrentGemma's recurrence width)
+    stays equal to the twin's stream."""
+    return WIDTH if old == _stream_width(config) else min(old, FFN)
+
+
+def _rotary_width(old: int, config: dict) -> int:
+    """The rotary part of a head in the proportion it has in the config's heads (GPT-J: 64 of 256 → 4 of 16)."""
+    stream, heads = _stream_width(config), _first(config, ("num_attention_heads", "n_head", "n_heads"))
+    head = _first(config, ("head_dim",)) or (stream // heads if stream and heads else None)
+    if not head or old >= head:
+        return min(old, HEAD_WIDTH)
+    twin_head = min(head, HEAD_WIDTH) if _first(config, ("head_dim",)) else WIDTH // min(heads, HEADS)
+    return max(2, 2 * round(old * twin_head / head / 2))
+
+
 def _first(config: dict, names: tuple[str, ...]) -> Any:
     return next((config[name] for name in names if isinstance(config.get(name), int)), None)
 
 
+_STREAM_NAMES = ("hidden_size", "n_embd", "d_model", "embedding_dim", "dim")
+_HEAD_WIDTH_NAMES = ("head_dim", "attention_head_dim", "kv_channels", "swa_head_dim", "global_head_dim",
+                     "index_head_dim", "linear_head_dim", "linear_key_head_dim", "linear_value_head_dim")
 _EXPERT_NAMES = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 
 #: The shrinking table. Attributes not named here keep their value (booleans, activations, norms'
 #: epsilons, rotary settings, scaling factors, multipliers, softcaps, window *kinds*...), except the
 #: layer count and per-layer lists (see `twin`) and token ids that fall outside the twin's
-#: vocabulary (mapped to its last ids). A size already smaller than its target is kept.
+#: vocabulary (mapped to its last ids). A size already smaller than its target is kept. The kind of
+#: each row says what a twin of common factor (`Shrink`) does with it: widths are divided by the factor,
+#: counts are kept, windows and the vocabulary take the table's value.
 RULES: tuple[Rule, ...] = (
-    Rule("stream width", ("hidden_size", "n_embd", "d_model", "embedding_dim", "dim"), f"{WIDTH}",
-         _at_most(WIDTH)),
-    Rule("tower channels", ("ext_pw_out_channel", "depthwise_separable_out_channel", "nemo_conv_channels"),
-         f"≤ {WIDTH}", _at_most(WIDTH)),
-    Rule("query heads", ("num_attention_heads", "n_head", "n_heads", "num_heads_attention"), f"≤ {HEADS}",
-         _at_most(HEADS)),
-    Rule("key/value heads", ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num"),
+    Rule("stream width", WIDTH_KIND, _STREAM_NAMES, f"{WIDTH}", _at_most(WIDTH)),
+    Rule("tower channels", WIDTH_KIND, ("ext_pw_out_channel", "depthwise_separable_out_channel",
+                                        "nemo_conv_channels"), f"≤ {WIDTH}", _at_most(WIDTH)),
+    Rule("query heads", COUNT_KIND, ("num_attention_heads", "n_head", "n_heads", "num_heads_attention"),
+         f"≤ {HEADS}", _at_most(HEADS)),
+    Rule("key/value heads", COUNT_KIND, ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num"),
          f"{HEADS} (multi-head), 1 (multi-query) or {HEADS // 2} (grouped)", _kv_heads),
-    Rule("head width", ("head_dim", "attention_head_dim", "kv_channels", "swa_head_dim", "global_head_dim",
-                        "index_head_dim", "linear_head_dim", "linear_key_head_dim", "linear_value_head_dim"),
-         f"≤ {HEAD_WIDTH}", _at_most(HEAD_WIDTH)),
-    Rule("latent attention", ("q_lora_rank", "kv_lora_rank", "o_lora_rank"), f"≤ {LORA}", _at_most(LORA)),
-    Rule("output projection groups", ("o_groups",), "≤ 2", _at_most(2)),
-    Rule("sparse-attention indexer heads", ("index_n_heads",), f"≤ {HEADS}", _at_most(HEADS)),
-    Rule("hyper-connection streams", ("hc_mult",), "≤ 2", _at_most(2)),
-    Rule("low-rank branches", ("laurel_rank",), f"≤ {LORA}", _at_most(LORA)),
-    Rule("per-layer input width", ("hidden_size_per_layer_input",), f"≤ {HEAD_WIDTH}", _at_most(HEAD_WIDTH)),
-    Rule("latent head parts", ("qk_nope_head_dim", "v_head_dim"), f"≤ {HEAD_WIDTH}", _at_most(HEAD_WIDTH)),
-    Rule("latent rotary part", ("qk_rope_head_dim",), f"≤ {ROPE_WIDTH}", _at_most(ROPE_WIDTH)),
-    Rule("MLP width", ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "d_ff", "dff",
-                       "dense_intermediate_size", "intermediate_size_mlp", "lru_width", "attention_hidden_size",
-                       "word_embed_proj_dim"), f"≤ {FFN}", _at_most(FFN)),
-    Rule("expert width", ("moe_intermediate_size", "shared_expert_intermediate_size", "expert_ffn_hidden_size",
-                          "moe_shared_expert_intermediate_size", "shared_intermediate_size",
-                          "moe_ffn_hidden_size"), f"≤ {EXPERT_FFN}", _at_most(EXPERT_FFN)),
-    Rule("vocabulary", ("vocab_size", "vocab_size_per_layer_input"), f"{VOCAB}", _at_most(VOCAB)),
-    Rule("routed experts", (*_EXPERT_NAMES, "zero_expert_num"), f"≤ {EXPERTS}", _experts),
-    Rule("experts per token", ("num_experts_per_tok", "moe_topk", "top_k", "moe_top_k"),
+    Rule("head width", WIDTH_KIND, _HEAD_WIDTH_NAMES, f"≤ {HEAD_WIDTH}", _at_most(HEAD_WIDTH)),
+    Rule("rotary width", WIDTH_KIND, ("rotary_dim",), "its share of the twin's head width", _rotary_width),
+    Rule("latent attention", WIDTH_KIND, ("q_lora_rank", "kv_lora_rank", "o_lora_rank"), f"≤ {LORA}",
+         _at_most(LORA)),
+    Rule("output projection groups", COUNT_KIND, ("o_groups",), "≤ 2", _at_most(2)),
+    Rule("sparse-attention indexer heads", COUNT_KIND, ("index_n_heads",), f"≤ {HEADS}", _at_most(HEADS)),
+    Rule("hyper-connection streams", COUNT_KIND, ("hc_mult",), "≤ 2", _at_most(2)),
+    Rule("low-rank branches", WIDTH_KIND, ("laurel_rank", "adapter_rank", "gated_norm_rank"), f"≤ {LORA}",
+         _at_most(LORA)),
+    Rule("per-layer input width", WIDTH_KIND, ("hidden_size_per_layer_input",), f"≤ {HEAD_WIDTH}",
+         _at_most(HEAD_WIDTH)),
+    Rule("latent head parts", WIDTH_KIND, ("qk_nope_head_dim", "v_head_dim"), f"≤ {HEAD_WIDTH}",
+         _at_most(HEAD_WIDTH)),
+    Rule("latent rotary part", WIDTH_KIND, ("qk_rope_head_dim",), f"≤ {ROPE_WIDTH}", _at_most(ROPE_WIDTH)),
+    Rule("MLP width", WIDTH_KIND, ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "d_ff", "dff",
+                                   "dense_intermediate_size", "intermediate_size_mlp", "lru_width",
+                                   "attention_hidden_size", "word_embed_proj_dim"),
+         f"≤ {FFN} (the stream's width where it is the config's stream width)", _mlp_width),
+    Rule("expert width", WIDTH_KIND, ("moe_intermediate_size", "shared_expert_intermediate_size",
+                                      "expert_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+                                      "shared_intermediate_size", "moe_ffn_hidden_size",
+                                      "shared_experts_intermediate_size"), f"≤ {EXPERT_FFN}", _at_most(EXPERT_FFN)),
+    Rule("vocabulary", VOCABULARY_KIND, ("vocab_size", "vocab_size_per_layer_input"), f"{VOCAB}", _at_most(VOCAB)),
+    Rule("routed experts", COUNT_KIND, (*_EXPERT_NAMES, "zero_expert_num"), f"≤ {EXPERTS}", _experts),
+    Rule("experts per token", COUNT_KIND, ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k",
+                                           "moe_top_k", "moe_k"),
          f"≤ {TOP_K} (all experts where all run)", _top_k),
-    Rule("expert groups", ("n_group",), "≤ 2", _groups),
-    Rule("groups per token", ("topk_group",), "≤ 1 (all groups where all are chosen)", _group_top_k),
-    Rule("linear-attention heads", ("linear_num_key_heads",), "≤ 2", _at_most(2)),
-    Rule("linear-attention value heads", ("linear_num_value_heads",), "≤ 4", _at_most(4)),
-    Rule("state-space heads", ("mamba_n_heads", "mamba_num_heads"), f"≤ {HEADS}", _at_most(HEADS)),
-    Rule("state-space head width", ("mamba_d_head", "mamba_head_dim", "mamba_headdim"),
+    Rule("expert groups", COUNT_KIND, ("n_group", "num_expert_group"), "≤ 2", _groups),
+    Rule("groups per token", COUNT_KIND, ("topk_group",), "≤ 1 (all groups where all are chosen)", _group_top_k),
+    Rule("linear-attention heads", COUNT_KIND, ("linear_num_key_heads",), "≤ 2", _at_most(2)),
+    Rule("linear-attention value heads", COUNT_KIND, ("linear_num_value_heads", "linear_num_heads"), "≤ 4",
+         _at_most(4)),
+    Rule("state-space heads", COUNT_KIND, ("mamba_n_heads", "mamba_num_heads"), f"≤ {HEADS}", _at_most(HEADS)),
+    Rule("state-space head width", WIDTH_KIND, ("mamba_d_head", "mamba_head_dim", "mamba_headdim"),
          "expand × stream width / heads", _ssm_head_width),
-    Rule("state width", ("d_state", "ssm_state_size", "mamba_d_state", "state_size"), f"≤ {STATE}",
+    Rule("state width", WIDTH_KIND, ("d_state", "ssm_state_size", "mamba_d_state", "state_size"), f"≤ {STATE}",
          _at_most(STATE)),
-    Rule("state-space groups", ("n_groups", "mamba_n_groups"), "≤ 2", _groups),
-    Rule("time-step rank", ("time_step_rank", "mamba_dt_rank", "dt_rank"), f"≤ {STATE}", _at_most(STATE)),
-    Rule("windows and chunks", ("sliding_window", "window_size", "attention_window_size", "sliding_window_size",
-                                "attention_chunk_size", "chunk_size", "mamba_chunk_size", "local_attention",
-                                "index_topk", "block_size", "index_block_size", "index_compression",
-                                "index_num_local_tokens", "index_num_sink_tokens"),
+    Rule("state-space groups", COUNT_KIND, ("n_groups", "mamba_n_groups"), "≤ 2", _groups),
+    Rule("time-step rank", WIDTH_KIND, ("time_step_rank", "mamba_dt_rank", "dt_rank"), f"≤ {STATE}",
+         _at_most(STATE)),
+    Rule("windows and chunks", WINDOW_KIND, ("sliding_window", "window_size", "attention_window_size",
+                                             "sliding_window_size", "attention_chunk_size", "chunk_size",
+                                             "mamba_chunk_size", "local_attention", "index_topk", "block_size",
+                                             "index_block_size", "index_compression", "index_num_local_tokens",
+                                             "index_num_sink_tokens"),
          f"≤ {WINDOW} tokens, so the proof's prompts cross them", _at_most(WINDOW)),
-    Rule("sparse-attention key pools", ("index_pool_size",), f"≤ {2 * WINDOW} tokens", _at_most(2 * WINDOW)),
+    Rule("sparse-attention key pools", WINDOW_KIND, ("index_pool_size",), f"≤ {2 * WINDOW} tokens",
+         _at_most(2 * WINDOW)),
 )
 
 _RULE_OF = {name: rule for rule in RULES for name in rule.names}
@@ -183,22 +224,65 @@ class Change:
     rule: str
 
 
-def _shrink_sizes(config: dict, path: str, changes: list[Change]) -> None:
+@dataclass(frozen=True)
+class Shrink:
+    """How a twin's sizes are made from the config's: one step of the ladder (`nncanon.proof.ladder`).
+
+    ``factor`` 0: the table's targets (`RULES`), the smallest twin. ``factor`` n ≥ 1: every width of the
+    table divided by n (rounded up), every count (heads, experts, groups) kept, so every proportion between
+    sizes holds as in the config, named in the table or not (a rotary width and its head, heads × head width
+    and the stream, state-space heads × head width and ``expand ×`` the stream); ``factor`` 1 keeps the
+    config's widths. ``windows``: windows and chunks take the table's value (else the config's). The
+    vocabulary always takes the table's, and the layers are chosen as `build_twin` says.
+    """
+
+    factor: int = 0
+    windows: bool = True
+
+    @property
+    def table(self) -> bool:
+        return self.factor == 0
+
+    def describe(self) -> str:
+        """``the table's sizes``, ``widths ÷ 16, counts kept``, ``the config's widths``..."""
+        if self.table:
+            return "the table's sizes"
+        if self.factor == 1:
+            return "the config's widths and counts" + ("" if self.windows else " and windows")
+        return f"every width ÷ {self.factor}, counts kept"
+
+    def value(self, rule: Rule, old: int, config: dict) -> int:
+        """What ``old`` (an attribute of ``rule``, in ``config`` as it was) becomes."""
+        if self.table or rule.kind == VOCABULARY_KIND or (rule.kind == WINDOW_KIND and self.windows):
+            return rule.value(old, config)
+        if rule.kind == WIDTH_KIND:
+            return -(-old // self.factor)
+        return old
+
+
+#: The table's targets: the first step of the ladder.
+TABLE = Shrink()
+
+
+def _shrink_sizes(config: dict, path: str, changes: list[Change], shrink: Shrink = TABLE) -> None:
+    """Shrink ``config`` (a config as a dict) in place as ``shrink`` says, recording each change. Nested
+    configs other than the text model's (a multimodal checkpoint's towers) take the table's targets."""
     original = dict(config)  # the rules read the config as it was
+    text = _text_part(config)[0]
     for name in list(config):
         value = config[name]
         if isinstance(value, dict) and _NESTED.search(name) and "model_type" in value:
-            _shrink_sizes(value, f"{path}{name}.", changes)
+            _shrink_sizes(value, f"{path}{name}.", changes, shrink if value is text else TABLE)
             continue
         if name == _PER_LAYER and isinstance(value, dict):  # each block's own sizes: after the global ones
             continue
         rule = _RULE_OF.get(name)
         if rule is not None and _sizes(value):  # one size per block (Gemma-3n's intermediate_size)
-            new = type(value)(rule.value(v, original) for v in value)
+            new = type(value)(shrink.value(rule, v, original) for v in value)
         elif rule is None or isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             continue
         else:
-            new = rule.value(value, original)
+            new = shrink.value(rule, value, original)
         if new != value:
             config[name] = new
             changes.append(Change(path + name, value, new, rule.what))
@@ -206,10 +290,21 @@ def _shrink_sizes(config: dict, path: str, changes: list[Change]) -> None:
     for layer, own in (config.get(_PER_LAYER) or {}).items():
         if isinstance(own, dict):  # a block's own sizes override the global ones: its relations read both
             before = dict(own)
-            _shrink_sizes(own, f"{path}{_PER_LAYER}.{layer}.", changes)
+            _shrink_sizes(own, f"{path}{_PER_LAYER}.{layer}.", changes, shrink)
             merged = {**config, **own}
             _keep_relations(merged, {**original, **before}, f"{path}{_PER_LAYER}.{layer}.", changes)
             own.update({k: v for k, v in merged.items() if k in own or merged[k] != config.get(k)})
+
+
+def widest_factor(config: Any) -> int:
+    """The largest common factor the ladder divides ``config``'s widths by: the largest power of two that
+    takes its text model's stream width to at least `WIDTH` and divides it (1 where none does)."""
+    values = config.to_dict() if not isinstance(config, dict) else config
+    stream = _stream_width(_text_part(values)[0])
+    factor = 1
+    while stream and stream % (factor * 2) == 0 and stream // (factor * 2) >= WIDTH:
+        factor *= 2
+    return factor
 
 
 def _sizes(value: Any) -> bool:
@@ -456,6 +551,10 @@ def _build(cls: type, config: Any, device: str) -> torch.nn.Module:
         return cls(config)
 
 
+class TwinTooLarge(TwinError):
+    """A step of the ladder whose twin would have more parameters than the budget allows."""
+
+
 @dataclass
 class Twin:
     """A built twin: the model, the config it was built from, and how it maps onto the original.
@@ -466,6 +565,8 @@ class Twin:
         stands_for: ``stands_for[j]`` is the original block twin block ``j`` has the kind of.
         kinds: The kind of every original block (`block_kind`).
         changes: Every attribute the twin changed.
+        shrink: How its sizes were made (`Shrink`: the table's targets, or a common factor).
+        parameters: Its number of parameters.
     """
 
     model: torch.nn.Module
@@ -473,6 +574,8 @@ class Twin:
     stands_for: list[int]
     kinds: list[tuple]
     changes: list[Change]
+    shrink: Shrink = TABLE
+    parameters: int = 0
 
     def block_for(self, layer: int) -> int | None:
         """The twin block that proves original block ``layer``: the one standing for it, or the first
@@ -482,16 +585,39 @@ class Twin:
         kind = self.kinds[layer]
         return next((j for j, old in enumerate(self.stands_for) if self.kinds[old] == kind), None)
 
+    def sizes(self) -> dict[str, Any]:
+        """The twin's sizes, as the proof's provenance states them: its stream width, heads, head width,
+        blocks (and of how many), vocabulary and parameters."""
+        text = self.config.get_text_config()
+        values = text.to_dict()
+        sizes = {"width": _stream_width(values), "heads": _first(values, ("num_attention_heads", "n_head", "n_heads")),
+                 "head_width": _first(values, _HEAD_WIDTH_NAMES), "blocks": len(self.stands_for),
+                 "of_blocks": len(self.kinds), "vocabulary": values.get("vocab_size"), "parameters": self.parameters}
+        if sizes["head_width"] is None and sizes["width"] and sizes["heads"]:
+            sizes["head_width"] = sizes["width"] // sizes["heads"]
+        return sizes
 
-def shrunk_config(config: Any) -> tuple[Any, list[Change]]:
-    """``config`` with the table's sizes applied (every block kept), and the changes."""
+
+def shrunk_values(config: Any, shrink: Shrink = TABLE) -> tuple[dict, list[Change]]:
+    """``config`` as a dict with ``shrink``'s sizes applied (every block kept), and the changes."""
     values = copy.deepcopy(config.to_dict())
     changes: list[Change] = []
-    _shrink_sizes(values, "", changes)
+    _shrink_sizes(values, "", changes, shrink)
+    return values, changes
+
+
+def shrunk_config(config: Any, shrink: Shrink = TABLE) -> tuple[Any, list[Change]]:
+    """``config`` with ``shrink``'s sizes applied (every block kept), and the changes."""
+    values, changes = shrunk_values(config, shrink)
     try:
         return _config_from(config, values), changes
     except Exception as error:
-        raise TwinError(_culprit(config, values, changes, error)) from error
+        raise TwinError(_culprit(config, values, changes, error) if shrink.table else _failed(config, shrink, error)
+                        ) from error
+
+
+def _failed(config: Any, shrink: Shrink, error: Exception) -> str:
+    return f"{type(config).__name__} with {shrink.describe()} does not build: {type(error).__name__}: {error}"
 
 
 def _builds(config: Any, values: dict, cls: type | None) -> bool:
@@ -566,20 +692,12 @@ def _layer_choices(kinds: list[tuple]) -> list[list[int]]:
     return unique
 
 
-def twin(config: Any, seed: int = 0, model_class: type | None = None) -> torch.nn.Module:
-    """A random-weight, shrunk copy of the causal LM of ``config`` (see `build_twin`).
+def build_twin(config: Any, seed: int = 0, model_class: type | None = None, blocks: str | None = None,
+               shrink: Shrink = TABLE, max_parameters: int | None = None) -> Twin:
+    """Build one twin of ``config``: same model class, same settings, its sizes shrunk as ``shrink`` says.
 
-    Example:
-        >>> from transformers import LlamaConfig
-        >>> small = nncanon.twin(LlamaConfig(attention_bias=True))   # 7B's layout, 0.1M parameters
-        >>> small.config.hidden_size, small.config.attention_bias
-        (64, True)
-    """
-    return build_twin(config, seed=seed, model_class=model_class).model
-
-
-def build_twin(config: Any, seed: int = 0, model_class: type | None = None, blocks: str | None = None) -> Twin:
-    """Build the twin of ``config``: same model class, same settings, every size shrunk by `RULES`.
+    The load-time proof takes the first step of the ladder whose twin runs (`nncanon.proof.ladder.running_twin`);
+    this builds the twin of one step, runs nothing.
 
     Args:
         config: A transformers config (a hub checkpoint's, a local folder's, or one built in code).
@@ -587,19 +705,22 @@ def build_twin(config: Any, seed: int = 0, model_class: type | None = None, bloc
         model_class: The model class to build (default: transformers' causal LM for the config).
         blocks: The path of the list of blocks in the model (default: the ``ModuleList`` with as many
             modules as the config has layers, outside any vision or audio tower).
+        shrink: How the sizes are made (default: the table's targets, `RULES`).
+        max_parameters: Raise `TwinTooLarge` (before any weight is made) where the twin would have more.
 
     Raises:
-        TwinError: naming the attribute that stopped the shrinking.
+        TwinError: naming the attribute that stopped the shrinking (`TwinTooLarge`: over ``max_parameters``).
     """
     cls = model_class or model_class_for(config)
-    wide, changes = shrunk_config(config)
+    wide, changes = shrunk_config(config, shrink)
     wide_values = wide.to_dict()
     text, path = _text_part(wide_values)
     count = _layer_count_of(text)
     try:
         skeleton = _build(cls, wide, "meta")
     except Exception as error:
-        raise TwinError(_culprit(config, wide_values, changes, error, cls)) from error
+        message = _culprit(config, wide_values, changes, error, cls) if shrink.table else _failed(config, shrink, error)
+        raise TwinError(message) from error
     kinds = [block_kind(block) for block in blocks_of(skeleton, count, blocks)]
     for keep in _layer_choices(kinds):
         values = copy.deepcopy(wide_values)
@@ -607,11 +728,16 @@ def build_twin(config: Any, seed: int = 0, model_class: type | None = None, bloc
         try:
             _keep_layers(_text_part(values)[0], keep, count, path, layer_changes)
             small = _config_from(config, values)
-            built = [block_kind(block) for block in blocks_of(_build(cls, small, "meta"), len(keep), blocks)]
+            built = _build(cls, small, "meta")
+            built_kinds = [block_kind(block) for block in blocks_of(built, len(keep), blocks)]
         except Exception:
             continue
-        if same_kinds(kinds, keep, built):
-            return Twin(_real(cls, small, seed), small, keep, kinds, changes + layer_changes)
+        if same_kinds(kinds, keep, built_kinds):
+            parameters = parameter_count(built)
+            if max_parameters is not None and parameters > max_parameters:
+                raise TwinTooLarge(f"its twin with {shrink.describe()} would have {parameters / 1e6:.0f}M parameters, "
+                                   f"over the budget of {max_parameters / 1e6:.0f}M")
+            return Twin(_real(cls, small, seed), small, keep, kinds, changes + layer_changes, shrink, parameters)
     raise TwinError(
         f"{type(config).__name__} cannot be shrunk: no choice of at most {LAYER_LIMIT} of its {count} blocks "
         f"keeps every block's kind (its layout: num_hidden_layers and the per-layer attributes)"
