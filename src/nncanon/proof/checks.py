@@ -37,7 +37,9 @@ gradient check fails is still served, its ``.grad`` is not.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -254,45 +256,69 @@ def stream_as_served(model: Any, tensor: torch.Tensor) -> torch.Tensor:
 
 def site_reference(model: Any, layer: int, name: str, inputs: dict) -> torch.Tensor:
     """A value read with plain forward hooks on the unwrapped model, at the site its family names."""
-    binding = host(model, layer, name)._nncanon.bindings[name]
-    site = binding.site
-    if site.weighted is not None:
-        return _finish(_weighted_reference(model, layer, site, inputs), binding, inputs)
-    if site.op is not None:
-        return _finish(_operation_reference(model, layer, site, inputs), binding, inputs)
-    module = site_module(model, layer, name)
-    seen = {}
+    found = site_references(model, [(layer, name)], inputs)[layer, name]
+    if isinstance(found, Exception):
+        raise found
+    return found
 
-    def pre(mod, args, kwargs):
-        seen["raw"] = (args, kwargs)
 
-    def post(mod, args, output):
-        seen["raw"] = _pick(output, site).clone()
-        if site.bias is not None and isinstance(output, (tuple, list)) and output[site.bias] is not None:
-            seen["raw"] = seen["raw"] + output[site.bias]
+def site_references(model: Any, keys: Sequence[tuple[int, str]], inputs: dict
+                    ) -> dict[tuple[int, str], torch.Tensor | Exception]:
+    """`site_reference` of each ``(layer, name)`` of ``keys``: every module site read by a hook in one plain
+    forward; an operation site (inside a forward) by nnsight's source hooks on a plain copy, one run each. A
+    key whose reading raised maps to the exception."""
+    found: dict[tuple[int, str], torch.Tensor | Exception] = {}
+    hooked: dict[tuple[int, str], tuple] = {}
+    for key in keys:
+        binding = host(model, *key)._nncanon.bindings[key[1]]
+        site = binding.site
+        try:
+            if site.weighted is not None:
+                found[key] = _finish(_weighted_reference(model, key[0], site, inputs), binding, inputs)
+            elif site.op is not None:
+                found[key] = _finish(_operation_reference(model, key[0], site, inputs), binding, inputs)
+            else:
+                hooked[key] = (binding, site, site_module(model, *key))
+        except Exception as error:
+            found[key] = error
+    if not hooked:
+        return found
+    raw: dict[tuple[int, str], Any] = {}
 
-    handle = (
-        module.register_forward_pre_hook(pre, with_kwargs=True)
-        if site.key == "input"
-        else module.register_forward_hook(post)
-    )
+    def pre(key: tuple[int, str], site: Any) -> Callable:
+        def hook(mod: Any, args: tuple, kwargs: dict) -> None:
+            raw[key] = (args, kwargs)  # (picked after the forward, as the model left it)
+        return hook
+
+    def post(key: tuple[int, str], site: Any) -> Callable:
+        def hook(mod: Any, args: tuple, output: Any) -> None:
+            value = _pick(output, site).clone()
+            if site.bias is not None and isinstance(output, (tuple, list)) and output[site.bias] is not None:
+                value = value + output[site.bias]
+            raw[key] = value
+        return hook
+
+    handles = [module.register_forward_pre_hook(pre(key, site), with_kwargs=True) if site.key == "input"
+               else module.register_forward_hook(post(key, site)) for key, (_, site, module) in hooked.items()]
     try:
         with torch.no_grad():
             model._module(**inputs)
     finally:
-        handle.remove()
-    raw = seen["raw"]
-    return _finish(_pick(raw, site).clone() if site.key == "input" else raw, binding, inputs)
+        for handle in handles:
+            handle.remove()
+    for key, (binding, site, _) in hooked.items():
+        try:
+            found[key] = _finish(_pick(raw[key], site).clone() if site.key == "input" else raw[key], binding, inputs)
+        except Exception as error:
+            found[key] = error
+    return found
 
 
 def _operation_reference(model: Any, layer: int, site: Any, inputs: dict) -> torch.Tensor:
     """An operation site's tensor (``site.op`` inside a forward, where no module hook reaches), read by
     nnsight's own source hooks on a plain ``NNsight`` over a copy of the model."""
-    from nnsight import NNsight
-
-    fresh = _fresh_copy(model._module)
+    _, plain = plain_copy(model)
     path = ".".join(part for part in (model.family.layers, str(layer), site.module) if part)
-    plain = NNsight(fresh)
     with torch.no_grad(), plain.trace(**inputs):
         source = plain.get(path).source
         operation = getattr(source, operation_name(source.names, site.op))
@@ -303,9 +329,7 @@ def _operation_reference(model: Any, layer: int, site: Any, inputs: dict) -> tor
 def _weighted_reference(model: Any, layer: int, site: Any, inputs: dict) -> torch.Tensor:
     """A ``weighted`` site's product (what a sublayer writes into the streams): its two operations' outputs,
     read by nnsight's own source hooks on a plain ``NNsight`` over a copy of the model, multiplied."""
-    from nnsight import NNsight
-
-    plain = NNsight(_fresh_copy(model._module))
+    _, plain = plain_copy(model)
     path = ".".join(part for part in (model.family.layers, str(layer), site.module) if part)
     weight_op, output_op = site.weighted
     with torch.no_grad(), plain.trace(**inputs):
@@ -320,10 +344,7 @@ def _weighted_gradient(model: Any, key: tuple[int, str], site: Any, inputs: dict
     """The gradient at a ``weighted`` site's product, which no hook reaches: on a plain ``NNsight`` over a copy
     of the model, the product is made a tensor of its own (the weight's operation returns zeros, the product
     is added to the streams' operation, as the model's sum has it) and hooked."""
-    from nnsight import NNsight
-
-    root = _fresh_copy(model._module)
-    plain = NNsight(root)
+    root, plain = plain_copy(model)
     path = ".".join(part for part in (model.family.layers, str(key[0]), site.module) if part)
     weight_op, output_op = site.weighted
     with torch.enable_grad():
@@ -337,6 +358,42 @@ def _weighted_gradient(model: Any, key: tuple[int, str], site: Any, inputs: dict
             streams.output = streams.output + product
             output = plain.output.save()
         _backward(root, output, metric)
+
+
+#: The copies of models one `verify` run shares (`shared_copies`), by the copied module's id: a plain
+#: ``NNsight`` over a copy, and copies running another attention implementation. Outside a run, none is kept.
+_COPIES: ContextVar[dict | None] = ContextVar("nncanon_proof_copies", default=None)
+
+
+@contextmanager
+def shared_copies() -> Iterator[None]:
+    """Within this block, the checks make each copy of a model once and share it (see `plain_copy`)."""
+    token = _COPIES.set({})
+    try:
+        yield
+    finally:
+        _COPIES.reset(token)
+
+
+def _shared(key: tuple, make: Callable[[], Any]) -> Any:
+    copies = _COPIES.get()
+    if copies is None:
+        return make()
+    if key not in copies:
+        copies[key] = make()
+    return copies[key][1]
+
+
+def plain_copy(model: Any) -> tuple[torch.nn.Module, Any]:
+    """A copy of ``model``'s module and a plain ``NNsight`` over it, for references read by nnsight's own source
+    hooks (which change the module they hook: never the model's). Made once per `shared_copies` block."""
+    from nnsight import NNsight
+
+    def make() -> tuple:
+        root = _fresh_copy(model._module)
+        return model._module, (root, NNsight(root))  # (the module is kept, so its id stays its own)
+
+    return _shared(("plain", id(model._module)), make)
 
 
 def _fresh_copy(module: torch.nn.Module) -> torch.nn.Module:
@@ -470,10 +527,7 @@ def _attentions_of(model: Any, attentions: Sequence[Any], layer: int) -> torch.T
 def _operation_gradient(model: Any, key: tuple[int, str], site: Any, inputs: dict, metric: Callable,
                         keep: Callable) -> None:
     """One forward of a copy of the model as a plain ``NNsight``, a tensor hook on the operation's tensor."""
-    from nnsight import NNsight
-
-    root = _fresh_copy(model._module)
-    plain = NNsight(root)
+    root, plain = plain_copy(model)
     path = ".".join(part for part in (model.family.layers, str(key[0]), site.module) if part)
     with torch.enable_grad():
         with plain.trace(**inputs):
@@ -537,11 +591,18 @@ def _read_layer(model: Any, index: int, names: list[str], inputs: dict, entering
         _compare("read", index, ("layer_input",), saved["layer_input"], entering, 0.0, "against a block hook"),
         _compare("read", index, ("layer_output",), saved["layer_output"], leaving, 0.0, "against a block hook"),
     ]
+    references = site_references(model, [(index, name) for name in names[1:-1]], inputs)
     for name in names[1:-1]:
         results += _guarded("read", index, (name,), lambda name=name: [_compare(
-            "read", index, (name,), saved[name], site_reference(model, index, name, inputs), 0.0,
+            "read", index, (name,), saved[name], _raised_or(references[index, name]), 0.0,
             "against a hook at its site")])
     return results
+
+
+def _raised_or(found: torch.Tensor | Exception) -> torch.Tensor:
+    if isinstance(found, Exception):
+        raise found
+    return found
 
 
 def check_identity(model: Any) -> list[CheckResult]:
@@ -630,26 +691,33 @@ def check_invokes(model: Any) -> list[CheckResult]:
     """A write in the middle invoke of three leaves the other two bit-identical and reaches its own."""
     results = []
     writable = KERNEL_INPUTS + HEAD_VALUES + CONTRIBUTIONS
+    clean: list = []  # the three invokes' logits with no write: one run for every value
     for index in range(model.num_layers):
         for name in served(model, index, writable):
             results += _guarded("invokes", index, (name,), lambda index=index, name=name: [
-                _invokes(model, index, name)])
+                _invokes(model, index, name, clean)])
     return results
 
 
-def _invokes(model: Any, index: int, name: str) -> CheckResult:
-    runs = {}
-    for write in (False, True):
-        with torch.no_grad(), model.trace() as tracer:
-            with tracer.invoke(PROMPTS[0]):
-                first = model.logits.save()
-            with tracer.invoke(PROMPTS[0]):
-                if write:
-                    getattr(host(model, index, name), name)[:, 1:] = 0
-                middle = model.logits.save()
-            with tracer.invoke(PROMPTS[1]):
-                last = model.logits.save()
-        runs[write] = (first, middle, last)
+def _three_invokes(model: Any, write: tuple[int, str] | None) -> tuple[torch.Tensor, ...]:
+    """The logits of three invokes (the first prompt twice, then the second), ``write``'s value zeroed past
+    the first position in the middle one."""
+    with torch.no_grad(), model.trace() as tracer:
+        with tracer.invoke(PROMPTS[0]):
+            first = model.logits.save()
+        with tracer.invoke(PROMPTS[0]):
+            if write is not None:
+                getattr(host(model, *write), write[1])[:, 1:] = 0
+            middle = model.logits.save()
+        with tracer.invoke(PROMPTS[1]):
+            last = model.logits.save()
+    return first, middle, last
+
+
+def _invokes(model: Any, index: int, name: str, clean: list) -> CheckResult:
+    if not clean:
+        clean.append(_three_invokes(model, None))
+    runs = {False: clean[0], True: _three_invokes(model, (index, name))}
     # A mixture of experts runs each expert on the batch's tokens routed to it: a write that reroutes
     # invoke 2's tokens changes how many rows each expert's matmul has, which moves the other rows'
     # results at the last bit (7.5e-9 measured). A write that leaked would move them by far more.
@@ -857,7 +925,8 @@ def _read_kernel(model: Any, index: int, names: list[str], inputs: dict) -> list
     with torch.no_grad(), model.trace(PROMPTS[0]):
         for name in names:
             saved[name] = getattr(model.layers[index].self_attn, name).save()
-    return [_compare("read", index, (name,), saved[name], site_reference(model, index, name, inputs), 0.0,
+    references = site_references(model, [(index, name) for name in names], inputs)
+    return [_compare("read", index, (name,), saved[name], _raised_or(references[index, name]), 0.0,
                      f"against a source hook at its call, under {kernel_implementation(model._module)}")
             for name in names]
 
@@ -1004,7 +1073,13 @@ def _recomputable(kernel: Any) -> bool:
 
 
 def _implementation_copy(model: Any, implementation: str) -> Any:
-    """A copy of ``model`` running ``implementation`` (``None``: its class does not support it)."""
+    """A copy of ``model`` running ``implementation`` (``None``: its class does not support it); made once per
+    `shared_copies` block."""
+    return _shared(("implementation", id(model._module), implementation),
+                   lambda: (model._module, _make_implementation_copy(model, implementation)))
+
+
+def _make_implementation_copy(model: Any, implementation: str) -> Any:
     from ..model import StandardizedTransformer
 
     module = _fresh_copy(model._module)

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .checks import CHECKS, Check, CheckResult, raised
+from .checks import CHECKS, Check, CheckResult, raised, shared_copies
 
 
 class _Doubts:
@@ -112,10 +112,11 @@ def verify(model: Any, checks: Sequence[Check] | None = None) -> Verdict:
         >>> print(verdict.table())      # one line per check, with the measured error
     """
     results: list[CheckResult] = []
-    for check in checks if checks is not None else CHECKS:
-        try:
-            found = check.run(model)
-        except Exception as error:  # a check that cannot run proves nothing: its values are declined
-            found = raised(model, check.name, error)
-        results += [replace(result, gradient=True) for result in found] if check.gradient else found
+    with shared_copies():
+        for check in checks if checks is not None else CHECKS:
+            try:
+                found = check.run(model)
+            except Exception as error:  # a check that cannot run proves nothing: its values are declined
+                found = raised(model, check.name, error)
+            results += [replace(result, gradient=True) for result in found] if check.gradient else found
     return Verdict(results)

@@ -1,0 +1,118 @@
+"""Load the default config of every causal-LM config class of the installed transformers, as a new user would.
+
+Each config (``AutoConfig.for_model(model_type)``: most are their flagship checkpoint's, ``GPTJConfig()`` is
+GPT-J-6B) is saved as a folder with its ``config.json`` and a tokenizer, and loaded with
+``StandardizedTransformer(folder, verify="always")`` (built on meta; the proof runs on its twin, in a fresh
+proof cache). Prints one row per model type and a summary:
+
+- ``proved``: every value the family serves was proved on a twin (the ladder's step says which);
+- ``check failed``: a twin ran and a check failed on it (the values it covers are declined, with the numbers);
+- ``no twin runs``: every twin's forward raises transformers' own error (the config is one transformers cannot
+  run, e.g. a default with no experts per token): every value is declined for that one reason;
+- ``not built``: transformers cannot build a model of the config (its default is incomplete): the load raises
+  transformers' error;
+- ``out of scope``: not a decoder-only residual-stream model (an encoder, an encoder-decoder's decoder...).
+
+Usage::
+
+    python benchmarks/default_configs.py [--types gptj rwkv ...] [--json results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from typing import Any
+
+
+def load(model_type: str, folder: str) -> dict[str, Any]:
+    """The row of one model type: what its load did."""
+    from transformers import AutoConfig
+
+    import nncanon
+    from nncanon.errors import OutOfScopeModel
+    from nncanon.testing import tiny_tokenizer
+
+    row: dict[str, Any] = {"model_type": model_type}
+    try:
+        config = AutoConfig.for_model(model_type)
+        config.save_pretrained(folder)
+    except Exception as error:
+        return {**row, "status": "not built", "detail": f"{type(error).__name__}: {error}"[:300]}
+    tiny_tokenizer().save_pretrained(folder)
+    start = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = nncanon.StandardizedTransformer(folder, verify="always")
+    except OutOfScopeModel as error:
+        return {**row, "status": "out of scope", "detail": str(error).split(":", 1)[-1].strip()[:120]}
+    except Exception as error:
+        return {**row, "status": "not built", "detail": f"{type(error).__name__}: {' '.join(str(error).split())}"[:300]}
+    row["load_seconds"] = round(time.perf_counter() - start, 3)
+    provenance = model._provenance
+    proof = provenance.proof
+    row["proof_seconds"] = proof.seconds if proof is not None else None
+    row["step"] = proof.twin.get("step") if proof is not None else None
+    row["twin"] = proof.twin.get("described", "") if proof is not None else ""
+    if proof is not None and proof.no_twin is not None:
+        return {**row, "status": "no twin runs", "detail": proof.no_twin[:400]}
+    failed = sorted({f"{r.check}{'' if r.layer is None else f'@{r.layer}'}" for r in proof.verdict.failed()})
+    if failed:
+        return {**row, "status": "check failed", "detail": ", ".join(failed)[:300]}
+    return {**row, "status": "proved", "detail": row["twin"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--types", nargs="*", default=None, help="model types (default: every causal-LM one)")
+    parser.add_argument("--json", default=None, help="also write the rows here")
+    args = parser.parse_args()
+
+    import torch
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    os.environ["NNCANON_CACHE"] = tempfile.mkdtemp()  # every proof is a first proof
+    types = args.types or sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    with tempfile.TemporaryDirectory() as warm:
+        load("gpt2", warm)  # imports and first-call costs, out of the first row's figure
+    rows = []
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}, {len(types)} model types",
+          flush=True)
+    for index, model_type in enumerate(types, start=1):
+        with tempfile.TemporaryDirectory() as folder:
+            row = load(model_type, folder)
+        rows.append(row)
+        seconds = f"{row['proof_seconds']:6.2f} s" if row.get("proof_seconds") is not None else " " * 8
+        step = f"step {row['step']}" if row.get("step") else "      "
+        print(f"[{index:3}/{len(types)}] {model_type:28} {row['status']:13} {seconds} {step}  {row['detail'][:110]}",
+              file=sys.stdout, flush=True)
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    loaded = [r for r in rows if r["status"] in ("proved", "check failed", "no twin runs")]
+    times = [r["proof_seconds"] for r in loaded if r.get("proof_seconds") is not None]
+    print()
+    print(", ".join(f"{status}: {count}" for status, count in sorted(counts.items())))
+    later = [r for r in loaded if (r.get("step") or 1) > 1]
+    print(f"loaded: {len(loaded)}; proved on a later step of the ladder: {len(later)} "
+          f"({', '.join(r['model_type'] for r in later)})")
+    if times:
+        slowest = max(loaded, key=lambda r: r.get("proof_seconds") or 0)
+        print(f"first proof: median {statistics.median(times):.2f} s, max {max(times):.2f} s "
+              f"({slowest['model_type']})")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"transformers": transformers.__version__, "torch": torch.__version__, "rows": rows},
+                      handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
