@@ -664,26 +664,27 @@ def check_ablation(model: Any) -> list[CheckResult]:
     results = []
     for index in range(model.num_layers):
         names = served(model, index)
+        clean: dict = {}  # the block's contributions and output with no write: one run for all of them
         for position, name in enumerate(names):
             later = names[position + 1:]
-            results += _guarded("ablation", index, (name,),
-                                lambda index=index, name=name, later=later: [_ablation(model, index, name, later)])
+            results += _guarded("ablation", index, (name,), lambda index=index, name=name, later=later, names=names,
+                                clean=clean: [_ablation(model, index, name, later, names, clean)])
     return results
 
 
-def _ablation(model: Any, index: int, name: str, later: list[str]) -> CheckResult:
-    held: list = []  # bound outside the trace, filled inside
-    with torch.no_grad(), model.trace(PROMPTS[0]):
-        value = getattr(host(model, index, name), name).save()
-        for other in later:
-            held.append(getattr(host(model, index, other), other).save())
-        clean = model.layers[index].layer_output.save()
+def _ablation(model: Any, index: int, name: str, later: list[str], names: list[str], clean: dict) -> CheckResult:
+    if not clean:
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            for each in names:
+                clean[each] = getattr(host(model, index, each), each).save()
+            clean["layer_output"] = model.layers[index].layer_output.save()
+    value = clean[name]
     with torch.no_grad(), model.trace(PROMPTS[0]):
         setattr(host(model, index, name), name, torch.zeros_like(value))
-        for other, kept in zip(later, held, strict=True):
-            setattr(host(model, index, other), other, kept)
+        for other in later:
+            setattr(host(model, index, other), other, clean[other])
         ablated = model.layers[index].layer_output.save()
-    return _compare("ablation", index, (name,), clean - ablated, value, TOLERANCE,
+    return _compare("ablation", index, (name,), clean["layer_output"] - ablated, value, TOLERANCE,
                     "the stream's change when it is zeroed" + (f", {', '.join(later)} held" if later else ""))
 
 
@@ -737,10 +738,11 @@ def check_locality(model: Any) -> list[CheckResult]:
     token_shift_after = model.family.token_shift_after
     bf16 = _bf16_copy(model)
     results = []
+    clean: dict = {}  # every block's layer_output with no write: one run for all of them
     for index in _whole_layers(bf16):
         for name in served(bf16, index):
             results += _guarded("locality", index, (name,), lambda index=index, name=name: [
-                _locality(bf16, index, name, name in token_shift_after)])
+                _locality(bf16, index, name, name in token_shift_after, clean)])
     return results
 
 
@@ -751,18 +753,20 @@ def _bf16_copy(model: Any) -> Any:
     return StandardizedTransformer(module, tokenizer=model.tokenizer, verify="never", family=model.family)
 
 
-def _locality(model: Any, index: int, name: str, shifted: bool) -> CheckResult:
+def _locality(model: Any, index: int, name: str, shifted: bool, clean: dict) -> CheckResult:
     position = 2
     layer = model.layers[index]
-    with torch.no_grad(), model.trace(PROMPTS[0]):
-        clean = layer.layer_output.save()
+    if not clean:
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            for each in _whole_layers(model):
+                clean[each] = model.layers[each].layer_output.save()
     with torch.no_grad(), model.trace(PROMPTS[0]):
         getattr(host(model, index, name), name)[:, position] += 0.5
         written = layer.layer_output.save()
-    later = range(position + 1, clean.shape[1]) if not shifted else ()
+    later = range(position + 1, clean[index].shape[1]) if not shifted else ()
     others = [*range(position), *later]
-    moved = float((written[:, others].float() - clean[:, others].float()).abs().max())
-    reached = not torch.equal(written[:, position], clean[:, position])
+    moved = float((written[:, others].float() - clean[index][:, others].float()).abs().max())
+    reached = not torch.equal(written[:, position], clean[index][:, position])
     note = "other positions of layer_output, bf16" + ("" if reached else "; the write did not reach the stream")
     return CheckResult("locality", index, (name,), moved == 0.0 and reached, moved, 0.0, note)
 
@@ -826,24 +830,27 @@ def check_probabilities(model: Any) -> list[CheckResult]:
 
     results = []
     report = model.support()
+    clean: list = []  # the logits with no write: one run for every layer
     for index in report.layers_with("attention_probabilities"):
         if not report.available("attention_head_outputs", layer=index):
             continue
         names = ("attention_probabilities", "attention_head_outputs")
         results += _guarded("probabilities", index, names, lambda index=index: [
-            _probabilities(model, index, head_count(model, index) - 1)])
+            _probabilities(model, index, head_count(model, index) - 1, clean)])
     return results
 
 
-def _probabilities(model: Any, index: int, head: int) -> CheckResult:
+def _probabilities(model: Any, index: int, head: int, clean_run: list) -> CheckResult:
     with torch.no_grad(), model.trace(PROMPTS[0]):
         model.layers[index].self_attn.attention_head_outputs[..., head, :] = 0
         by_head = model.logits.save()
     with torch.no_grad(), model.trace(PROMPTS[0]):
         model.layers[index].self_attn.attention_probabilities[:, head] = 0
         by_probabilities = model.logits.save()
-    with torch.no_grad(), model.trace(PROMPTS[0]):
-        clean = model.logits.save()
+    if not clean_run:
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            clean_run.append(model.logits.save())
+    clean = clean_run[0]
     result = _compare("probabilities", index, ("attention_probabilities", "attention_head_outputs"),
                       by_probabilities, by_head, TOLERANCE, f"logits with head {head} zeroed both ways")
     if torch.equal(by_head, clean):
