@@ -602,8 +602,35 @@ def shrunk_values(config: Any, shrink: Shrink = TABLE) -> tuple[dict, list[Chang
     """``config`` as a dict with ``shrink``'s sizes applied (every block kept), and the changes."""
     values = copy.deepcopy(config.to_dict())
     changes: list[Change] = []
+    _drop_absorbed(config, values, changes)
     _shrink_sizes(values, "", changes, shrink)
     return values, changes
+
+
+def _drop_absorbed(config: Any, values: dict, changes: list[Change]) -> None:
+    """Drop from ``values`` (``config`` as a dict) each legacy ``*_config`` dict of sizes that the config class
+    has already read into its own attributes (Kimi-Linear's ``linear_attn_config``: ``head_dim``, ``num_heads``
+    become ``linear_head_dim``, ``linear_num_heads``): rebuilt from ``values``, it would override the shrunk
+    attributes with the full sizes. A dict is dropped only where the config built without it is the same."""
+    text, path = _text_part(values)
+    for name in [n for n, v in text.items() if _NESTED.search(n) and isinstance(v, dict) and "model_type" not in v]:
+        trial = copy.deepcopy(values)
+        del _text_part(trial)[0][name]
+        try:
+            same = _without(_config_from(config, trial), name) == _without(_config_from(config, values), name)
+        except Exception:
+            continue
+        if same:
+            changes.append(Change(path + name, text[name], None, "read into the config's own attributes"))
+            del text[name]
+
+
+def _without(config: Any, name: str) -> dict:
+    """``config.to_dict()`` without ``name`` in its text part and without what varies between builds."""
+    values = config.to_dict()
+    _text_part(values)[0].pop(name, None)
+    values.pop("transformers_version", None)
+    return values
 
 
 def shrunk_config(config: Any, shrink: Shrink = TABLE) -> tuple[Any, list[Change]]:
