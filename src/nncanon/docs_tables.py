@@ -89,10 +89,14 @@ def matrix_table() -> str:
 
 def shrinking_table() -> str:
     """The twin's shrinking rules (`nncanon.proof.twin.RULES`): what each size becomes."""
-    from .proof.twin import RULES
+    from .proof.twin import COUNT_KIND, RULES, VOCABULARY_KIND, WIDTH_KIND, WINDOW_KIND
 
-    rows = ["| size | config attributes | in the twin |", "|---|---|---|"]
-    rows += [f"| {rule.what} | {', '.join(f'`{name}`' for name in rule.names)} | {rule.becomes} |" for rule in RULES]
+    factor = {WIDTH_KIND: "÷ F", COUNT_KIND: "the config's", WINDOW_KIND: "the table's (the config's at step 4)",
+              VOCABULARY_KIND: "the table's"}
+    rows = ["| size | kind | config attributes | step 1: the table | steps 2-4: common factor F |",
+            "|---|---|---|---|---|"]
+    rows += [f"| {rule.what} | {rule.kind} | {', '.join(f'`{name}`' for name in rule.names)} | {rule.becomes} | "
+             f"{factor[rule.kind]} |" for rule in RULES]
     return "\n".join(rows)
 
 

@@ -153,6 +153,19 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
                     "spiece.model", "sentencepiece.bpe.model", "tekken.json")
 
 
+def _note_transformers_error(error: Exception, config: Any) -> None:
+    """Add one line to an error transformers raised building the model: it came from the config, not nncanon."""
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    if frames and f"{os.sep}transformers{os.sep}" in frames[-1].filename:
+        error.add_note(
+            f"(transformers raised this building a model of this {type(config).__name__} "
+            f"(model_type {getattr(config, 'model_type', None)!r}) from its config, before nncanon ran on it: "
+            "transformers itself cannot build this config; fix the config, or report it to transformers)"
+        )
+
+
 def apply_logit_steps(logits: torch.Tensor, family: Family, config: Any) -> torch.Tensor:
     """The family's logit post-processing, in the model's own order of operations."""
     for step in family.logit_steps:
@@ -225,7 +238,11 @@ class StandardizedTransformer(TransformersModel):
             if tokenizer is None:
                 tokenizer = _tokenizer_of(model, kwargs)
         with wrapping_quietly():
-            super().__init__(model, *args, tokenizer=tokenizer, **kwargs)
+            try:
+                super().__init__(model, *args, tokenizer=tokenizer, **kwargs)
+            except Exception as error:
+                _note_transformers_error(error, config)
+                raise
         self._family = family
         self._inferred = inferred
         config = self._module.config  # the config read above where the user passed the model

@@ -378,7 +378,7 @@ def shared_copies() -> Iterator[None]:
 def _shared(key: tuple, make: Callable[[], Any]) -> Any:
     copies = _COPIES.get()
     if copies is None:
-        return make()
+        return make()[1]
     if key not in copies:
         copies[key] = make()
     return copies[key][1]

@@ -613,7 +613,8 @@ def _drop_absorbed(config: Any, values: dict, changes: list[Change]) -> None:
     become ``linear_head_dim``, ``linear_num_heads``): rebuilt from ``values``, it would override the shrunk
     attributes with the full sizes. A dict is dropped only where the config built without it is the same."""
     text, path = _text_part(values)
-    for name in [n for n, v in text.items() if _NESTED.search(n) and isinstance(v, dict) and "model_type" not in v]:
+    for name in [n for n, v in text.items() if _NESTED.search(n) and isinstance(v, dict) and "model_type" not in v
+                 and n != _PER_LAYER]:
         trial = copy.deepcopy(values)
         del _text_part(trial)[0][name]
         try:
@@ -797,12 +798,3 @@ def perturb(model: torch.nn.Module) -> None:
 def parameter_count(model: torch.nn.Module) -> int:
     """Number of parameters (for the docs' figures)."""
     return sum(math.prod(p.shape) for p in model.parameters())
-
-
-def rules_table() -> str:
-    """The shrinking table as Markdown (generated into the docs)."""
-    lines = ["| what | config attributes | becomes |", "|---|---|---|"]
-    for rule in RULES:
-        names = ", ".join(f"`{name}`" for name in rule.names)
-        lines.append(f"| {rule.what} | {names} | {rule.becomes} |")
-    return "\n".join(lines)
