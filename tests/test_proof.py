@@ -95,9 +95,11 @@ UNBUILDABLE_DEFAULTS = {
 }
 #: transformers' default config of these types builds but does not run at full size either (upstream): every
 #: twin's forward raises transformers' own error. Bamba's and Granite-4.0-H's defaults have no attention layer
-#: (a cache of state-space layers alone has no sequence length); DeepSeek-V2's has no experts per token.
+#: (a cache of state-space layers alone has no sequence length in 5.24, no mask sizes in 5.25); DeepSeek-V2's
+#: has no experts per token.
+_NO_ATTENTION_LAYER = "get_seq_length|`get_mask_sizes` can only be called on Attention layers"
 UNRUNNABLE_DEFAULTS = {
-    "bamba": "get_seq_length", "granitemoehybrid": "get_seq_length", "deepseek_v2": "argument 'k' must be int",
+    "bamba": _NO_ATTENTION_LAYER, "granitemoehybrid": _NO_ATTENTION_LAYER, "deepseek_v2": "argument 'k' must be int",
 }
 
 
@@ -361,6 +363,33 @@ def test_a_config_no_twin_runs_declines_every_value_for_one_reason(monkeypatch, 
     text = str(report)
     assert text.count("RuntimeError: X") == 1 and len(text) < 2500
     assert report.to_dict()["layers"][0]["values"]["attention_output"] == report.cause
+    # every model-level value raises ValueNotAvailable with the cause, inside and outside a trace (never
+    # nnsight's generic "has no attribute": ValueNotAvailable is an AttributeError, so a property raising it
+    # falls over to nnsight's __getattr__)
+    for name in ("logits", "next_token_probs"):
+        with pytest.raises(nncanon.ValueNotAvailable, match=rf"model\.{name} is not available: .*RuntimeError: X"):
+            getattr(model, name)
+        with pytest.raises(nncanon.ValueNotAvailable, match=rf"model\.{name} is not available: .*RuntimeError: X"):
+            with model.trace(PROMPTS[0]):
+                getattr(model, name).save()
+    assert not hasattr(model, "logits")
+    with pytest.raises(nncanon.ValueNotAvailable, match=r"model\.skip_layers is not available: .*RuntimeError: X"):
+        with model.trace(PROMPTS[0]):
+            model.skip_layers(0, 0)
+    with pytest.raises(nncanon.ValueNotAvailable, match=r"model\.project_on_vocab is not available"):
+        model.project_on_vocab(torch.zeros(1, 1, model.hidden_size))
+    with pytest.raises(nncanon.ValueNotAvailable, match=r"model\.logits is not available: .*RuntimeError: X"):
+        with model.trace(PROMPTS[0]):
+            model.logits[:, -1] = 0
+    # and the tools say the cause too
+    from nncanon import tools
+
+    ids, other = torch.tensor([[5, 6, 7, 8]]), torch.tensor([[5, 6, 9, 8]])
+    for call in (lambda: tools.head_ablation_sweep(model, PROMPTS[0]),
+                 lambda: tools.activation_patching(model, ids, other),
+                 lambda: tools.attribution_patching(model, ids, other, lambda logits: logits[:, -1, 5])):
+        with pytest.raises(nncanon.ValueNotAvailable, match=r"no layer of this model serves .*RuntimeError: X"):
+            call()
 
 
 def test_an_unwritable_cache_warns_and_still_proves(monkeypatch, tmp_path):

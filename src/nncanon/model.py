@@ -271,10 +271,20 @@ class StandardizedTransformer(TransformersModel):
 
             return inferred_provenance(self, verify, unserved)
 
-    def _model_value_check(self, name: str) -> None:
+    def _model_value_check(self, name: str, asked: str | None = None) -> None:
+        """Raise `ValueNotAvailable` where the model-level value ``name`` is declined (``asked``: the value
+        the user asked for, where it is computed from ``name``)."""
         reason = self.__dict__.get("_model_declines", {}).get(name)
         if reason is not None:
-            raise ValueNotAvailable(f"model.{name} is not available: {reason}")
+            raise ValueNotAvailable(f"model.{asked or name} is not available: {reason}")
+
+    def __getattr__(self, name: str) -> Any:
+        # A property of this class that raised an AttributeError (a declined value's ValueNotAvailable) lands
+        # here, where nnsight's Envoy would answer a generic "has no attribute": raise the property's own error.
+        # Its checks run before it reads the model, so asking it again reads nothing twice.
+        if isinstance(getattr(type(self), name, None), property):
+            return object.__getattribute__(self, name)
+        return super().__getattr__(name)
 
     def _optional(self, path: str | None) -> Any:
         """The envoy at ``path``, or ``None`` where this configuration has no such module."""
@@ -574,7 +584,6 @@ class StandardizedTransformer(TransformersModel):
         logits' dtype and device). An assignment replaces the logits inside the model's output; the
         output keeps its type, so ``generate`` samples from the written logits.
         """
-        self._model_value_check("logits")
         return value.logits if hasattr(value, "logits") else value[0]
 
     @logits.writer
@@ -594,6 +603,7 @@ class StandardizedTransformer(TransformersModel):
 
         Read-only: it is computed from the logits. Write ``model.logits[:, -1]`` to change it.
         """
+        self._model_value_check("logits", asked="next_token_probs")
         return torch.softmax(self.logits[:, -1], dim=-1)
 
     @next_token_probs.setter

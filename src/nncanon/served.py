@@ -392,12 +392,18 @@ class model_value(eproperty):
 
     _put: Callable[[Any, Any, Any], Any] | None = None
 
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is not None:
+            obj._model_value_check(self.name)  # a declined value says why before it waits on the model
+        return super().__get__(obj, owner)
+
     def writer(self, put: Callable[[Any, Any, Any], Any]) -> model_value:
         """Register ``put(host, value, raw) -> new raw``: the checked write of this value."""
         self._put = put
         return self
 
     def __set__(self, obj: Any, value: Any) -> None:
+        obj._model_value_check(self.name)
         if self._put is None:
             raise InvalidWrite(f"model.{self.name} is read-only.")
         location = self._location(obj)

@@ -137,16 +137,20 @@ class CheckResult:
 
 
 def _compare(check: str, layer: int | None, values: Sequence[str], actual: torch.Tensor, expected: torch.Tensor,
-             tolerance: float, note: str = "", absolute: float | None = None) -> CheckResult:
+             tolerance: float, note: str = "", absolute: float | None = None,
+             magnitude: torch.Tensor | None = None) -> CheckResult:
     """``actual`` against ``expected``: max absolute difference within ``absolute`` (default ``tolerance``)
-    plus ``tolerance`` relative to ``expected``."""
+    plus ``tolerance`` relative to ``expected``, or to ``magnitude`` where larger (``actual`` a difference of
+    tensors of that size, whose rounding is relative to them, not to the difference)."""
     if actual.shape != expected.shape:
         return CheckResult(check, layer, tuple(values), False, None, tolerance,
                            f"shape {tuple(actual.shape)} where {tuple(expected.shape)} was expected")
     actual, expected = actual.detach(), expected.detach()  # (a gradient may carry a graph of its own)
     difference = (actual.double() - expected.double()).abs()
     error = float(difference.max()) if difference.numel() else 0.0
-    bar = (tolerance if absolute is None else absolute) + tolerance * expected.double().abs()
+    size = expected.double().abs() if magnitude is None else torch.maximum(expected.double().abs(),
+                                                                            magnitude.detach().double().abs())
+    bar = (tolerance if absolute is None else absolute) + tolerance * size
     passed = bool((difference <= bar).all()) if tolerance else error == 0.0
     return CheckResult(check, layer, tuple(values), passed, error, tolerance, note)
 
@@ -317,7 +321,7 @@ def site_references(model: Any, keys: Sequence[tuple[int, str]], inputs: dict
 def _operation_reference(model: Any, layer: int, site: Any, inputs: dict) -> torch.Tensor:
     """An operation site's tensor (``site.op`` inside a forward, where no module hook reaches), read by
     nnsight's own source hooks on a plain ``NNsight`` over a copy of the model."""
-    _, plain = plain_copy(model)
+    plain = plain_copy(model)
     path = ".".join(part for part in (model.family.layers, str(layer), site.module) if part)
     with torch.no_grad(), plain.trace(**inputs):
         source = plain.get(path).source
@@ -329,7 +333,7 @@ def _operation_reference(model: Any, layer: int, site: Any, inputs: dict) -> tor
 def _weighted_reference(model: Any, layer: int, site: Any, inputs: dict) -> torch.Tensor:
     """A ``weighted`` site's product (what a sublayer writes into the streams): its two operations' outputs,
     read by nnsight's own source hooks on a plain ``NNsight`` over a copy of the model, multiplied."""
-    _, plain = plain_copy(model)
+    plain = plain_copy(model)
     path = ".".join(part for part in (model.family.layers, str(layer), site.module) if part)
     weight_op, output_op = site.weighted
     with torch.no_grad(), plain.trace(**inputs):
@@ -340,11 +344,11 @@ def _weighted_reference(model: Any, layer: int, site: Any, inputs: dict) -> torc
 
 
 def _weighted_gradient(model: Any, key: tuple[int, str], site: Any, inputs: dict, metric: Callable,
-                       keep: Callable) -> None:
+                       keep: _Kept) -> None:
     """The gradient at a ``weighted`` site's product, which no hook reaches: on a plain ``NNsight`` over a copy
     of the model, the product is made a tensor of its own (the weight's operation returns zeros, the product
     is added to the streams' operation, as the model's sum has it) and hooked."""
-    root, plain = plain_copy(model)
+    plain = plain_copy(model)
     path = ".".join(part for part in (model.family.layers, str(key[0]), site.module) if part)
     weight_op, output_op = site.weighted
     with torch.enable_grad():
@@ -357,7 +361,7 @@ def _weighted_gradient(model: Any, key: tuple[int, str], site: Any, inputs: dict
             streams = getattr(source, site.op)
             streams.output = streams.output + product
             output = plain.output.save()
-        _backward(root, output, metric)
+        keep.backward(output, metric)
 
 
 #: The copies of models one `verify` run shares (`shared_copies`), by the copied module's id: a plain
@@ -384,14 +388,13 @@ def _shared(key: tuple, make: Callable[[], Any]) -> Any:
     return copies[key][1]
 
 
-def plain_copy(model: Any) -> tuple[torch.nn.Module, Any]:
-    """A copy of ``model``'s module and a plain ``NNsight`` over it, for references read by nnsight's own source
-    hooks (which change the module they hook: never the model's). Made once per `shared_copies` block."""
+def plain_copy(model: Any) -> Any:
+    """A plain ``NNsight`` over a copy of ``model``'s module, for references read by nnsight's own source hooks
+    (which change the module they hook: never the model's). Made once per `shared_copies` block."""
     from nnsight import NNsight
 
     def make() -> tuple:
-        root = _fresh_copy(model._module)
-        return model._module, (root, NNsight(root))  # (the module is kept, so its id stays its own)
+        return model._module, NNsight(_fresh_copy(model._module))  # (the module is kept, so its id stays its own)
 
     return _shared(("plain", id(model._module)), make)
 
@@ -454,9 +457,7 @@ def gradient_references(model: Any, names: dict[int, Sequence[str]], inputs: dic
     """
     grads: dict[tuple[int, str], torch.Tensor] = {}
 
-    def keep(key: tuple[int, str], tensor: torch.Tensor) -> None:
-        if tensor.requires_grad:
-            tensor.register_hook(lambda grad, key=key: grads.__setitem__(key, grad))
+    keep = _Kept(grads)
 
     sites = {(layer, name): host(model, layer, name)._nncanon.bindings[name].site
              for layer, listed in names.items() for name in listed if name != "attention_probabilities"}
@@ -481,13 +482,38 @@ def gradient_references(model: Any, names: dict[int, Sequence[str]], inputs: dic
     return finished
 
 
-def _backward(root: torch.nn.Module, output: Any, metric: Callable) -> None:
-    parameters = [p for p in root.parameters() if p.requires_grad]
-    torch.autograd.grad(metric(output.logits), parameters, allow_unused=True)
+class _Kept:
+    """Keeps, for each tensor it is given, the edge of the autograd graph where the tensor is made at that moment
+    (a tensor the model changes in place later, Falcon's MLP output, keeps its value there); `backward` asks the
+    gradients of those edges alone (no weight's gradient is computed) and stores them by key."""
+
+    def __init__(self, grads: dict) -> None:
+        self.grads = grads
+        self.edges: list[tuple[tuple[int, str], Any]] = []
+
+    def __call__(self, key: tuple[int, str], tensor: torch.Tensor) -> None:
+        if tensor.requires_grad:
+            self.edges.append((key, torch.autograd.graph.get_gradient_edge(tensor)))
+
+    def backward(self, output: Any, metric: Callable) -> None:
+        """The gradients of ``metric(output.logits)`` at the edges kept since the last backward."""
+        edges, self.edges = self.edges, []
+        for (key, _), grad in zip(edges, _gradients_at(output, metric, [edge for _, edge in edges]), strict=True):
+            if grad is not None:
+                self.grads[key] = grad
+
+
+def _gradients_at(output: Any, metric: Callable, inputs: Sequence[Any]) -> tuple:
+    """``torch.autograd.grad`` of ``metric(output.logits)`` at ``inputs`` (tensors or gradient edges); ``None``
+    for an input the metric does not reach."""
+    target = metric(output.logits)
+    if not inputs or not target.requires_grad:
+        return (None,) * len(inputs)
+    return torch.autograd.grad(target, list(inputs), allow_unused=True)
 
 
 def _module_gradients(model: Any, sites: dict, attentions: list[int], inputs: dict, metric: Callable,
-                      keep: Callable) -> None:
+                      keep: _Kept) -> None:
     """One forward with a hook at each module site (and the probabilities of ``attentions`` returned), one
     backward."""
     handles = []
@@ -505,7 +531,7 @@ def _module_gradients(model: Any, sites: dict, attentions: list[int], inputs: di
             output = model._module(**inputs, output_attentions=bool(attentions))
             for layer in attentions:
                 keep((layer, "attention_probabilities"), _attentions_of(model, output.attentions, layer))
-            _backward(model._module, output, metric)
+            keep.backward(output, metric)
     finally:
         for handle in handles:
             handle.remove()
@@ -525,9 +551,9 @@ def _attentions_of(model: Any, attentions: Sequence[Any], layer: int) -> torch.T
 
 
 def _operation_gradient(model: Any, key: tuple[int, str], site: Any, inputs: dict, metric: Callable,
-                        keep: Callable) -> None:
+                        keep: _Kept) -> None:
     """One forward of a copy of the model as a plain ``NNsight``, a tensor hook on the operation's tensor."""
-    root, plain = plain_copy(model)
+    plain = plain_copy(model)
     path = ".".join(part for part in (model.family.layers, str(key[0]), site.module) if part)
     with torch.enable_grad():
         with plain.trace(**inputs):
@@ -535,7 +561,7 @@ def _operation_gradient(model: Any, key: tuple[int, str], site: Any, inputs: dic
             operation = getattr(source, operation_name(source.names, site.op))
             keep(key, _pick(operation.output if site.key == "output" else operation.inputs, site))
             output = plain.output.save()
-        _backward(root, output, metric)
+        keep.backward(output, metric)
 
 
 # -- the checks -------------------------------------------------------------------------------
@@ -685,7 +711,8 @@ def _ablation(model: Any, index: int, name: str, later: list[str], names: list[s
             setattr(host(model, index, other), other, clean[other])
         ablated = model.layers[index].layer_output.save()
     return _compare("ablation", index, (name,), clean["layer_output"] - ablated, value, TOLERANCE,
-                    "the stream's change when it is zeroed" + (f", {', '.join(later)} held" if later else ""))
+                    "the stream's change when it is zeroed" + (f", {', '.join(later)} held" if later else ""),
+                    magnitude=torch.maximum(clean["layer_output"].abs(), ablated.abs()))
 
 
 def check_invokes(model: Any) -> list[CheckResult]:
@@ -1374,8 +1401,6 @@ def _stream_gradient_with_site_detached(model: Any, layer: int, name: str) -> to
 
     def entering(mod: Any, args: Any, kwargs: Any) -> None:
         seen["x"] = first_input(args, kwargs)
-        if seen["x"].requires_grad:
-            seen["x"].register_hook(lambda grad: seen.__setitem__("grad", grad))
 
     if site.key == "input":
         cut = module.register_forward_pre_hook(
@@ -1387,11 +1412,13 @@ def _stream_gradient_with_site_detached(model: Any, layer: int, name: str) -> to
     try:
         with torch.enable_grad():
             output = model._module(**gradient_inputs(model))
-            _backward(model._module, output, lambda logits: logits[gradient_target(model)])
+            if seen["x"].requires_grad:
+                seen["grad"] = _gradients_at(output, lambda logits: logits[gradient_target(model)], [seen["x"]])[0]
     finally:
         cut.remove()
         watch.remove()
-    grad = seen.get("grad", torch.zeros_like(seen["x"]))  # no path left from the stream to the logit
+    grad = seen.get("grad")
+    grad = torch.zeros_like(seen["x"]) if grad is None else grad  # (no path left from the stream to the logit)
     return stream_as_served(model, grad)  # laid out as layer_input is served
 
 

@@ -124,6 +124,14 @@ def serving(model: Any, name: str, layers: int | Sequence[int] | None) -> list[i
     return indices
 
 
+def none_serves(model: Any, what: str) -> ValueNotAvailable:
+    """The error of a tool whose value no layer of ``model`` serves, with the one cause where a single one
+    declined every value (no twin of the config runs)."""
+    cause = model.support().cause
+    return ValueNotAvailable(f"no layer of this model serves {what}: "
+                             f"{cause if cause else 'see model.support() for why each layer does not'}")
+
+
 def layer_list(model: Any, layers: int | Sequence[int] | None) -> list[int]:
     """``layers`` as a list of non-negative indices (``None``: every layer), by `layer_index`'s rule."""
     count = model.num_layers

@@ -28,6 +28,7 @@ from ._common import (
     checked_positions,
     head_count,
     host,
+    none_serves,
     one_prompts,
     prompt_list,
     serving,
@@ -260,7 +261,7 @@ def head_ablation_sweep(
         raise ValueError("batch_size must be at least 1")
     indices = serving(model, value, layers)
     if not indices:
-        raise ValueError(f"no layer of this model serves {value}")
+        raise none_serves(model, value)
     if mean is not None:
         _check_means(model, mean, indices, value)
     batch = prompt_list(prompts)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ..errors import GradientNotAvailable, InvalidInput
-from ._common import check_pair, in_execution_order, prompt_list, read
+from ._common import check_pair, in_execution_order, none_serves, prompt_list, read
 from .resume import next_token_only as next_token_kwargs
 
 #: What `attribution_patching` can estimate: each head, the block's token mixer, its MLP.
@@ -267,7 +267,7 @@ def attribution_patching(
     order = [(layer, name) for layer, chosen in plan.items()
              for name in in_execution_order(model, layer, list(chosen.values()))]
     if not order:
-        raise ValueError(f"no layer of this model serves any of {tuple(over)}: see model.support()")
+        raise none_serves(model, f"any of {tuple(over)}")
     keep = next_token_kwargs(model) if next_token_only else {}
     patched = _corrupted_values(model, prompt_list(corrupted), order) if corrupted is not None else None
     estimates = _estimates(model, batch, patched, order, metric, keep)

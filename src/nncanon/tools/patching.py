@@ -18,6 +18,7 @@ from ._common import (
     checked_positions,
     host,
     layer_list,
+    none_serves,
     one_prompts,
     prompt_list,
     require,
@@ -191,7 +192,7 @@ def activation_patching(
     check_pair(model, clean, corrupted, "patching")
     indices = serving(model, value, layers)
     if not indices:
-        raise ValueError(f"no layer of this model serves {value}")
+        raise none_serves(model, value)
     length = token_count(model, clean)
     position_axis = list(range(length)) if positions == "each" else (None if positions is None else list(positions))
     if position_axis is not None:
