@@ -4,7 +4,9 @@ import nnsight
 
 from .demo import demo_model
 from .errors import (
+    DictionaryMismatch,
     GradientNotAvailable,
+    InvalidDictionary,
     InvalidInput,
     InvalidLayer,
     InvalidModel,
@@ -18,6 +20,7 @@ from .errors import (
     SizeNotAvailable,
     TokenizerNotFound,
     UnknownFamilyError,
+    UnknownHookName,
     UntestedTransformersWarning,
     ValueNotAvailable,
 )
@@ -32,7 +35,9 @@ __version__ = "0.1.0"
 nnsight.register(__name__)
 
 __all__ = [
+    "DictionaryMismatch",
     "GradientNotAvailable",
+    "InvalidDictionary",
     "InvalidInput",
     "InvalidLayer",
     "InvalidModel",
@@ -48,6 +53,7 @@ __all__ = [
     "SupportReport",
     "TokenizerNotFound",
     "UnknownFamilyError",
+    "UnknownHookName",
     "UntestedTransformersWarning",
     "ValueNotAvailable",
     "demo_model",

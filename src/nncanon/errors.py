@@ -87,3 +87,19 @@ class UntestedTransformersWarning(UserWarning):
 class TokenizerNotFound(NncanonError, FileNotFoundError):
     """A local folder given as the model has no tokenizer files (and no ``tokenizer=`` was passed)."""
 
+
+
+class InvalidDictionary(NncanonError, ValueError):
+    """A dictionary (sparse autoencoder or transcoder) that cannot be loaded or built: a folder without its
+    config or weights, a truncated weight file, weights whose shapes disagree with the config, an architecture or
+    setting nncanon does not run (the message lists those it does)."""
+
+
+class DictionaryMismatch(NncanonError, ValueError):
+    """A dictionary attached where it does not fit: its input (or output) width is not the site's, its dtype is not
+    the model's, its head index is outside the site's heads; named before any forward."""
+
+
+class UnknownHookName(NncanonError, ValueError):
+    """A hook name that names no point of the model: not a TransformerLens hook name, an nncanon value or a module
+    path of this model (a name with a meaning that this family lacks is `ValueNotAvailable`, with the reason)."""

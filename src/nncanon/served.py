@@ -464,20 +464,8 @@ class served(eproperty):
         if waiting is not None and waiting.key == (self, location, occurrence):
             return waiting.view
         label = f"{binding.where}.{self.name}"
-        if binding.weighted is not None:
-            raw, view = _read_weighted(binding, mediator, label)
-            tensor = _pick(raw, binding.site)
-            graph = tracks(view)
-        else:
-            raw = _value(binding, mediator, label)
-            if binding.site.private:
-                raw = _private(raw, binding.site, location)
-            view = binding.read(raw, mediator)
-            tensor = _pick(raw, binding.site)
-            graph = tracks(tensor)
-        # A value that is not the model's own tensor is handed back to the model: the write-back of
-        # a copy, and, where gradients are tracked, a view (so that its gradient reaches it).
-        if binding.site.needs_writeback or (graph and view is not tensor):
+        raw, view, graph, hand_back = read_site(binding, mediator, label)
+        if hand_back:
             mediator.transform = WriteBack(
                 partial(binding.write_back, view, raw, mediator, graph), view, self, location, occurrence
             )
@@ -505,6 +493,30 @@ class served(eproperty):
             return
         raw = _value(binding, mediator, label)
         Mediator.swap(binding.location, binding.assign(value, raw, mediator))
+
+
+def read_site(binding: Binding, mediator: Mediator, label: str) -> tuple[Any, torch.Tensor, bool, bool]:
+    """Read a bound site as `served` reads it: ``(raw, view, graph, hand_back)``.
+
+    ``raw`` is the model's value at the site's location (this invoke's rows), ``view`` the value served from it,
+    ``graph`` whether gradients are tracked, ``hand_back`` whether the model must be handed
+    ``binding.write_back(view, raw, mediator, graph)`` before it moves on: a value that is not the model's own
+    tensor (a copy's write-back), and, where gradients are tracked, a view (so that its gradient reaches it).
+    ``label`` names the value in an out-of-order message. For code that serves values derived from a site
+    (`nncanon.sae`).
+    """
+    if binding.weighted is not None:
+        raw, view = _read_weighted(binding, mediator, label)
+        tensor = _pick(raw, binding.site)
+        graph = tracks(view)
+    else:
+        raw = _value(binding, mediator, label)
+        if binding.site.private:
+            raw = _private(raw, binding.site, binding.location)
+        view = binding.read(raw, mediator)
+        tensor = _pick(raw, binding.site)
+        graph = tracks(tensor)
+    return raw, view, graph, binding.site.needs_writeback or (graph and view is not tensor)
 
 
 def _private(raw: Any, site: Site, location: str) -> Any:

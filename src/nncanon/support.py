@@ -74,6 +74,12 @@ def value_reason(states: dict[str, Any], value: str) -> str | None:
     return value_reason(states, component) if state is None else state.reason(value)
 
 
+def attached_lines(model: Any) -> list[str]:
+    """What is attached to ``model`` beside its values, one line each: the one place the surface learns of the
+    dictionaries `nncanon.sae.attach` keeps on the model (under ``model.__dict__["_nncanon_attached"]``)."""
+    return [item.describe() for item in model.__dict__.get("_nncanon_attached", {}).values()]
+
+
 @dataclass(frozen=True)
 class LayerSupport:
     """One layer's row: its block type and, per value, ``None`` (served) or the reason it is not; per
@@ -100,7 +106,8 @@ class SupportReport:
     """
 
     def __init__(self, layers: list[LayerSupport], model_type: str, family: str, provenance: str = "",
-                 model_declines: dict | None = None, cause: str | None = None) -> None:
+                 model_declines: dict | None = None, cause: str | None = None,
+                 attached: list[str] | None = None) -> None:
         self.layers = layers
         self.model_type = model_type
         self.family = family
@@ -112,6 +119,8 @@ class SupportReport:
         #: The one reason that declines every value, where there is one (no twin of the config runs):
         #: printed once, at the top; each value's reason (`reason`, `to_dict`) still says it in full.
         self.cause = cause
+        #: What is attached to the model beside its values (a dictionary of `nncanon.sae`), one line each.
+        self.attached = list(attached or [])
 
     @classmethod
     def of(cls, model: Any) -> SupportReport:
@@ -132,7 +141,7 @@ class SupportReport:
         provenance = model.__dict__.get("_provenance")
         return cls(rows, model._text_config.model_type, model.family.name,
                    provenance.text if provenance is not None else "", model.__dict__.get("_model_declines"),
-                   getattr(provenance, "cause", None))
+                   getattr(provenance, "cause", None), attached_lines(model))
 
     def _row(self, layer: int) -> LayerSupport:
         from .components.layer import layer_index
@@ -203,6 +212,7 @@ class SupportReport:
             "provenance": self.provenance,
             "cause": self.cause,
             "model_declines": dict(self.model_declines),
+            "attached": list(self.attached),
             "layers": [
                 {"layer": row.index, "block_type": row.block_type, "values": dict(row.reasons),
                  "gradients_declined": dict(row.gradient_reasons)}
@@ -256,6 +266,9 @@ class SupportReport:
                 grouped.setdefault(" / ".join(reasons), []).append(value)
             for reason, values in grouped.items():
                 lines.append(f"  {', '.join(values)}: {reason}")
+        if self.attached:
+            lines.append("attached:")
+            lines.extend(f"  {line}" for line in self.attached)
         return "\n".join(lines)
 
     def __repr__(self) -> str:

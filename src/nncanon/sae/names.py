@@ -1,0 +1,350 @@
+"""One name table: TransformerLens hook names, nncanon's values and a model's module paths, as points of the model.
+
+A dictionary trained with SAELens names where it reads by a TransformerLens hook name
+(``blocks.12.hook_resid_post``); one trained on a HuggingFace model by a module path (``model.layers.12``); one
+trained with nncanon by an nncanon value (``layers.12.layer_output``). `resolve` turns any of the three into a
+`Point` (a block and the value read there), or says why the name has no meaning on this model, as ``support()``
+does; `value_at` reads the point inside a trace. The table, with what each TransformerLens name means here:
+
+=================================  =====================================================================
+TransformerLens                    nncanon
+=================================  =====================================================================
+``blocks.L.hook_resid_pre``        ``layers[L].layer_input``
+``blocks.L.hook_resid_mid``        ``layer_input + attention_output`` (the token mixer's contribution), where
+                                   the MLP reads the stream after the mixer (not on a parallel block)
+``blocks.L.hook_resid_post``       ``layers[L].layer_output``
+``blocks.L.hook_attn_out``         ``self_attn.attention_output`` (a hybrid's linear mixer:
+                                   ``linear_attn.linear_attention_output``)
+``blocks.L.hook_mlp_out``          ``mlp.mlp_output``
+``blocks.L.hook_mlp_in``           what the MLP's norm reads: ``hook_resid_mid``, on a parallel block ``layer_input``
+``blocks.L.ln2.hook_normalized``   ``mlp_input``: the MLP module's input (its norm applied, with the norm's weights)
+``blocks.L.attn.hook_z``           ``self_attn.attention_head_outputs`` ``[b, s, H, head_dim]``
+``blocks.L.attn.hook_q/k/v``       ``query_states`` / ``key_states`` / ``value_states`` (no rotary embedding)
+``blocks.L.attn.hook_rot_q/k``     ``query_states`` / ``key_states`` (after a rotary embedding)
+``blocks.L.attn.hook_pattern``     ``self_attn.attention_probabilities`` ``[b, H, q, k]``
+=================================  =====================================================================
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..components.layer import layer_index
+from ..errors import NestedTrace, UnknownHookName, ValueNotAvailable
+from ..support import COMPONENT_OF
+from ..tools._common import in_execution_order, read
+
+#: Values of a point besides the standard ones: the stream between a block's token mixer and its MLP, and the
+#: MLP module's input.
+DERIVED = ("resid_mid", "mlp_input")
+
+#: TransformerLens hook names of a block, by their suffix after ``blocks.L.``: the nncanon value (a value name, a
+#: `DERIVED` one, or a marker resolved per block: ``"mixer_output"``, ``"mlp_in"``, ``"q"``/``"k"`` and
+#: ``"rot_q"``/``"rot_k"``).
+TRANSFORMER_LENS = {
+    "hook_resid_pre": "layer_input",
+    "hook_resid_mid": "resid_mid",
+    "hook_resid_post": "layer_output",
+    "hook_attn_out": "mixer_output",
+    "hook_mlp_out": "mlp_output",
+    "hook_mlp_in": "mlp_in",
+    "ln2.hook_normalized": "mlp_input",
+    "attn.hook_z": "attention_head_outputs",
+    "attn.hook_q": "q",
+    "attn.hook_k": "k",
+    "attn.hook_v": "value_states",
+    "attn.hook_rot_q": "rot_q",
+    "attn.hook_rot_k": "rot_k",
+    "attn.hook_pattern": "attention_probabilities",
+}
+
+#: TransformerLens hook names nncanon does not serve, with the reason and what to read instead.
+UNSERVED = {
+    "attn.hook_attn_scores": "the scores before the softmax are not a standard value; attention_probabilities "
+                             "(attn.hook_pattern) are",
+    "attn.hook_result": "each head's output after its slice of the output projection is not a standard value (it "
+                        "would be a [b, s, H, d] tensor per block); nncanon.tools.attention_head_contributions "
+                        "computes it from attention_head_outputs (attn.hook_z)",
+    "mlp.hook_pre": "the MLP's hidden activations are not a standard value; mlp_output (hook_mlp_out) and the MLP's "
+                    "input (ln2.hook_normalized) are",
+    "mlp.hook_post": "the MLP's hidden activations are not a standard value; mlp_output (hook_mlp_out) and the "
+                     "MLP's input (ln2.hook_normalized) are",
+    "mlp.hook_pre_linear": "the MLP's hidden activations are not a standard value",
+    "ln1.hook_normalized": "attention's normalised input is not a standard value; layer_input (hook_resid_pre) is",
+    "ln1.hook_scale": "a norm's scale is not a standard value",
+    "ln2.hook_scale": "a norm's scale is not a standard value",
+    "hook_attn_in": "attention's input copies per head are not a standard value; layer_input (hook_resid_pre) is",
+    "hook_q_input": "attention's input copies per head are not a standard value; layer_input (hook_resid_pre) is",
+    "hook_k_input": "attention's input copies per head are not a standard value; layer_input (hook_resid_pre) is",
+    "hook_v_input": "attention's input copies per head are not a standard value; layer_input (hook_resid_pre) is",
+}
+
+#: TransformerLens hook names outside the blocks.
+MODEL_LEVEL = {
+    "hook_embed": "the token embedding alone is not a standard value; the stream entering the first block is "
+                  "layers[0].layer_input (blocks.0.hook_resid_pre)",
+    "hook_pos_embed": "the position embedding alone is not a standard value; the stream entering the first block is "
+                      "layers[0].layer_input (blocks.0.hook_resid_pre)",
+    "ln_final.hook_normalized": "the final norm's output is not a standard value; model.project_on_vocab applies it "
+                                "(and the head) to any stream",
+    "ln_final.hook_scale": "a norm's scale is not a standard value",
+}
+
+#: The values a point can be (the standard layer values and `DERIVED`), for messages.
+POINT_VALUES = ("layer_input", *COMPONENT_OF, "resid_mid", "mlp_input", "layer_output")
+
+_TL = re.compile(r"^blocks\.(-?\d+)\.(.+)$")
+_OURS = re.compile(r"^(?:model\.)?layers(?:\.|\[)(-?\d+)\]?\.(.+)$")
+
+
+@dataclass(frozen=True)
+class Point:
+    """A point of a model a dictionary reads or writes: block ``layer``'s ``value``.
+
+    Attributes:
+        layer: The block (non-negative).
+        value: A standard value of the block (``"layer_output"``, ``"attention_head_outputs"``...) or one of
+            `DERIVED`: ``"resid_mid"`` (``layer_input`` plus the token mixer's contribution, between mixer and MLP)
+            or ``"mlp_input"`` (the MLP module's input).
+        head: One head of a per-head value (``value[..., head, :]``), or ``None``.
+        name: The name it was resolved from.
+    """
+
+    layer: int
+    value: str
+    head: int | None = None
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        """``"layers[3].layer_output"`` (``"layers[3].attention_head_outputs[..., 2, :]"`` for one head)."""
+        head = f"[..., {self.head}, :]" if self.head is not None else ""
+        return f"layers[{self.layer}].{self.value}{head}"
+
+    @property
+    def per_head(self) -> bool:
+        """Whether the value is laid out per head (``[b, s, H, head_dim]``)."""
+        return self.value in ("attention_head_outputs", "linear_attention_head_outputs", "query_states",
+                              "key_states", "value_states")
+
+
+def resolve(model: Any, name: str, head: int | None = None) -> Point:
+    """The `Point` ``name`` names on ``model``: a TransformerLens hook name (``blocks.3.hook_resid_post``), an nncanon
+    value (``layers.3.layer_output``, ``layers[3].self_attn.attention_output``) or a module path of this model
+    (``model.layers.3``: the block's output).
+
+    Args:
+        model: A `StandardizedTransformer`.
+        name: The name.
+        head: One head of a per-head value (SAELens's ``hook_head_index``).
+
+    Raises:
+        UnknownHookName: ``name`` is none of the three (the message lists the forms).
+        InvalidLayer: its block is outside the model.
+        ValueNotAvailable: the name means nothing on this block (a parallel block has no ``hook_resid_mid``, a
+            DeltaNet block no ``hook_z``), with the reason, as ``support()`` gives it.
+    """
+    if not isinstance(name, str):
+        raise UnknownHookName(f"a hook name is a string, not a {type(name).__name__} ({name!r})")
+    for level, reason in MODEL_LEVEL.items():
+        if name == level:
+            raise ValueNotAvailable(f"{name} is not available: {reason}")
+    found = _TL.match(name)
+    if found is not None:
+        layer = layer_index(int(found.group(1)), model.num_layers, f"{name} (model.layers)")
+        return _checked(model, Point(layer, _transformer_lens(model, layer, found.group(2), name), head, name))
+    found = _OURS.match(name)
+    if found is not None and not name.startswith(f"{model.family.layers}."):
+        layer = layer_index(int(found.group(1)), model.num_layers, f"{name} (model.layers)")
+        value = found.group(2).split(".")[-1]
+        if value not in POINT_VALUES:
+            raise UnknownHookName(f"{name!r}: {value!r} is not a value of a block; the values are "
+                                  f"{', '.join(POINT_VALUES)}")
+        return _checked(model, Point(layer, value, head, name))
+    point = _module_path(model, name, head)
+    if point is not None:
+        return _checked(model, point)
+    raise UnknownHookName(
+        f"{name!r} names no point of this {model._text_config.model_type} model. A name is a TransformerLens hook "
+        f"name (blocks.L.hook_resid_post, blocks.L.attn.hook_z, ...: {', '.join(TRANSFORMER_LENS)}), an nncanon "
+        f"value (layers.L.layer_output, layers[L].self_attn.attention_output) or a module path of this model "
+        f"({model.family.layers}.L for block L's output)"
+    )
+
+
+def _transformer_lens(model: Any, layer: int, suffix: str, name: str) -> str:
+    """The value a TransformerLens ``blocks.L.<suffix>`` names on block ``layer``."""
+    if suffix in UNSERVED:
+        raise ValueNotAvailable(f"{name} is not available: {UNSERVED[suffix]}")
+    marker = TRANSFORMER_LENS.get(suffix)
+    if marker is None:
+        raise UnknownHookName(f"{name!r}: blocks.L.{suffix} is not a TransformerLens hook name nncanon knows; it knows "
+                              f"{', '.join(f'blocks.L.{s}' for s in TRANSFORMER_LENS)}")
+    report = model.support()
+    if marker == "mixer_output":
+        if report.available("self_attn", layer=layer):
+            return "attention_output"
+        if report.available("linear_attn", layer=layer):
+            return "linear_attention_output"
+        raise ValueNotAvailable(f"{name} is not available: {report.reason('self_attn', layer=layer)}")
+    if marker == "mlp_in":
+        return "resid_mid" if _sequential_or_reason(model, layer) is None else "layer_input"
+    if marker in ("q", "k", "rot_q", "rot_k"):
+        value = "query_states" if marker.endswith("q") else "key_states"
+        if report.available("self_attn", layer=layer):
+            rotary = has_rotary(model, layer)
+            if rotary and not marker.startswith("rot"):
+                raise ValueNotAvailable(
+                    f"{name} is not available: TransformerLens's attn.hook_{marker} is before the rotary embedding, "
+                    f"and this attention applies one; nncanon serves {value} after it, TransformerLens's "
+                    f"attn.hook_rot_{marker}")
+            if not rotary and marker.startswith("rot"):
+                raise ValueNotAvailable(
+                    f"{name} is not available: this attention applies no rotary embedding; its {value} is "
+                    f"TransformerLens's attn.hook_{marker[-1]}")
+        return value
+    return marker
+
+
+def _module_path(model: Any, name: str, head: int | None) -> Point | None:
+    """The point a module path of this model names: a block (its output), or a module whose raw output is a
+    standard value of the block unchanged; ``None`` where ``name`` is not under the blocks' path."""
+    prefix = f"{model.family.layers}."
+    if not name.startswith(prefix):
+        return None
+    index, _, rest = name[len(prefix):].partition(".")
+    if not re.fullmatch(r"-?\d+", index):
+        return None
+    layer = layer_index(int(index), model.num_layers, f"{name} (model.layers)")
+    if not rest:
+        return Point(layer, "layer_output", head, name)
+    from ..support import layer_states
+
+    block = model.layers[layer]
+    for state in layer_states(block).values():
+        if state is None:
+            continue
+        for value, binding in state.bindings.items():
+            site = binding.site
+            plain = (site.key == "output" and site.op is None and site.scale is None and site.bias is None
+                     and not (site.merge or site.stacked or site.weighted))
+            if plain and binding.location == f"{block.path}.{rest}.output" and value in POINT_VALUES:
+                return Point(layer, value, head, name)
+    if _has_module(block, rest):
+        raise ValueNotAvailable(
+            f"{name} is not available as a value: on this {model._text_config.model_type} model that module's output "
+            f"is not one of the standard values as it stands (the block computes {model.family.residual}); read the "
+            f"standard value instead (model.support() lists them), e.g. layers.{layer}.mlp_output")
+    return None
+
+
+def _has_module(block: Any, path: str) -> bool:
+    module = block._module
+    for part in path.split("."):
+        module = getattr(module, part, None)
+        if not isinstance(module, torch.nn.Module):
+            return False
+    return True
+
+
+def _checked(model: Any, point: Point) -> Point:
+    """``point``, or `ValueNotAvailable` with the reason where block ``point.layer`` does not serve it."""
+    reason = point_reason(model, point.layer, point.value)
+    if reason is not None:
+        raise ValueNotAvailable(f"{point.name or point.label} is not available: {reason}")
+    if point.head is not None and not point.per_head:
+        raise ValueNotAvailable(f"{point.name or point.label} is not available with a head index ({point.head}): "
+                                f"{point.value} is not laid out per head")
+    return point
+
+
+def point_reason(model: Any, layer: int, value: str) -> str | None:
+    """Why block ``layer`` has no ``value`` (a standard value or one of `DERIVED`), or ``None`` when it has."""
+    report = model.support()
+    if value == "resid_mid":
+        return _sequential_or_reason(model, layer)
+    if value == "mlp_input":
+        reason = report.reason("mlp", layer=layer)
+        if reason is not None:
+            return reason
+        mlp = model.layers[layer].mlp
+        if not hasattr(mlp, "_module"):
+            return (f"layers[{layer}] runs its MLP inline, not as one module ({mlp!r}): it has no one input to read; "
+                    "its input is the stream its norm reads")
+        return None
+    if value not in POINT_VALUES:
+        return f"{value!r} is not a value of a block ({', '.join(POINT_VALUES)})"
+    return report.reason(value, layer=layer)
+
+
+def mixers(model: Any, layer: int) -> list[str]:
+    """The token-mixer contributions block ``layer`` serves (``attention_output``, ``linear_attention_output``)."""
+    report = model.support()
+    return [v for v in ("attention_output", "linear_attention_output") if report.available(v, layer=layer)]
+
+
+_SEQUENTIAL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _sequential_or_reason(model: Any, layer: int) -> str | None:
+    """``None`` where block ``layer``'s MLP reads the stream after its token mixer (the block has a
+    ``hook_resid_mid``), else why not. Asked of the model once per block kind: a one-token trace moves the mixer's
+    contribution and sees whether the MLP's moves (a parallel block's does not)."""
+    report = model.support()
+    if not report.available("mlp_output", layer=layer):
+        return (f"layers[{layer}] has no MLP (or does not serve its output: {report.reason('mlp_output', layer=layer)}), "
+                "so there is no point between its token mixer and its MLP")
+    contributions = mixers(model, layer)
+    if not contributions:
+        return f"layers[{layer}] serves no token mixer's contribution, so the stream after it is not served"
+    known = _SEQUENTIAL.setdefault(model, {})
+    key = (type(model.layers[layer]._module).__name__, layer if model.family.layout_of is not None else None)
+    if key not in known:
+        if model.interleaver.interleaving:
+            raise NestedTrace(
+                f"whether layers[{layer}] has a hook_resid_mid is asked of the model with a one-token trace, which "
+                "cannot run inside this trace: resolve the name before the trace (nncanon.sae.resolve(model, name), "
+                "which remembers the answer) and pass its Point inside")
+        known[key] = _probe_sequential(model, layer, contributions[-1])
+        in_execution_order(model, layer, contributions)  # remembered for reads inside traces
+    if known[key]:
+        return None
+    return (f"layers[{layer}] is a parallel block ({model.family.residual}): its MLP reads the block's input, not the "
+            f"stream after its token mixer, so it has no hook_resid_mid; TransformerLens's hook_mlp_in is "
+            f"layer_input there")
+
+
+def _probe_sequential(model: Any, layer: int, mixer: str) -> bool:
+    clean: list = []
+    moved: list = []
+    ids = torch.tensor([[1, 2]])
+    with torch.no_grad(), model.trace(ids):
+        clean.append(read(model, layer, "mlp_output").save())
+    with torch.no_grad(), model.trace(ids):
+        contribution = read(model, layer, mixer)
+        contribution[:] = contribution * 2 + 1
+        moved.append(read(model, layer, "mlp_output").save())
+    return not torch.equal(clean[0], moved[0])
+
+
+_ROTARY: dict[type, bool] = {}
+
+
+def has_rotary(model: Any, layer: int) -> bool:
+    """Whether block ``layer``'s attention applies a rotary embedding to queries and keys (its forward's source names
+    one, and the config does not choose ALiBi instead)."""
+    attention = model.layers[layer].self_attn._module
+    cls = type(attention)
+    if cls not in _ROTARY:
+        try:
+            source = inspect.getsource(cls.forward).lower()
+        except (OSError, TypeError):  # pragma: no cover - a forward without source
+            source = ""
+        _ROTARY[cls] = bool(re.search(r"rotary|rope|position_embeddings", source))
+    return _ROTARY[cls] and not getattr(model._text_config, "alibi", False)

@@ -1,0 +1,427 @@
+"""A dictionary attached to a model: its features a standard value of every trace, spliced into the model.
+
+``attached = attach(model, dictionary)`` puts the dictionary at the point its ``hook_name`` names (or the one
+given). In a trace, ``attached.features`` is ``[b, s, d_sae]``, read, saved and written like any value (this
+invoke's rows, checked writes, ``.grad``), ``attached.reconstruction`` and ``attached.error`` are readable, and the
+features are spliced into the model with the error term:
+
+    value  ->  value + (decode(features as edited) - decode(features))
+
+computed as the decoder's linear part of the edit alone (`Dictionary.delta`). Unedited, nothing is handed to the
+model but what a plain read hands back: the run is the clean run, bit for bit. With ``error_term=False`` the value
+is replaced by the reconstruction in every trace, whether or not it reads the features (an nnsight edit of the
+model, which runs first at each visit of the point and travels with a remote request).
+
+How it is served: reading the features reads the point as nncanon reads its values (`nncanon.sae.sites`), encodes
+it, and leaves nnsight a write-back (``Mediator.transform``, as a served value does) that maps the features, when
+the worker moves on, back into the model's value. Under gradients the features are the dictionary's own leaf of the
+graph: the model's value is ``x + (f - f_clean)·W_dec``, which is ``x`` bit for bit, so every other gradient is the
+clean run's and ``features.grad`` is ``W_dec · ∂L/∂value``.
+"""
+
+from __future__ import annotations
+
+import uuid
+import weakref
+from typing import Any
+
+import torch
+from nnsight.intervention.eproperty import WriteBack
+from nnsight.intervention.interleaver import Mediator, OutOfOrderError
+
+from ..errors import DictionaryMismatch, InvalidInput, InvalidWrite
+from ..gradients import mark
+from ..served import check_write
+from .dictionary import Dictionary, Normalization
+from .names import Point, resolve
+from .sites import PointRead, hand_back_now, open_point, value_at
+
+#: Where attached dictionaries are listed on a model (``model.__dict__``): name -> `AttachedDictionary`. The
+#: surface reads it for ``support()`` only.
+REGISTRY = "_nncanon_attached"
+
+
+class AttachedDictionary:
+    """A dictionary attached to a model (`attach`). Inside a trace:
+
+    - ``features`` ``[b, s, d_sae]``: the dictionary's features of the point's value; read, ``.save()``, write
+      in place or by assignment (a write of the wrong shape, dtype or device is `InvalidWrite`), ``.grad`` inside a
+      backward block. An edit reaches the model as ``decode(edited) - decode(features)`` added to the value.
+    - ``reconstruction`` ``[b, s, ...]`` (the value's shape): ``decode(features)`` as they stand (edits included).
+    - ``error`` ``[b, s, ...]``: the value minus the reconstruction of its clean features: what the splice keeps.
+
+    A transcoder reads ``point`` and writes ``point_out``: its features are served at ``point_out``, after the
+    model computed it (read values of the sites between the two before them).
+
+    Attributes:
+        name: The attachment's name (``support()`` lists it).
+        dictionary: The `Dictionary`.
+        point: Where it reads (a `Point`).
+        point_out: Where it writes (``point`` for an SAE).
+        error_term: Whether the value keeps its error term (default) or is replaced by the reconstruction.
+    """
+
+    def __init__(self, model: Any, dictionary: Dictionary, point: Point, point_out: Point, error_term: bool,
+                 name: str) -> None:
+        self.model = model
+        self.dictionary = dictionary
+        self.point = point
+        self.point_out = point_out
+        self.error_term = error_term
+        self.name = name
+        self.key = uuid.uuid4().hex
+        self._edit: Any = None
+        self._copies: dict[Any, Dictionary] = {}
+
+    # -- values ---------------------------------------------------------------------------------------
+
+    @property
+    def features(self) -> torch.Tensor:
+        """The features ``[b, s, d_sae]`` of this invoke's rows at the point (inside a trace)."""
+        return self._visit().features
+
+    @features.setter
+    def features(self, value: Any) -> None:
+        current = self._visit().features
+        check_write(value, current, f"{self.label}.features")
+        current.copy_(value.expand_as(current))
+
+    @property
+    def reconstruction(self) -> torch.Tensor:
+        """``decode(features)`` as they stand, in the value's shape (inside a trace; read-only)."""
+        return self._visit().reconstruction()
+
+    @reconstruction.setter
+    def reconstruction(self, value: Any) -> None:
+        raise InvalidWrite(f"{self.label}.reconstruction is read-only (decode(features)); write the features instead")
+
+    @property
+    def error(self) -> torch.Tensor:
+        """The value minus the reconstruction of its clean features, in the value's shape (inside a trace;
+        read-only): the term the splice keeps."""
+        return self._visit().error()
+
+    @error.setter
+    def error(self, value: Any) -> None:
+        raise InvalidWrite(f"{self.label}.error is read-only (value - decode(clean features)); write the features "
+                           "or the value instead")
+
+    @property
+    def input(self) -> torch.Tensor:
+        """What the dictionary reads (``x``), in the point's shape (inside a trace; read it to save it)."""
+        return self._visit().x_in
+
+    @property
+    def label(self) -> str:
+        """``"sae 'res3' at layers[3].layer_output"``."""
+        where = self.point.label + (f" -> {self.point_out.label}" if self.point_out != self.point else "")
+        return f"dictionary {self.name!r} at {where}"
+
+    def describe(self) -> str:
+        """One line for ``support()``."""
+        cfg = self.dictionary.cfg
+        term = "with its error term" if self.error_term else "replacing the value by the reconstruction"
+        return (f"{self.name}: {cfg.architecture}, {cfg.d_sae} features, at {self.point.label}"
+                + (f" -> {self.point_out.label}" if self.point_out != self.point else "")
+                + (f" ({self.point.name})" if self.point.name and self.point.name != self.point.label else "")
+                + f", {term}")
+
+    def __repr__(self) -> str:
+        return f"AttachedDictionary({self.describe()})"
+
+    # -- lifetime -------------------------------------------------------------------------------------
+
+    def detach(self) -> None:
+        """Take the dictionary off the model (its edit too, with ``error_term=False``); the model is as it was."""
+        registry = self.model.__dict__.get(REGISTRY, {})
+        if registry.get(self.name) is self:
+            del registry[self.name]
+        if self._edit is not None:
+            edits = self.model._edits
+            if self._edit in edits:
+                edits.remove(self._edit)
+            self._edit = None
+
+    def __enter__(self) -> AttachedDictionary:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.detach()
+
+    @property
+    def attached(self) -> bool:
+        """Whether the dictionary is still on the model."""
+        return self.model.__dict__.get(REGISTRY, {}).get(self.name) is self
+
+    # -- serving --------------------------------------------------------------------------------------
+
+    def _on(self, device: torch.device) -> Dictionary:
+        """The dictionary on ``device`` (a model placed on several devices reads each point where it is)."""
+        found = self._copies.get(device)
+        if found is None:
+            found = self._copies[device] = self.dictionary.to(device)
+        return found
+
+    def _visit(self) -> _Visit:
+        mediator = Mediator.current(f"{self.label}.features")
+        waiting = mediator.transform
+        visit = getattr(getattr(waiting, "fn", None), "__self__", None)
+        if isinstance(visit, _Visit) and visit.owner.key == self.key and \
+                waiting.occurrence == mediator.wanted(waiting.location):
+            return visit
+        return self._open(whole=False)
+
+    def _open(self, whole: bool) -> _Visit:
+        """Read the point(s) and encode; leave the splice as the worker's pending write-back."""
+        label = f"{self.label}.features"
+        if self.point_out != self.point:
+            read_in = open_point(self.model, self.point, label)
+            x_in = read_in.x
+            hand_back_now(read_in)
+            read = open_point(self.model, self.point_out, label)
+        else:
+            read = open_point(self.model, self.point, label)
+            x_in = read.x
+        records = _records(read.mediator)
+        count = read.mediator.interleaver.counts.get(read.location, 0) if read.mediator.interleaver else 0
+        record = None if whole or self.error_term else records.get((self.key, read.location, count))
+        if not self.error_term and not whole and record is None:
+            raise InvalidInput(f"{self.label} replaces the value by the reconstruction, but its edit did not run in "
+                               "this trace (was the dictionary detached, or the model copied?); attach it again")
+        visit = _Visit(self, read, x_in, record)
+        if whole:
+            records[(self.key, read.location, count)] = visit
+        read.mediator.transform = WriteBack(visit.flush, visit.features, self, read.location, read.occurrence)
+        return visit
+
+
+class _Visit:
+    """The dictionary at one visit of its point in one invoke: the features served, and the splice."""
+
+    def __init__(self, owner: AttachedDictionary, read: PointRead, x_in: torch.Tensor,
+                 record: _Visit | None) -> None:
+        self.owner, self.read = owner, read
+        dictionary = owner._on(x_in.device)
+        self.dictionary = dictionary
+        graph = read.graph
+        self.graph = graph
+        if record is not None:  # error_term=False: the edit encoded the whole batch at this visit
+            rows = _rows(read.mediator)
+            self.x_in = _narrow(record.x_in, rows)
+            self.x_out = _narrow(record.x_out, rows)
+            self.state = Normalization(_narrow(record.state.scale, rows), _narrow(record.state.shift, rows))
+            clean = _narrow(record.features.detach(), rows)
+            self.clean = clean
+            self.features = clean.clone()
+            self.replaced = True  # the model's value is the reconstruction already
+        else:
+            self.x_out = read.x
+            self.replaced = False
+            if graph and owner.error_term:
+                self.x_in = x_in.detach()
+                with torch.no_grad():
+                    clean, self.state = dictionary.encode_with_state(self.x_in)
+                self.clean = clean
+                self.features = clean + torch.zeros((), dtype=clean.dtype, device=clean.device, requires_grad=True)
+            else:
+                self.x_in = x_in if graph else x_in.detach().clone()
+                self.features, self.state = dictionary.encode_with_state(self.x_in)
+                self.clean = None
+        self.version = self.features._version
+        mark(self.features, f"{owner.label}.features")
+
+    def _clean(self) -> torch.Tensor:
+        if self.clean is None:
+            with torch.no_grad():
+                self.clean = self.dictionary.encode(self.x_in)
+        return self.clean
+
+    def _shaped(self, out: torch.Tensor) -> torch.Tensor:
+        return out.reshape(self.read.x.shape).to(self.read.x.dtype)
+
+    def reconstruction(self) -> torch.Tensor:
+        return self._shaped(self.dictionary.decode(self.features, self.state, self.x_in))
+
+    def error(self) -> torch.Tensor:
+        clean = self._clean() if self.version == self.features._version else self._recomputed_clean()
+        return self.x_out - self._shaped(self.dictionary.decode(clean, self.state, self.x_in))
+
+    def _recomputed_clean(self) -> torch.Tensor:
+        if self.clean is not None:
+            return self.clean
+        with torch.no_grad():
+            return self.dictionary.encode(self.x_in)
+
+    def flush(self) -> Any:
+        """The raw value the model is handed when the worker moves on (nnsight's write-back)."""
+        read, features = self.read, self.features
+        edited = features._version != self.version
+        if not self.owner.error_term and not self.replaced:  # the edit: the value becomes the reconstruction
+            return read.apply(self._shaped(self.dictionary.decode(features, self.state, self.x_in)))
+        if not edited and not (self.graph and features.requires_grad):
+            return read.keep()
+        clean = self._recomputed_clean() if edited else features.detach()
+        return read.shift(self._shaped(self.dictionary.delta(features - clean, self.state)))
+
+
+def _records(mediator: Any) -> dict:
+    """The whole-batch visits of this run's edits (``error_term=False``), by attachment, location and visit."""
+    interleaver = mediator.interleaver
+    batcher = getattr(interleaver, "batcher", None) if interleaver is not None else None
+    holder = batcher if batcher is not None else interleaver
+    return holder.__dict__.setdefault("_nncanon_sae_visits", {}) if holder is not None else {}
+
+
+def _rows(mediator: Any) -> tuple[int, int] | None:
+    batcher = getattr(mediator.interleaver, "batcher", None)
+    if batcher is None or not batcher.batching or mediator.batch_group is None:
+        return None
+    start, size = mediator.batch_group
+    return start, size
+
+
+def _narrow(tensor: torch.Tensor | None, rows: tuple[int, int] | None) -> torch.Tensor | None:
+    if tensor is None or rows is None:
+        return tensor
+    return tensor.narrow(0, rows[0], rows[1])
+
+
+def _replace_every_visit(attachment: AttachedDictionary) -> None:
+    """The body of an ``error_term=False`` attachment's edit: at every visit of the point (each generation step),
+    encode the whole batch and hand the model the reconstruction; ends when the run does."""
+    mediator = Mediator.current(f"{attachment.label}.features")
+    step = 0
+    while True:
+        mediator.iteration = step
+        try:
+            attachment._open(whole=True)
+        except OutOfOrderError:  # the run is over (or never reached the point): the edit ends here
+            return
+        step += 1
+
+
+def attached(model: Any) -> dict[str, AttachedDictionary]:
+    """The dictionaries attached to ``model``, by name."""
+    return dict(model.__dict__.get(REGISTRY, {}))
+
+
+def attach(model: Any, dictionary: Dictionary, hook_name: str | Point | None = None, *, name: str | None = None,
+           error_term: bool = True, hook_name_out: str | Point | None = None, head: int | None = None
+           ) -> AttachedDictionary:
+    """Attach ``dictionary`` to ``model``: its features become a value of every trace (see `AttachedDictionary`).
+
+    Held until ``.detach()``; as a context manager (``with attach(model, d) as sae:``) detached on exit.
+
+    Args:
+        model: A `StandardizedTransformer`.
+        dictionary: A `Dictionary` (`Dictionary.load`, `Dictionary.from_tensors`).
+        hook_name: Where it reads: a TransformerLens hook name, an nncanon value or a module path (`resolve`);
+            default: the dictionary's ``hook_name``.
+        name: The attachment's name (default: the dictionary's name; a second one at the same name is numbered).
+        error_term: Keep the error term (default): the value becomes ``value + decode(edited) - decode(features)``
+            and an unedited run is the clean run bit for bit. ``False``: the value is replaced by the reconstruction
+            in every trace while attached.
+        hook_name_out: A transcoder's output point (default: the dictionary's ``hook_name_out``).
+        head: Read one head of a per-head value (default: the dictionary's ``hook_head_index``).
+
+    Raises:
+        UnknownHookName, InvalidLayer, ValueNotAvailable: the hook name (`resolve`).
+        DictionaryMismatch: before any forward: the dictionary's input (output) width is not the point's, its dtype
+            is not the model's, its head is outside the point's heads, or the point is not one a dictionary reads.
+    """
+    from ..model import StandardizedTransformer
+
+    if not isinstance(model, StandardizedTransformer):
+        raise InvalidInput(f"attach takes a StandardizedTransformer, not a {type(model).__name__}")
+    if not isinstance(dictionary, Dictionary):
+        raise InvalidInput(f"attach takes an nncanon.sae.Dictionary (Dictionary.load(folder), Dictionary.from_tensors),"
+                           f" not a {type(dictionary).__name__}")
+    cfg = dictionary.cfg
+    where = hook_name if hook_name is not None else cfg.hook_name
+    if where is None:
+        raise DictionaryMismatch(f"{dictionary.name} names no hook: pass hook_name= (e.g. 'blocks.3.hook_resid_post' "
+                                 "or 'layers.3.layer_output')")
+    point = where if isinstance(where, Point) else resolve(model, where, cfg.hook_head_index if head is None else head)
+    where_out = hook_name_out if hook_name_out is not None else cfg.hook_name_out
+    if cfg.transcoder and where_out is None:
+        raise DictionaryMismatch(f"{dictionary.name} is a transcoder ({cfg.architecture}) with no output point: pass "
+                                 "hook_name_out= (e.g. 'blocks.3.hook_mlp_out')")
+    point_out = point
+    if where_out is not None:
+        point_out = where_out if isinstance(where_out, Point) else resolve(model, where_out, cfg.hook_head_index_out)
+    _check_fit(model, dictionary, point, point_out)
+    registry = model.__dict__.setdefault(REGISTRY, {})
+    base = name or dictionary.name
+    name, number = base, 1
+    while name in registry:
+        number += 1
+        name = f"{base}#{number}"
+    attachment = AttachedDictionary(model, dictionary, point, point_out, error_term, name)
+    if not error_term:
+        before = list(model._edits)
+        with model.edit(inplace=True):
+            _replace_every_visit(attachment)
+        added = [edit for edit in model._edits if all(edit is not old for old in before)]
+        attachment._edit = added[0] if added else None
+    registry[name] = attachment
+    return attachment
+
+
+_SHAPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def point_shape(model: Any, point: Point) -> tuple[tuple[int, ...], torch.dtype, torch.device]:
+    """The shape after ``[b, s]``, the dtype and the device of ``point``'s value, from a one-token trace (kept)."""
+    known = _SHAPES.setdefault(model, {})
+    key = (point.layer, point.value, point.head)
+    if key not in known:
+        found: list = []
+        with torch.no_grad(), model.trace(torch.tensor([[1]])):
+            found.append(value_at(model, point).save())
+        tensor = found[0]
+        known[key] = (tuple(tensor.shape[2:]), tensor.dtype, tensor.device)
+    return known[key]
+
+
+def _check_fit(model: Any, dictionary: Dictionary, point: Point, point_out: Point) -> None:
+    """Refuse, before any forward of the user's, a dictionary that does not fit its points."""
+    cfg = dictionary.cfg
+    for which, where in (("input", point), ("output", point_out)):
+        if where.value == "attention_probabilities":
+            raise DictionaryMismatch(f"{dictionary.name}: {where.label} is [b, H, q, k], not a value per token: a "
+                                     f"dictionary reads a value [b, s, ...] (the {which} point)")
+    if point.head is not None or point_out.head is not None:
+        for where in (point, point_out):
+            if where.head is None:
+                continue
+            heads = point_shape(model, Point(where.layer, where.value, None, where.name))[0][0]
+            if not 0 <= where.head < heads:
+                raise DictionaryMismatch(f"{dictionary.name}: hook_head_index {where.head} is outside "
+                                         f"{where.label.split('[...')[0]}'s {heads} heads (0..{heads - 1})")
+    shape_in, dtype, _ = point_shape(model, point)
+    shape_out, _, _ = point_shape(model, point_out)
+    width_in = _width(shape_in, cfg.reshape_activations == "hook_z")
+    width_out = _width(shape_out, cfg.reshape_activations == "hook_z")
+    per_head = cfg.reshape_activations != "hook_z" and len(shape_in) > 1
+    if per_head:
+        raise DictionaryMismatch(
+            f"{dictionary.name} reads {point.label}, which is per head {list(shape_in)}; a dictionary reads one vector "
+            f"per token: one head (hook_head_index) or all heads flattened (reshape_activations='hook_z')")
+    if width_in != cfg.d_in:
+        raise DictionaryMismatch(
+            f"{dictionary.name} has d_in={cfg.d_in}, but {point.label} ({point.name or point.label}) is {width_in} wide "
+            f"on this model ({list(shape_in)} per token): it was trained on another model or another point")
+    if width_out != cfg.d_out:
+        raise DictionaryMismatch(
+            f"{dictionary.name} writes d_out={cfg.d_out}, but {point_out.label} is {width_out} wide on this model")
+    if dtype != cfg.dtype:
+        raise DictionaryMismatch(
+            f"{dictionary.name} runs in {cfg.dtype}, but the model runs {point.label} in {dtype}: convert one "
+            f"(dictionary.to(dtype={dtype}), or load the model with dtype={cfg.dtype})")
+
+
+def _width(shape: tuple[int, ...], flatten: bool) -> int:
+    width = 1
+    for size in shape if flatten else shape[-1:]:
+        width *= size
+    return width
