@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import inspect
 import re
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,12 +113,15 @@ class Point:
             or ``"mlp_input"`` (the MLP module's input).
         head: One head of a per-head value (``value[..., head, :]``), or ``None``.
         name: The name it was resolved from.
+        parts: For ``resid_mid``, the values it is the sum of, in the order the model computes them
+            (``("layer_input", "attention_output")``).
     """
 
     layer: int
     value: str
     head: int | None = None
     name: str = ""
+    parts: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -258,6 +260,9 @@ def _checked(model: Any, point: Point) -> Point:
     reason = point_reason(model, point.layer, point.value)
     if reason is not None:
         raise ValueNotAvailable(f"{point.name or point.label} is not available: {reason}")
+    if point.value == "resid_mid":
+        parts = ("layer_input", *_ordered(model, point.layer, mixers(model, point.layer)))
+        point = Point(point.layer, point.value, point.head, point.name, parts)
     if point.head is not None and not point.per_head:
         raise ValueNotAvailable(f"{point.name or point.label} is not available with a head index ({point.head}): "
                                 f"{point.value} is not laid out per head")
@@ -289,7 +294,13 @@ def mixers(model: Any, layer: int) -> list[str]:
     return [v for v in ("attention_output", "linear_attention_output") if report.available(v, layer=layer)]
 
 
-_SEQUENTIAL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+def _ordered(model: Any, layer: int, names: list[str]) -> list[str]:
+    """``names`` in the order block ``layer`` computes them (asked of the model once, outside a trace)."""
+    known = model.__dict__.setdefault("_nncanon_sae_orders", {})
+    key = (layer, tuple(names))
+    if key not in known:
+        known[key] = tuple(in_execution_order(model, layer, names))
+    return list(known[key])
 
 
 def _sequential_or_reason(model: Any, layer: int) -> str | None:
@@ -303,7 +314,7 @@ def _sequential_or_reason(model: Any, layer: int) -> str | None:
     contributions = mixers(model, layer)
     if not contributions:
         return f"layers[{layer}] serves no token mixer's contribution, so the stream after it is not served"
-    known = _SEQUENTIAL.setdefault(model, {})
+    known = model.__dict__.setdefault("_nncanon_sae_sequential", {})  # plain data: it travels with a remote request
     key = (type(model.layers[layer]._module).__name__, layer if model.family.layout_of is not None else None)
     if key not in known:
         if model.interleaver.interleaving:
@@ -312,7 +323,6 @@ def _sequential_or_reason(model: Any, layer: int) -> str | None:
                 "cannot run inside this trace: resolve the name before the trace (nncanon.sae.resolve(model, name), "
                 "which remembers the answer) and pass its Point inside")
         known[key] = _probe_sequential(model, layer, contributions[-1])
-        in_execution_order(model, layer, contributions)  # remembered for reads inside traces
     if known[key]:
         return None
     return (f"layers[{layer}] is a parallel block ({model.family.residual}): its MLP reads the block's input, not the "

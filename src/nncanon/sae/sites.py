@@ -21,7 +21,7 @@ from nnsight.intervention.interleaver import Mediator
 
 from ..gradients import first_read_in_backward, in_backward
 from ..served import Binding, Site, read_site
-from ..tools._common import host, in_execution_order
+from ..tools._common import host
 from .names import Point, mixers
 
 
@@ -109,17 +109,28 @@ def open_point(model: Any, point: Point, label: str | None = None) -> PointRead:
         raw, view, graph, hand_back, mediator, occurrence = _read(binding, label)
         x = view if point.head is None else view[..., point.head, :]
         return PointRead(x, binding.location, occurrence, mediator, graph, binding, raw, view, hand_back, point.head)
-    names = ["layer_input", *in_execution_order(model, point.layer, mixers(model, point.layer))]
+    names = list(point.parts) or ["layer_input", *mixers(model, point.layer)]
+    last = binding_of(model, point.layer, names[-1])
+    if last.prepare is not None:
+        last.prepare()
+    mediator = Mediator.current(last.location)
+    # The stream before the last contribution, kept for this visit: a second read of the point in the same visit
+    # (the features after value_at, two dictionaries there) finds it, where the model has run past layer_input.
+    kept = mediator.__dict__.setdefault("_nncanon_resid_mid", {})
+    key = (point.layer, last.location)
+    hit = kept.get(key)
     total = None
+    if hit is not None and hit[0] == mediator.wanted(last.location):
+        total, names = hit[1].clone(), names[-1:]
     for index, name in enumerate(names):
         binding = binding_of(model, point.layer, name)
+        if index == len(names) - 1 and total is not None:
+            kept[key] = (mediator.wanted(binding.location), total.detach().clone())
         raw, view, graph, hand_back, mediator, occurrence = _read(binding, label)
         total = view.clone() if total is None else total + view
-        if index < len(names) - 1:
-            if hand_back:  # handed back as a plain read would be, when the worker moves on to the next site
-                mediator.transform = WriteBack(partial(binding.write_back, view, raw, mediator, graph), view, None,
-                                               binding.location, occurrence)
-            continue
+        if index < len(names) - 1 and hand_back:  # handed back as a plain read would be, when the worker moves on
+            mediator.transform = WriteBack(partial(binding.write_back, view, raw, mediator, graph), view, None,
+                                           binding.location, occurrence)
     return PointRead(total, binding.location, occurrence, mediator, graph, binding, raw, view, hand_back, _mid=True)
 
 

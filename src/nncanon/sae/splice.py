@@ -22,7 +22,6 @@ clean run's and ``features.grad`` is ``W_dec · ∂L/∂value``.
 from __future__ import annotations
 
 import uuid
-import weakref
 from typing import Any
 
 import torch
@@ -367,12 +366,9 @@ def attach(model: Any, dictionary: Dictionary, hook_name: str | Point | None = N
     return attachment
 
 
-_SHAPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def point_shape(model: Any, point: Point) -> tuple[tuple[int, ...], torch.dtype, torch.device]:
     """The shape after ``[b, s]``, the dtype and the device of ``point``'s value, from a one-token trace (kept)."""
-    known = _SHAPES.setdefault(model, {})
+    known = model.__dict__.setdefault("_nncanon_sae_shapes", {})  # plain data: it travels with a remote request
     key = (point.layer, point.value, point.head)
     if key not in known:
         found: list = []
