@@ -49,8 +49,11 @@ class PointRead:
     _head: int | None = None
     _mid: bool = False  # resid_mid: x is layer_input plus the contribution ``_view``, changed through it
 
+    _after: torch.Tensor | None = None  # the site's value as last handed back (for a later read to take over)
+
     def keep(self) -> Any:
         """The raw value to hand the model when nothing changed: what a plain read of the value hands back."""
+        self._after = self._view
         if self._hand_back:
             return self._binding.write_back(self._view, self._raw, self.mediator, self.graph)
         return self._raw
@@ -58,18 +61,22 @@ class PointRead:
     def shift(self, delta: torch.Tensor) -> Any:
         """The raw value to hand the model so that the point's value moves by ``delta`` (``x``'s shape)."""
         if self._mid:
-            return self._binding.write_back(self._view + delta, self._raw, self.mediator, self.graph)
+            return self._write(self._view + delta)
         return self.apply(self.x + delta)
 
     def apply(self, new: torch.Tensor) -> Any:
         """The raw value to hand the model so that the point's value becomes ``new`` (``x``'s shape, dtype, device)."""
         if self._mid:
-            return self._binding.write_back(self._view + (new - self.x), self._raw, self.mediator, self.graph)
+            return self._write(self._view + (new - self.x))
         if self._head is not None:
             whole = self._view.clone()
             whole[..., self._head, :] = new
             new = whole
-        return self._binding.write_back(new, self._raw, self.mediator, self.graph)
+        return self._write(new)
+
+    def _write(self, view: torch.Tensor) -> Any:
+        self._after = view
+        return self._binding.write_back(view, self._raw, self.mediator, self.graph)
 
 
 def binding_of(model: Any, layer: int, value: str) -> Binding:
@@ -93,8 +100,37 @@ def _read(binding: Binding, label: str) -> tuple[Any, torch.Tensor, bool, bool, 
         binding.prepare()
     mediator = Mediator.current(binding.location)
     occurrence = mediator.wanted(binding.location)
+    waiting = mediator.transform
+    if waiting is not None and waiting.location == binding.location and waiting.occurrence == occurrence:
+        taken = _take_over(waiting, binding)
+        if taken is not None:  # read at this visit already: continue from what that read hands back
+            mediator.transform = None
+            raw, view, graph = taken
+            return raw, view, graph, True, mediator, occurrence
     raw, view, graph, hand_back = read_site(binding, mediator, label)
     return raw, view, graph, hand_back, mediator, occurrence
+
+
+def _take_over(waiting: Any, binding: Binding) -> tuple[Any, torch.Tensor, bool] | None:
+    """``(raw, view, graph)`` of a read of ``binding`` this invoke made at this visit and has not handed back (a
+    served value's write-back, a dictionary's splice, a `value_at`), with its change applied; ``None`` where the
+    pending write-back is another value's (it is then handed back, and the site read again).
+
+    The model cannot be asked for a site twice where reading it reads an earlier operation (a hyper-connection's
+    weighted sum), nor for ``resid_mid``'s ``layer_input`` once past it: a second read continues from the first.
+    """
+    fn = waiting.fn
+    if isinstance(fn, partial) and getattr(fn.func, "__self__", None) is binding:  # a served value's write-back
+        view, raw, _, graph = fn.args
+        return raw, view, graph
+    owner = getattr(fn, "__self__", None)
+    take_over = getattr(owner, "take_over", None)
+    if take_over is None:
+        return None
+    read = take_over()
+    if read is None or read._binding is not binding:
+        return None
+    return read._raw, read._after, read.graph
 
 
 def open_point(model: Any, point: Point, label: str | None = None) -> PointRead:
@@ -153,17 +189,25 @@ def value_at(model: Any, name: str | Point, head: int | None = None) -> torch.Te
     from .names import resolve
 
     point = name if isinstance(name, Point) else resolve(model, name, head)
-    if point.value != "resid_mid" and point.head is None:
-        if point.value == "mlp_input":
-            return model.layers[point.layer].mlp.input
-        return getattr(host(model, point.layer, point.value), point.value)
     read = open_point(model, point)
-    served = read.x.clone() if read._mid else read.x
-    version = served._version
+    held = _Held(read)
+    if read._mid or read._hand_back:
+        read.mediator.transform = WriteBack(held.flush, held.served, None, read.location, read.occurrence)
+    return held.served
 
-    def hand_back() -> Any:
-        return read.apply(served) if served._version != version else read.keep()
 
-    if read._mid or read._hand_back or point.head is not None:
-        read.mediator.transform = WriteBack(hand_back, served, None, read.location, read.occurrence)
-    return served
+class _Held:
+    """A `value_at` read the worker holds: handed back (its edits with it) when the worker moves on."""
+
+    def __init__(self, read: PointRead) -> None:
+        self.read = read
+        self.served = read.x.clone() if read._mid else read.x  # resid_mid: a sum, changed through the contribution
+        self.version = self.served._version
+
+    def flush(self) -> Any:
+        edited = self.served._version != self.version
+        return self.read.apply(self.served) if self.read._mid and edited else self.read.keep()
+
+    def take_over(self) -> PointRead:
+        self.flush()
+        return self.read
