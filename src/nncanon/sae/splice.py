@@ -35,6 +35,18 @@ from .dictionary import Dictionary, Normalization
 from .names import Point, resolve
 from .sites import PointRead, hand_back_now, open_point, value_at
 
+#: The order a block computes its points in (a trace reads several dictionaries in it).
+EXECUTION_ORDER = ("layer_input", "query_states", "key_states", "value_states", "attention_head_outputs",
+                   "attention_output", "linear_attention_head_outputs", "linear_attention_output", "resid_mid",
+                   "mlp_input", "router_logits", "expert_weights", "expert_indices", "shared_expert_output",
+                   "mlp_output", "layer_output")
+
+
+def execution_rank(point: Point) -> tuple[int, int]:
+    """A sort key that puts points in the order the model computes them (block, then value)."""
+    return point.layer, EXECUTION_ORDER.index(point.value) if point.value in EXECUTION_ORDER else len(EXECUTION_ORDER)
+
+
 #: Where attached dictionaries are listed on a model (``model.__dict__``): name -> `AttachedDictionary`. The
 #: surface reads it for ``support()`` only.
 REGISTRY = "_nncanon_attached"
@@ -202,7 +214,10 @@ class _Visit:
         self.owner, self.read = owner, read
         dictionary = owner._on(x_in.device)
         self.dictionary = dictionary
-        graph = read.graph
+        # Under gradients the features are in the graph even where nothing before the point is (a trace that asks
+        # the features' gradient alone): the model is then handed its value through the splice.
+        graph = read.graph or (torch.is_grad_enabled() and not torch.is_inference_mode_enabled())
+        read.graph = graph
         self.graph = graph
         if record is not None:  # error_term=False: the edit encoded the whole batch at this visit
             rows = _rows(read.mediator)
@@ -226,6 +241,9 @@ class _Visit:
                 self.x_in = x_in if graph else x_in.detach().clone()
                 self.features, self.state = dictionary.encode_with_state(self.x_in)
                 self.clean = None
+                if graph and not self.features.requires_grad:  # nothing before the point tracks gradients
+                    self.features = self.features + torch.zeros((), dtype=self.features.dtype,
+                                                                device=self.features.device, requires_grad=True)
         self.version = self.features._version
         mark(self.features, f"{owner.label}.features")
 
