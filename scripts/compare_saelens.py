@@ -148,8 +148,8 @@ def make(folder: Path) -> None:
 
 def check_ours(folder: Path) -> None:
     """Step 3, in SAELens's environment: nncanon's folders through SAELens."""
-    from safetensors.torch import load_file
     from sae_lens import SAE
+    from safetensors.torch import load_file
 
     cases = json.loads((folder / "cases.json").read_text())["cases"]
     results = {}
@@ -218,7 +218,7 @@ def main() -> None:
     print(f"{'case':40s} {'features':>9s} {'recon':>6s} {'max |d|':>9s} | SAELens on nncanon's folder")
     for name, row in report["results"].items():
         back = reverse[name]
-        print(f"{name:40s} {str(row['features_equal']):>9s} {str(row['reconstruction_equal']):>6s} "
+        print(f"{name:40s} {row['features_equal']!s:>9s} {row['reconstruction_equal']!s:>6s} "
               f"{row['max_abs']:9.2e} | {back['features_equal']} {back['reconstruction_equal']} {back['max_abs']:.2e}")
     report["reverse"] = reverse
     if args.json:

@@ -15,8 +15,8 @@ import torch
 from nncanon.proof.checks import encode, site_references
 from nncanon.sae import Dictionary, Point, attach, resolve, value_at
 from nncanon.sae.splice import point_shape
-from nncanon.tools._common import in_execution_order
 from nncanon.testing import PROMPTS
+from nncanon.tools._common import in_execution_order
 
 #: Standard values a dictionary reads here, besides resid_mid and the MLP's input; per-head values with one head
 #: (the kernel's inputs) or all heads flattened (hook_z).
@@ -57,7 +57,8 @@ def _points(model) -> tuple[list[Point], list[Point]]:
 
 def test_dictionaries_leave_the_clean_run_and_an_edit_moves_the_value_by_its_decoder_row(variant, model):
     plain, derived = _points(model)
-    attached = {point: attach(model, _dictionary(model, point, seed), point) for seed, point in enumerate(plain + derived)}
+    attached = {point: attach(model, _dictionary(model, point, seed), point)
+                for seed, point in enumerate(plain + derived)}
     inputs = encode(model)
     with torch.no_grad():
         clean = model._module(**inputs).logits

@@ -74,11 +74,11 @@ class Dictionary:
         name: A label for messages and ``support()`` (the folder's name where loaded).
     """
 
-    def __init__(self, cfg: DictionaryConfig, W_enc: torch.Tensor, W_dec: torch.Tensor,  # noqa: N803
+    def __init__(self, cfg: DictionaryConfig, W_enc: torch.Tensor, W_dec: torch.Tensor,
                  b_dec: torch.Tensor | None = None, b_enc: torch.Tensor | None = None,
                  threshold: torch.Tensor | None = None, b_gate: torch.Tensor | None = None,
                  b_mag: torch.Tensor | None = None, r_mag: torch.Tensor | None = None,
-                 W_skip: torch.Tensor | None = None, name: str | None = None) -> None:  # noqa: N803
+                 W_skip: torch.Tensor | None = None, name: str | None = None) -> None:
         self.cfg = cfg
         self.name = name or _default_name(cfg)
         dtype = cfg.dtype
@@ -100,7 +100,7 @@ class Dictionary:
     # -- building -------------------------------------------------------------------------------------
 
     @classmethod
-    def from_tensors(cls, W_enc: torch.Tensor, b_enc: torch.Tensor | None, W_dec: torch.Tensor,  # noqa: N803
+    def from_tensors(cls, W_enc: torch.Tensor, b_enc: torch.Tensor | None, W_dec: torch.Tensor,
                      b_dec: torch.Tensor | None, *, architecture: str = "standard", k: int | None = None,
                      threshold: torch.Tensor | None = None, hook_name: str | None = None,
                      hook_name_out: str | None = None, hook_head_index: int | None = None,
@@ -341,7 +341,8 @@ class Dictionary:
     __call__ = forward
 
     def delta(self, change: torch.Tensor, state: Normalization | None = None) -> torch.Tensor:
-        """``decode(f + change) - decode(f)`` ``[..., d_out]``: the decoder's linear part on ``change`` ``[..., d_sae]``,
+        """``decode(f + change) - decode(f)`` ``[..., d_out]``: the decoder's linear part on ``change``
+        ``[..., d_sae]``,
         times the normalisation's scale (no bias, no shift, no skip: they cancel).
 
         Where ``change`` touches few features, only their decoder rows are multiplied.

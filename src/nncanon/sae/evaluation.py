@@ -85,6 +85,10 @@ def evaluate(
     if not texts or not all(isinstance(t, str) for t in texts):
         raise InvalidInput("evaluate takes a non-empty list of texts")
     owned = not isinstance(dictionary, AttachedDictionary)
+    if not owned and not dictionary.error_term:
+        raise InvalidInput(f"{dictionary.label} is attached with error_term=False: it replaces the value in every "
+                           "trace, so there is no clean run to compare with. Evaluate its Dictionary (with hook_name=) "
+                           "or detach it first")
     attached = attach(model, dictionary, hook_name, name="evaluation") if owned else dictionary
     try:
         return _evaluate(model, attached, texts, batch_size)

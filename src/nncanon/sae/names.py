@@ -309,7 +309,8 @@ def _sequential_or_reason(model: Any, layer: int) -> str | None:
     contribution and sees whether the MLP's moves (a parallel block's does not)."""
     report = model.support()
     if not report.available("mlp_output", layer=layer):
-        return (f"layers[{layer}] has no MLP (or does not serve its output: {report.reason('mlp_output', layer=layer)}), "
+        why = report.reason("mlp_output", layer=layer)
+        return (f"layers[{layer}] has no MLP (or does not serve its output: {why}), "
                 "so there is no point between its token mixer and its MLP")
     contributions = mixers(model, layer)
     if not contributions:

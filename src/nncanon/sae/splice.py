@@ -454,7 +454,8 @@ def _check_fit(model: Any, dictionary: Dictionary, point: Point, point_out: Poin
             f"per token: one head (hook_head_index) or all heads flattened (reshape_activations='hook_z')")
     if width_in != cfg.d_in:
         raise DictionaryMismatch(
-            f"{dictionary.name} has d_in={cfg.d_in}, but {point.label} ({point.name or point.label}) is {width_in} wide "
+            f"{dictionary.name} has d_in={cfg.d_in}, but {point.label} ({point.name or point.label}) is {width_in} "
+            "wide "
             f"on this model ({list(shape_in)} per token): it was trained on another model or another point")
     if width_out != cfg.d_out:
         raise DictionaryMismatch(

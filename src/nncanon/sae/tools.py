@@ -204,7 +204,7 @@ def top_activating_contexts(
         order = candidates.argsort(dim=1, descending=True)[:, :k]
         values = candidates.gather(1, order)
         where = places.gather(1, order[..., None].expand(-1, -1, 2))
-        for row, text in enumerate(chunk):
+        for row in range(len(chunk)):
             ids = encoded["input_ids"][row][mask[row]].tolist()
             tokens.append([model.tokenizer.decode([i]) for i in ids])
     empty = ~torch.isfinite(values) | (values <= 0)
