@@ -1,4 +1,4 @@
-"""Every public name of nncanon, nncanon.tools and nncanon.nnterp has an entry in the API reference.
+"""Every public name of nncanon, nncanon.tools, nncanon.nnterp and nncanon.sae has an entry in the API reference.
 
 ``mkdocs build --strict`` does not see a missing entry, nor one mkdocstrings resolves to something else:
 ``::: nncanon.tools`` with ``members: [logit_lens]`` renders the *module* ``nncanon.tools.logit_lens``,
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
-PACKAGES = ["nncanon", "nncanon.tools", "nncanon.nnterp"]
+PACKAGES = ["nncanon", "nncanon.tools", "nncanon.nnterp", "nncanon.sae"]
 DIRECTIVE = re.compile(r"^::: (\S+)\n((?:    .*\n)*)", re.M)
 
 

@@ -13,6 +13,7 @@ See ``docs/dictionaries.md`` and ``docs/hook-names.md``.
 """
 
 from .config import ARCHITECTURES, NORMALIZATIONS, DictionaryConfig, read_config
+from .demo import demo_dictionary
 from .dictionary import Dictionary
 from .names import DERIVED, TRANSFORMER_LENS, Point, resolve
 from .sites import value_at
@@ -29,6 +30,7 @@ __all__ = [
     "Point",
     "attach",
     "attached",
+    "demo_dictionary",
     "read_config",
     "resolve",
     "value_at",
