@@ -28,7 +28,7 @@ import torch
 from nnsight.intervention.eproperty import WriteBack
 from nnsight.intervention.interleaver import Mediator, OutOfOrderError
 
-from ..errors import DictionaryMismatch, InvalidInput, InvalidWrite
+from ..errors import DictionaryMismatch, InvalidInput, InvalidWrite, NestedTrace
 from ..gradients import mark
 from ..served import check_write
 from .dictionary import Dictionary, Normalization
@@ -238,9 +238,11 @@ class _Visit:
                 self.clean = clean
                 self.features = clean + torch.zeros((), dtype=clean.dtype, device=clean.device, requires_grad=True)
             else:
-                self.x_in = x_in if graph else x_in.detach().clone()
+                self.x_in = x_in if graph else x_in.detach()
                 self.features, self.state = dictionary.encode_with_state(self.x_in)
-                self.clean = None
+                # The clean features, kept to tell an edit from them at the write-back (a copy: cheaper than encoding
+                # again, and nothing can change it).
+                self.clean = self.features.detach().clone() if owner.error_term else None
                 if graph and not self.features.requires_grad:  # nothing before the point tracks gradients
                     self.features = self.features + torch.zeros((), dtype=self.features.dtype,
                                                                 device=self.features.device, requires_grad=True)
@@ -348,6 +350,7 @@ def attach(model: Any, dictionary: Dictionary, hook_name: str | Point | None = N
 
     Raises:
         UnknownHookName, InvalidLayer, ValueNotAvailable: the hook name (`resolve`).
+        NestedTrace: called inside a trace of the model.
         DictionaryMismatch: before any forward: the dictionary's input (output) width is not the point's, its dtype
             is not the model's, its head is outside the point's heads, or the point is not one a dictionary reads.
     """
@@ -358,6 +361,10 @@ def attach(model: Any, dictionary: Dictionary, hook_name: str | Point | None = N
     if not isinstance(dictionary, Dictionary):
         raise InvalidInput(f"attach takes an nncanon.sae.Dictionary (Dictionary.load(folder), Dictionary.from_tensors),"
                            f" not a {type(dictionary).__name__}")
+    if model.interleaver.interleaving:
+        raise NestedTrace("attach was called inside a trace of the model: it learns the point's width from a trace of "
+                          "its own, and an error_term=False dictionary is an edit of every later trace. Attach before "
+                          "the trace (`with attach(model, dictionary) as item:` around it scopes it to the block)")
     cfg = dictionary.cfg
     where = hook_name if hook_name is not None else cfg.hook_name
     if where is None:
