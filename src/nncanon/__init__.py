@@ -25,8 +25,7 @@ from .families import registered_model_types
 from .model import StandardizedTransformer
 from .proof.ladder import twin
 from .support import SupportReport
-
-__version__ = "0.1.0"
+from .versions import __version__ as __version__
 
 # Remote (NDIF) requests ship nncanon's code by value, so a server without nncanon runs them.
 nnsight.register(__name__)

@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .components.layer import layer_index
+
 #: Every standard value of a layer, in the order ``support()`` reports them.
 LAYER_VALUES = (
     "layer_input",
@@ -135,8 +137,6 @@ class SupportReport:
                    getattr(provenance, "cause", None))
 
     def _row(self, layer: int) -> LayerSupport:
-        from .components.layer import layer_index
-
         return self.layers[layer_index(layer, len(self.layers), "support()")]
 
     def _check(self, value: str) -> None:

@@ -24,6 +24,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..model import StandardizedTransformer
+
 #: The demo models ``demo_model`` loads.
 DEMO_MODELS = ("gpt2", "llama", "hybrid")
 
@@ -49,7 +51,6 @@ def demo_model(name: str = "llama", **kwargs: Any) -> Any:
     Raises:
         ValueError: for a name not in ``DEMO_MODELS``.
     """
-    from ..model import StandardizedTransformer
 
     folder = demo_path(name)
     kwargs.setdefault("attn_implementation", "eager")

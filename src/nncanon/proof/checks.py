@@ -1,6 +1,6 @@
 """The checks that prove each served value: two independent computations compared, with the numbers.
 
-Every check takes a `StandardizedTransformer` and returns `CheckResult` records: which check, on
+Every check takes a `nncanon.mounted.MountedModel` (a `StandardizedTransformer` is one) and returns `CheckResult` records: which check, on
 which layer, which values it proves, whether it held, and the measured error against its tolerance.
 The same checks run in the invariant suite (on every registry variant), at load (on a twin of the
 user's config) and on inferred families; `verify` runs them all.
@@ -46,8 +46,12 @@ from typing import Any
 import torch
 from nnsight.intervention.util import first_input
 
-from ..components.kernel import RECOMPUTED, STATES, Kernel
+from ..components.kernel import RECOMPUTED, STATES, Kernel, _additive_mask
 from ..components.kernel import implementation as kernel_implementation
+from ..errors import GradientNotAvailable
+from ..mounted import MountedModel
+from ..reading import head_count, in_execution_order
+from ..resuming import next_token_only, resume_at, streams_entering
 from ..served import _pick, _put, operation_name, stacked_as_served
 from ..support import COMPONENT_OF, COMPONENTS, LAYER_VALUES
 from .prompts import PROMPTS
@@ -191,7 +195,6 @@ def host(model: Any, layer: int, name: str) -> Any:
 
 def served(model: Any, layer: int, names: Sequence[str] = CONTRIBUTIONS) -> list[str]:
     """The values of ``names`` block ``layer`` serves (per ``support()``), in the order its forward runs them."""
-    from ..tools._common import in_execution_order
 
     report = model.support()
     present = [name for name in names if report.available(name, layer=layer)]
@@ -774,10 +777,8 @@ def check_locality(model: Any) -> list[CheckResult]:
 
 
 def _bf16_copy(model: Any) -> Any:
-    from ..model import StandardizedTransformer
-
     module = copy.deepcopy(model._module).to(torch.bfloat16)
-    return StandardizedTransformer(module, tokenizer=model.tokenizer, verify="never", family=model.family)
+    return MountedModel(module, family=model.family, tokenizer=model.tokenizer)
 
 
 def _locality(model: Any, index: int, name: str, shifted: bool, clean: dict) -> CheckResult:
@@ -853,7 +854,6 @@ def _projection(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | N
 
 def check_probabilities(model: Any) -> list[CheckResult]:
     """Zeroing the last head's probabilities equals zeroing its output, on every layer serving both."""
-    from ..tools import head_count
 
     results = []
     report = model.support()
@@ -999,7 +999,6 @@ def _attends(model: Any, index: int, values: tuple[str, ...]) -> CheckResult:
     """``values``: the kernel inputs served on the block (where ``key_states`` is declined, the keys are the
     call's own argument, and likewise the values), held to the eager probabilities; where the model runs a
     kernel that computes none, the probabilities times the values are held to the kernel's own output."""
-    from ..components.kernel import _additive_mask
 
     attention = model.layers[index].self_attn
     kernel = _kernel(model, index)
@@ -1114,8 +1113,6 @@ def _implementation_copy(model: Any, implementation: str) -> Any:
 
 
 def _make_implementation_copy(model: Any, implementation: str) -> Any:
-    from ..model import StandardizedTransformer
-
     module = _fresh_copy(model._module)
     try:
         module.set_attn_implementation(implementation)
@@ -1125,7 +1122,7 @@ def _make_implementation_copy(model: Any, implementation: str) -> Any:
         # transformers will not switch a class without the attention interface (it warns), but a forward
         # that makes its kernel call under this implementation reads the config at each call (Falcon before 5.25)
         module.config._attn_implementation = implementation
-    copy_ = StandardizedTransformer(module, tokenizer=model.tokenizer, verify="never", family=model.family)
+    copy_ = MountedModel(module, family=model.family, tokenizer=model.tokenizer)
     attentions = [copy_.layers[i].self_attn._module for i in copy_.support().layers_with("attention_probabilities")]
     if any(kernel_implementation(attention) != implementation for attention in attentions):
         return None  # the class only warns that it cannot switch (GOT-OCR2): no copy runs it
@@ -1252,7 +1249,6 @@ def check_skip(model: Any) -> list[CheckResult]:
 def check_resume(model: Any) -> list[CheckResult]:
     """A forward resumed at layer 0 and at the middle layer with the recorded stream gives the forward's
     logits bit for bit; last-position-only logits equal the last row."""
-    from ..tools.resume import next_token_only, resume_at, streams_entering
 
     if "resume" in model._model_declines:  # the family says why a resumed forward is not the forward
         return []
@@ -1322,7 +1318,6 @@ def check_gradients(model: Any) -> list[CheckResult]:
 
 def _gradients(model: Any, names: dict[int, list[str]]) -> list[CheckResult]:
     """`check_gradients` of the values ``names[layer]`` of each block."""
-    from ..errors import GradientNotAvailable
 
     inputs = gradient_inputs(model)
     target = gradient_target(model)
