@@ -16,7 +16,7 @@ import transformers
 
 import nncanon
 from nncanon import InvalidInput, InvalidSkip, StandardizedTransformer, ValueNotAvailable
-from nncanon.proof.checks import hf_block
+from nncanon.proof.checks.references import hf_block
 from nncanon.proof.twin import perturb
 from nncanon.proof.verdict import verify
 from nncanon.registry import records

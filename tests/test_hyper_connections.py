@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from nncanon import InvalidWrite, StandardizedTransformer, ValueNotAvailable
-from nncanon.proof.checks import encode
+from nncanon.proof.checks.references import encode
 from nncanon.testing import PROMPTS, tiny_model
 
 from .conftest import skip_unavailable

@@ -14,7 +14,7 @@ import torch
 import transformers
 
 from nncanon import InvalidInput, StandardizedTransformer, ValueNotAvailable
-from nncanon.proof.checks import encode
+from nncanon.proof.checks.references import encode
 from nncanon.proof.verdict import verify
 from nncanon.registry import variant
 from nncanon.testing import PROMPTS, tiny_hf_model, tiny_model, tiny_tokenizer

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nncanon import InvalidSkip, ValueNotAvailable
-from nncanon.proof.checks import encode
+from nncanon.proof.checks.references import encode
 from nncanon.testing import PROMPTS, tiny_model
 from nncanon.versions import missing_from_transformers
 

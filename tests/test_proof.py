@@ -24,9 +24,10 @@ from nncanon import StandardizedTransformer
 from nncanon.families import REGISTRY
 from nncanon.proof import cache as proof_cache
 from nncanon.proof import load as proof_load
-from nncanon.proof.checks import GRADIENT_VALUES
+from nncanon.proof.checks.base import GRADIENT_VALUES
 from nncanon.proof.ladder import NoTwinRuns, running_twin, twin
-from nncanon.proof.twin import TwinError, block_kind, blocks_of, build_twin, model_class_for
+from nncanon.proof.shrink import TwinError
+from nncanon.proof.twin import block_kind, blocks_of, build_twin, model_class_for
 from nncanon.registry import records
 from nncanon.served import Site
 from nncanon.support import COMPONENTS, LAYER_VALUES
@@ -426,7 +427,8 @@ def test_a_check_that_raises_declines_what_it_covers_and_the_load_goes_on(monkey
     """A twin whose forward fails (transformers' own pure-Mamba GraniteMoeHybrid with a cache, in 5.24)
     proves nothing: the load does not crash, every value is declined naming the error."""
     from nncanon.proof import verdict as proof_verdict
-    from nncanon.proof.checks import CHECKS, Check
+    from nncanon.proof.checks import CHECKS
+    from nncanon.proof.checks.base import Check
 
     monkeypatch.setenv("NNCANON_CACHE", str(tmp_path))  # its failed proof must not reach later loads
 

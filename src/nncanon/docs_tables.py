@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .families import REGISTRY, Family
 from .proof.checks import CHECKS
-from .proof.twin import COUNT_KIND, RULES, VOCABULARY_KIND, WIDTH_KIND, WINDOW_KIND
+from .proof.shrink import COUNT_KIND, RULES, VOCABULARY_KIND, WIDTH_KIND, WINDOW_KIND
 from .registry import STATUS_FILE, records, registry_dir
 from .served import Site, describe_factor
 
@@ -90,7 +90,7 @@ def matrix_table() -> str:
 
 
 def shrinking_table() -> str:
-    """The twin's shrinking rules (`nncanon.proof.twin.RULES`): what each size becomes."""
+    """The twin's shrinking rules (`nncanon.proof.shrink.RULES`): what each size becomes."""
 
     factor = {WIDTH_KIND: "÷ F", COUNT_KIND: "the config's", WINDOW_KIND: "the table's (the config's at step 4)",
               VOCABULARY_KIND: "the table's"}

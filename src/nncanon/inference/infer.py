@@ -22,7 +22,8 @@ from ..families.base import Family
 from ..proof.checks import CHECKS
 from ..proof.ladder import running_twin
 from ..proof.load import mounted_twin
-from ..proof.twin import TwinError, model_class_for
+from ..proof.shrink import TwinError
+from ..proof.twin import model_class_for
 from ..proof.verdict import verify
 from ..served import Site
 from .blocks import BlockParts, block_parts

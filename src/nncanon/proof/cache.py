@@ -23,7 +23,7 @@ import torch
 
 from ..versions import __version__
 from . import verdict
-from .twin import _shrink_sizes
+from .shrink import shrink_sizes
 from .verdict import Verdict
 
 #: The layout of a cache file; another layout is ignored and rewritten.
@@ -171,7 +171,7 @@ def config_state(config: Any) -> bytes | None:
 
 def _fingerprint(config: Any, family: Any, model_class: type) -> str:
     values = config.to_dict()
-    _shrink_sizes(values, "", [])
+    shrink_sizes(values, "", [])
     text = json.dumps(_plain(values), sort_keys=True, default=str)
     head = f"{family.name}|{record_digest(family)}|{model_class.__qualname__}"
     return hashlib.sha256(f"{head}|{text}".encode()).hexdigest()[:24]

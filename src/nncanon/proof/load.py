@@ -26,10 +26,10 @@ from ..mounted import MountedModel
 from ..mounting import decline, decline_gradient
 from ..support import COMPONENTS, LAYER_VALUES, layer_states, value_reason
 from .cache import Proof, cache_key, config_digest, current_versions, read_cached, write_cached
-from .checks import GRADIENT_VALUES
+from .checks.base import GRADIENT_VALUES
 from .ladder import running_twin
 from .prompts import tiny_tokenizer
-from .twin import TwinError
+from .shrink import TwinError
 from .verdict import Verdict, verify
 
 #: What ``verify=`` takes.
