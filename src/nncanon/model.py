@@ -24,7 +24,7 @@ from .loading import (
 )
 from .mounted import MountedModel
 from .proof.load import VERIFY_MODES, load_provenance
-from .quiet import kernel_notices_filtered, wrapping_quietly
+from .quiet import kernel_notices_filtered
 from .versions import untested_transformers
 
 
@@ -72,12 +72,11 @@ class StandardizedTransformer(MountedModel):
             kwargs.setdefault("task", "text-generation")
             if tokenizer is None:
                 tokenizer = tokenizer_of(model, kwargs)
-        with wrapping_quietly():
-            try:
-                super().__init__(model, *args, family=family, tokenizer=tokenizer, **kwargs)
-            except Exception as error:
-                note_transformers_error(error, config)
-                raise
+        try:
+            super().__init__(model, *args, family=family, tokenizer=tokenizer, **kwargs)
+        except Exception as error:
+            note_transformers_error(error, config)
+            raise
         self._inferred = inferred
         self._provenance = self._prove(verify, self._unserved)
 
@@ -94,6 +93,12 @@ class StandardizedTransformer(MountedModel):
         """The `nncanon.inference.InferredFamily` where no family is registered for this model type
         (its record was inferred from a twin and proved on it); ``None`` for a registered family."""
         return self._inferred
+
+    def __reduce_ex__(self, protocol: Any) -> tuple:
+        # A remote request ships the model by value (nncanon is not on the server): it travels as the
+        # MountedModel it is, the surface with its state, without the load and the proof, which the server never
+        # runs (their code would travel with it otherwise, down to the proof's process-local state).
+        return (MountedModel.__new__, (MountedModel,), self.__getstate__())
 
     def dispatch(self) -> None:
         """Load the real weights (a model built on meta); a folder with a config and no weights is refused by name."""

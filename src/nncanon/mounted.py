@@ -20,6 +20,7 @@ from .families import Family
 from .gradients import forward_guard
 from .inputs import check_batch, refuse_no_prompt
 from .mounting import mount
+from .quiet import wrapping_quietly
 from .served import check_write, model_value, served_as_stacked
 from .skipping import (
     check_not_generating_with_cache,
@@ -68,7 +69,8 @@ class MountedModel(TransformersModel):
     """
 
     def __init__(self, model: Any, *args: Any, family: Family, tokenizer: Any = None, **kwargs: Any) -> None:
-        super().__init__(model, *args, tokenizer=tokenizer, **kwargs)
+        with wrapping_quietly():
+            super().__init__(model, *args, tokenizer=tokenizer, **kwargs)
         self._family = family
         self._text_config = self._module.config.get_text_config()
         # Native paths first: a standard name bound below may shadow a native module of that name

@@ -7,7 +7,6 @@ forward produces its values in (`in_execution_order`: a trace must read them in 
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,6 +14,7 @@ import torch
 
 from .errors import ValueNotAvailable
 from .support import COMPONENT_OF
+from .threads import ProcessRegistry
 
 #: The standard values of a layer, in the order a forward produces them: the stream entering the block,
 #: the token mixer's values (softmax or linear attention), the MLP's (with a mixture of experts' routing),
@@ -28,7 +28,7 @@ HOSTS = {"layer_input": None, "layer_output": None, **COMPONENT_OF}
 CONTRIBUTIONS = ("attention_output", "linear_attention_output", "mlp_output")
 
 
-_ORDERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_ORDERS = ProcessRegistry()
 
 
 def in_execution_order(model: Any, layer: int, names: Sequence[str]) -> list[str]:

@@ -108,18 +108,14 @@ def _stable(value: Any) -> Any:
     return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
 
 
-def record_digest(family: Any) -> str:
-    """A digest of the family record itself: a record changed at run time (or a family passed as
-    ``family=``) is proved again rather than read from a proof of another record."""
-    return _digest_of(family)
-
-
 #: Digests of immutable objects (frozen records, the checks' tuple), by identity; the object is kept
 #: with its digest so that its id is never reused by another.
 _DIGESTS: dict[int, tuple[Any, str]] = {}
 
 
-def _digest_of(value: Any) -> str:
+def digest_of(value: Any) -> str:
+    """A digest of an immutable object (a family record, the checks' table): a record changed at run time (or
+    a family passed as ``family=``) is proved again rather than read from a proof of another record."""
     known = _DIGESTS.get(id(value))
     if known is None or known[0] is not value:
         known = _DIGESTS[id(value)] = (value, hashlib.sha256(json.dumps(_stable(value), default=str).encode())
@@ -135,7 +131,7 @@ def fingerprint(config: Any, family: Any, model_class: type) -> str:
     a nested one included, is fingerprinted again.
     """
     state = config_state(config)
-    memo = None if state is None else (state, record_digest(family), model_class)
+    memo = None if state is None else (state, digest_of(family), model_class)
     known = _FINGERPRINTS.get(memo) if memo is not None else None
     if known is None:
         known = _fingerprint(config, family, model_class)
@@ -173,7 +169,7 @@ def _fingerprint(config: Any, family: Any, model_class: type) -> str:
     values = config.to_dict()
     shrink_sizes(values, "", [])
     text = json.dumps(_plain(values), sort_keys=True, default=str)
-    head = f"{family.name}|{record_digest(family)}|{model_class.__qualname__}"
+    head = f"{family.name}|{digest_of(family)}|{model_class.__qualname__}"
     return hashlib.sha256(f"{head}|{text}".encode()).hexdigest()[:24]
 
 
@@ -262,7 +258,7 @@ def cache_key(config: Any, family: Any, model_class: type) -> str:
     """The cache key of a proof of ``config``: the versions, the checks run, the family record, the class
     and the fingerprint."""
     versions = current_versions()
-    parts = (tuple(versions.values()), _digest_of(verdict.CHECKS), fingerprint(config, family, model_class))
+    parts = (tuple(versions.values()), digest_of(verdict.CHECKS), fingerprint(config, family, model_class))
     key = _KEYS.get(parts)
     if key is None:
         text = f"{json.dumps(versions, sort_keys=True)}|{parts[1]}|{parts[2]}"
