@@ -38,11 +38,9 @@ def _run(folder: str, queue: Any) -> None:
         queue.put({"status": "error", "detail": f"{type(error).__name__}: {' '.join(str(error).split())}"[:300]})
         return
     failed = sorted({f"{r.check}{'' if r.layer is None else f'@{r.layer}'}" for r in run.verdict.failed()})
-    worst = max((r.error / r.tolerance for r in run.verdict.results
-                 if r.passed and r.error is not None and r.tolerance), default=0.0)
     queue.put({"status": "failed" if failed else "held", "parameters": run.parameters,
                "build_seconds": run.build_seconds, "check_seconds": run.check_seconds,
-               "checks": len(run.verdict.results), "worst_error_over_bar": round(worst, 3),
+               "checks": len(run.verdict.results),
                "detail": ", ".join(failed)[:300]})
 
 
@@ -81,12 +79,11 @@ def main() -> None:
                      "wall_seconds": round(time.perf_counter() - start, 1), **row})
     bar.close()
 
-    print(f"\n{'checkpoint':38} {'params':>7} {'build s':>8} {'check s':>8} {'checks':>6} {'err/bar':>7}  status")
+    print(f"\n{'checkpoint':38} {'params':>7} {'build s':>8} {'check s':>8} {'checks':>6}  status")
     for row in rows:
         params = f"{row['parameters'] / 1e6:.0f}M" if "parameters" in row else "-"
         print(f"{row['checkpoint']:38} {params:>7} {row.get('build_seconds', '-'):>8} "
-              f"{row.get('check_seconds', '-'):>8} {row.get('checks', '-'):>6} "
-              f"{row.get('worst_error_over_bar', '-'):>7}  {row['status']}"
+              f"{row.get('check_seconds', '-'):>8} {row.get('checks', '-'):>6}  {row['status']}"
               + (f": {row['detail']}" if row.get("detail") else ""))
     held = sum(row["status"] == "held" for row in rows)
     print(f"\n{held} of {len(rows)} full-size models hold every check")

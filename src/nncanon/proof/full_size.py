@@ -45,10 +45,18 @@ def full_size_model(config: Any, seed: int = 0, attn_implementation: str = "eage
 
 
 def verify_full_size(config: Any, seed: int = 0, attn_implementation: str = "eager") -> FullSizeRun:
-    """Build `full_size_model` of ``config`` and run every check on it."""
+    """Build `full_size_model` of ``config`` and run every check on it, on one torch thread as the load-time
+    proof runs: the bit-for-bit checks compare two forwards, which agree bit for bit only where the kernels
+    sum in the same order both times (a multi-threaded BLAS on a busy machine can pick another thread count
+    for the second, and round differently)."""
     start = time.perf_counter()
-    model = full_size_model(config, seed, attn_implementation)
-    built = time.perf_counter()
-    verdict = verify(model)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = full_size_model(config, seed, attn_implementation)
+        built = time.perf_counter()
+        verdict = verify(model)
+    finally:
+        torch.set_num_threads(threads)
     return FullSizeRun(verdict, parameter_count(model._module), round(built - start, 2),
                        round(time.perf_counter() - built, 2))
