@@ -322,7 +322,7 @@ def proofs(repeats: int) -> dict:
     gradient checks alone (``gradient_seconds``, on the twin, one thread as the proof runs them)."""
     from nncanon.families import REGISTRY
     from nncanon.proof.checks import CHECKS
-    from nncanon.proof.load import _mounted, prove
+    from nncanon.proof.load import mounted_twin, prove
     from nncanon.proof.twin import build_twin, model_class_for
     from nncanon.proof.verdict import verify
 
@@ -337,7 +337,7 @@ def proofs(repeats: int) -> dict:
             threads = torch.get_num_threads()
             torch.set_num_threads(1)
             try:
-                twin = _mounted(build_twin(config, model_class=cls, blocks=family.layers).model, family)
+                twin = mounted_twin(build_twin(config, model_class=cls, blocks=family.layers).model, family)
                 gradients = [timed(lambda t=twin: verify(t, gradient_checks)) for _ in range(max(3, repeats // 3))]
             finally:
                 torch.set_num_threads(threads)

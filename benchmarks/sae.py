@@ -63,11 +63,11 @@ def dictionary(d: int, d_sae: int = 16384) -> Dictionary:
 
 def exactness() -> dict:
     from nncanon.proof.checks import encode
+    from nncanon.reading import in_execution_order
     from nncanon.registry import variants
     from nncanon.sae import Point, resolve, value_at
     from nncanon.sae.splice import point_shape
     from nncanon.testing import PROMPTS, tiny_model
-    from nncanon.tools._common import in_execution_order
 
     values = ("layer_input", "query_states", "key_states", "value_states", "attention_head_outputs",
               "attention_output", "linear_attention_head_outputs", "linear_attention_output", "mlp_output",
@@ -94,7 +94,7 @@ def exactness() -> dict:
                     pass
         items = []
         for seed, point in enumerate(plain + derived):
-            shape, dtype, _ = point_shape(model, point)
+            shape, _, _ = point_shape(model, point)
             width = int(torch.tensor(shape).prod()) if point.value in flat else shape[-1]
             g = torch.Generator().manual_seed(seed)
             sae = Dictionary.from_tensors(torch.randn(width, 8, generator=g) / width ** 0.5, torch.full((8,), 0.01),

@@ -1,6 +1,6 @@
 """Train nncanon's demo dictionary: a small top-k SAE on the demo GPT-2's residual stream after block 2.
 
-``nncanon.sae.demo_dictionary()`` loads what this script writes to ``src/nncanon/demo/gpt2-sae/``: a SAELens folder
+``nncanon.demo_dictionary()`` loads what this script writes to ``src/nncanon/demo/gpt2-sae/``: a SAELens folder
 (``cfg.json``, ``sae_weights.safetensors``, ~260 KB) and ``training.json`` (the settings and the evaluation).
 
 1. The activations: ``nncanon.sae.collect_activations`` of ``blocks.2.hook_resid_post`` over the demo corpus's

@@ -70,7 +70,9 @@ def model(variant):
 
 
 # The helpers the verifier reads the surface with, shared by the tests (one copy, in the package).
-from nncanon.proof.checks import CONTRIBUTIONS, HEAD_VALUES, encode, hf_block, host, served  # noqa: E402, F401
+from nncanon.proof.checks.base import HEAD_VALUES  # noqa: E402, F401
+from nncanon.proof.checks.references import encode, hf_block, served  # noqa: E402, F401
+from nncanon.reading import CONTRIBUTIONS, host  # noqa: E402
 
 
 def recorded_declines(variant, layer: int) -> set[str]:

@@ -41,7 +41,7 @@ def rendered_paths(page: str) -> list[str]:
     """The dotted paths the ``:::`` directives of a page render an entry for."""
     paths = []
     for target, options in DIRECTIVE.findall(page):
-        members = re.search(r"members: (.+)", options)
+        members = re.search(r"(?m)^\s+members: (.+)", options)
         paths.append(target)
         if members is None:
             obj = resolve(target)

@@ -101,7 +101,8 @@ def test_probability_writes_under_sdpa_are_refused_naming_eager(sdpa):
 
 def _gradients(model, names: tuple[str, ...], layer: int = 1) -> dict[str, torch.Tensor]:
     """``value.grad`` of each of ``names`` on block ``layer`` for one logit, through nncanon."""
-    from nncanon.proof.checks import NO_CACHE, gradient_target
+    from nncanon.proof.checks.base import NO_CACHE
+    from nncanon.proof.checks.gradient_references import gradient_target
 
     values: dict = {}  # bound outside the trace, filled inside
     grads: dict = {}
@@ -125,7 +126,7 @@ def test_probability_gradients_under_sdpa_are_eagers(family):
     equals eager's (same weights), whose ``.grad`` is plain PyTorch's gradient at the tensor the model returns
     (the verifier's `gradient_reference`); the other values' gradients are bit for bit those of a trace that
     does not read the probabilities, and the logits are unchanged."""
-    from nncanon.proof.checks import gradient_inputs, gradient_reference, gradient_target
+    from nncanon.proof.checks.gradient_references import gradient_inputs, gradient_reference, gradient_target
 
     eager = tiny_model(family)
     sdpa = tiny_model(family, attn_implementation="sdpa")
@@ -148,7 +149,7 @@ def test_probability_gradients_under_sdpa_are_eagers(family):
 
 def test_the_verifiers_gradient_check_covers_the_recomputed_probabilities(sdpa):
     """The ``gradients`` check compares the sdpa probabilities' ``.grad`` with eager's on a copy (same weights)."""
-    from nncanon.proof.checks import check_gradients
+    from nncanon.proof.checks.gradients import check_gradients
 
     results = check_gradients(sdpa)
     probabilities = [r for r in results if r.values == ("attention_probabilities",)]
@@ -159,7 +160,8 @@ def test_the_verifiers_gradient_check_covers_the_recomputed_probabilities(sdpa):
 def test_probability_logits_and_parameter_gradients_under_sdpa_are_unchanged_bit_for_bit(sdpa):
     """Reading the probabilities with gradients tracked hands the model the kernel's output bit for bit, and
     adds no gradient anywhere in the model (the parameters' gradients are those of the plain model)."""
-    from nncanon.proof.checks import NO_CACHE, gradient_target
+    from nncanon.proof.checks.base import NO_CACHE
+    from nncanon.proof.checks.gradient_references import gradient_target
 
     target = gradient_target(sdpa)
     parameters = [p for p in sdpa._module.parameters() if p.requires_grad]
@@ -176,7 +178,8 @@ def test_probability_logits_and_parameter_gradients_under_sdpa_are_unchanged_bit
 
 
 def test_probability_gradient_writes_under_sdpa_are_refused_naming_eager(sdpa):
-    from nncanon.proof.checks import NO_CACHE, gradient_target
+    from nncanon.proof.checks.base import NO_CACHE
+    from nncanon.proof.checks.gradient_references import gradient_target
 
     refused = r"attention_probabilities\.grad was written.*attn_implementation=\"eager\""
     with pytest.raises(nncanon.InvalidWrite, match=refused):
@@ -201,15 +204,15 @@ def test_other_implementations_decline_recomputation_naming_eager():
 
 def test_a_proof_that_fails_recomputation_declines_it_with_the_reason(monkeypatch):
     """A twin whose recomputed probabilities do not hold: the loaded sdpa model declines them, naming eager."""
-    from nncanon.proof import checks
     from nncanon.proof import verdict as verdicts
+    from nncanon.proof.checks.base import Check, CheckResult
     from nncanon.testing import tiny_hf_model, tiny_tokenizer
 
     def wrong(model):
-        return [checks.CheckResult("recomputed", index, (kernel.RECOMPUTED,), False, 0.5, 1e-5, "made to fail")
+        return [CheckResult("recomputed", index, (kernel.RECOMPUTED,), False, 0.5, 1e-5, "made to fail")
                 for index in range(model.num_layers)]
 
-    replaced = tuple(checks.Check(c.name, wrong if c.name == "recomputed" else c.run, c.doc)
+    replaced = tuple(Check(c.name, wrong if c.name == "recomputed" else c.run, c.doc)
                      for c in verdicts.CHECKS)
     monkeypatch.setattr(verdicts, "CHECKS", replaced)
     model = nncanon.StandardizedTransformer(tiny_hf_model("llama", attn_implementation="sdpa"),

@@ -87,3 +87,20 @@ def test_the_corpus_is_listed_in_the_readme():
     for entry in INDEX:
         assert f"`{entry['checkpoint']}`" in readme
     assert Path(CORPUS / "index.json").is_file()
+
+
+@pytest.mark.parametrize("checkpoint", ["openai-community/gpt2"])
+def test_what_the_twin_proved_holds_on_the_full_size_model(checkpoint):
+    """The verifier on the full-size model of a real config (random weights): every value against plain hooks on
+    that model, the contribution identity, ablations, invokes, gradients... hold as on its twin.
+    ``benchmarks/full_size.py`` runs every checkpoint of the corpus of at most 600M parameters."""
+    from nncanon.proof.full_size import verify_full_size
+
+    entry = next(e for e in INDEX if e["checkpoint"] == checkpoint)
+    config = transformers.AutoConfig.from_pretrained(CORPUS / entry["folder"])
+    run = verify_full_size(config)
+    assert run.parameters == entry["parameters"]
+    failed = [result.describe() for result in run.verdict.failed()]
+    assert not failed, failed[:3]
+    checked = {result.check for result in run.verdict.results}
+    assert {"read", "identity", "ablation", "invokes", "heads", "lens", "skip", "gradients"} <= checked

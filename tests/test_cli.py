@@ -71,7 +71,8 @@ def test_ablate_on_the_demo_models_prints_the_recipe_and_a_heatmap(tmp_path, cap
 def test_ablate_fast_plots_the_first_order_estimate(tmp_path, capsys):
     """``--fast``: the heatmap is attribution patching's estimate of zeroing each head, equal to
     ``Σ head · ∂P(target)/∂head`` computed with hooks and autograd on the plain model."""
-    from nncanon.proof.checks import encode, gradient_reference, site_reference
+    from nncanon.proof.checks.gradient_references import gradient_reference
+    from nncanon.proof.checks.references import encode, site_reference
     from nncanon.study import head_effects, target_token
 
     assert main(["ablate", "--model", "gpt2", "--fast", "--out", str(tmp_path), "--quiet"]) == EXIT_OK

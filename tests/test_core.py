@@ -207,7 +207,7 @@ def test_a_family_declines_resume_with_its_reason():
     """ZAYA's router state flows from block to block: a forward resumed at a later block is not the forward,
     so the family declines ``resume`` and `resume_at` raises with the reason ``support()`` gives."""
     from nncanon import ValueNotAvailable
-    from nncanon.tools.resume import resume_at, streams_entering
+    from nncanon.resuming import resume_at, streams_entering
 
     model = tiny_model("zaya")
     reason = model.support().model_declines["resume"]

@@ -19,6 +19,7 @@ from nncanon import (
     StandardizedTransformer,
 )
 from nncanon.testing import PROMPTS, tiny_model
+from nncanon.tools import steer
 
 
 @pytest.fixture(scope="module")
@@ -166,10 +167,10 @@ def test_negative_indices_count_from_the_end_everywhere(llama4):
         skipped = llama4.logits.save()
     assert torch.equal(skipped_negative, skipped)
     with torch.no_grad(), llama4.trace(PROMPTS[0]):
-        llama4.steer(-1, direction)
+        steer(llama4, -1, direction)
         steered_negative = llama4.logits.save()
     with torch.no_grad(), llama4.trace(PROMPTS[0]):
-        llama4.steer(3, direction)
+        steer(llama4, 3, direction)
         steered = llama4.logits.save()
     assert torch.equal(steered_negative, steered)
     assert llama4.support().reason("mlp_output", layer=-1) == llama4.support().reason("mlp_output", layer=3)

@@ -16,7 +16,7 @@ import transformers
 
 import nncanon
 from nncanon import InvalidInput, InvalidSkip, StandardizedTransformer, ValueNotAvailable
-from nncanon.proof.checks import hf_block
+from nncanon.proof.checks.references import hf_block
 from nncanon.proof.twin import perturb
 from nncanon.proof.verdict import verify
 from nncanon.registry import records
@@ -163,7 +163,7 @@ def test_a_skip_that_strands_shared_keys_and_values_is_refused(model):
 
 
 def test_resume_is_declined_where_blocks_share_keys_and_values(model):
-    from nncanon.tools.resume import resume_at
+    from nncanon.resuming import resume_at
 
     assert "reuse the keys/values" in model.support().model_declines["resume"]
     with pytest.raises(ValueNotAvailable, match=r"model\.resume is not available"):

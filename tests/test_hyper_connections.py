@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from nncanon import InvalidWrite, StandardizedTransformer, ValueNotAvailable
-from nncanon.proof.checks import encode
+from nncanon.proof.checks.references import encode
 from nncanon.testing import PROMPTS, tiny_model
 
 from .conftest import skip_unavailable
@@ -101,7 +101,7 @@ def test_hy_v4_skip_of_a_shared_indexer_block_hands_on_the_picks_it_was_given():
     assert torch.equal(leaving, entering)
     assert torch.equal(model.project_on_vocab(entering), logits)
     with pytest.raises(ValueNotAvailable, match=r"model\.resume is not available: a block whose indexer is 'shared'"):
-        from nncanon.tools.resume import resume_at
+        from nncanon.resuming import resume_at
 
         with model.trace(PROMPTS[0]):
             resume_at(model, last, entering)

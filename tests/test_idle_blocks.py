@@ -14,7 +14,7 @@ import torch
 import transformers
 
 from nncanon import InvalidInput, StandardizedTransformer, ValueNotAvailable
-from nncanon.proof.checks import encode
+from nncanon.proof.checks.references import encode
 from nncanon.proof.verdict import verify
 from nncanon.registry import variant
 from nncanon.testing import PROMPTS, tiny_hf_model, tiny_model, tiny_tokenizer
@@ -140,7 +140,7 @@ def test_skips_and_the_lens_pass_over_idle_blocks(layout):
 
 
 def test_resuming_at_an_idle_block_is_the_forward(layout):
-    from nncanon.tools.resume import resume_at, streams_entering
+    from nncanon.resuming import resume_at, streams_entering
 
     _, model, _ = layout
     streams = streams_entering(model, PROMPTS[0], list(range(4)))

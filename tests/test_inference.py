@@ -13,8 +13,8 @@ from nncanon import StandardizedTransformer, UnknownFamilyError
 from nncanon.cli import main
 from nncanon.families import REGISTRY, Family
 from nncanon.inference import infer_family
-from nncanon.inference.leave_one_out import compare
-from nncanon.proof.checks import GRADIENT_VALUES
+from nncanon.leave_one_out import compare
+from nncanon.proof.checks.base import GRADIENT_VALUES
 from nncanon.testing import PROMPTS, tiny_hf_model, tiny_tokenizer
 from nncanon.versions import transformers_minor
 

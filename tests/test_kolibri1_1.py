@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nncanon import InvalidSkip, ValueNotAvailable
-from nncanon.proof.checks import encode
+from nncanon.proof.checks.references import encode
 from nncanon.testing import PROMPTS, tiny_model
 from nncanon.versions import missing_from_transformers
 
@@ -89,7 +89,7 @@ def test_a_skipped_block_hands_on_the_pool_it_was_given(model):
 
 
 def test_resume_is_declined(model):
-    from nncanon.tools.resume import resume_at
+    from nncanon.resuming import resume_at
 
     assert "kv_source_layers" in model.support().model_declines["resume"]
     with pytest.raises(ValueNotAvailable, match=r"model\.resume is not available"):

@@ -22,10 +22,12 @@ import transformers
 import nncanon
 from nncanon import StandardizedTransformer
 from nncanon.families import REGISTRY
+from nncanon.proof import cache as proof_cache
 from nncanon.proof import load as proof_load
-from nncanon.proof.checks import GRADIENT_VALUES
+from nncanon.proof.checks.base import GRADIENT_VALUES
 from nncanon.proof.ladder import NoTwinRuns, running_twin, twin
-from nncanon.proof.twin import TwinError, block_kind, blocks_of, build_twin, model_class_for
+from nncanon.proof.shrink import TwinError
+from nncanon.proof.twin import block_kind, blocks_of, build_twin, model_class_for
 from nncanon.registry import records
 from nncanon.served import Site
 from nncanon.support import COMPONENTS, LAYER_VALUES
@@ -110,12 +112,12 @@ def test_twin_of_the_full_size_default_config(model_type):
     generation step run), whose blocks have the kinds of the blocks they stand for (checked inside
     `build_twin`) and are the family's. A default config transformers itself cannot build or run has none,
     and says so with transformers' error."""
-    from nncanon.model import _causal_lm_config
+    from nncanon.loading import causal_lm_config
 
     record = records()[model_type]
     # the config the causal LM is built from (a multimodal checkpoint whose causal LM is its text model: that)
     full = getattr(transformers, record["config_class"])()
-    config = _causal_lm_config(full)
+    config = causal_lm_config(full)
     cls = getattr(transformers, record["model_class"]) if record.get("model_class") else model_class_for(full)
     family = REGISTRY[model_type]
     if model_type in UNBUILDABLE_DEFAULTS:
@@ -312,13 +314,13 @@ def test_a_proof_from_another_transformers_version_is_not_used(monkeypatch, tmp_
     data = json.loads(path.read_text())
     data["versions"]["transformers"] = "5.0.0"
     path.write_text(json.dumps(data))
-    assert proof_load.read_cached(proof.key) is None
+    assert proof_cache.read_cached(proof.key) is None
     assert not _load(hf, verify="auto")._provenance.proof.from_cache
 
 
 def test_the_key_follows_structure_not_size():
     """Two widths of one layout share a proof; another layout or flag does not."""
-    key = proof_load.fingerprint
+    key = proof_cache.fingerprint
     family, cls = REGISTRY["llama"], transformers.LlamaForCausalLM
     base = key(transformers.LlamaConfig(), family, cls)
     assert key(transformers.LlamaConfig(hidden_size=8192, intermediate_size=28672), family, cls) == base
@@ -425,7 +427,8 @@ def test_a_check_that_raises_declines_what_it_covers_and_the_load_goes_on(monkey
     """A twin whose forward fails (transformers' own pure-Mamba GraniteMoeHybrid with a cache, in 5.24)
     proves nothing: the load does not crash, every value is declined naming the error."""
     from nncanon.proof import verdict as proof_verdict
-    from nncanon.proof.checks import CHECKS, Check
+    from nncanon.proof.checks import CHECKS
+    from nncanon.proof.checks.base import Check
 
     monkeypatch.setenv("NNCANON_CACHE", str(tmp_path))  # its failed proof must not reach later loads
 
@@ -447,9 +450,9 @@ def test_the_key_follows_the_checks_run(monkeypatch):
     from nncanon.proof import verdict as proof_verdict
 
     config = transformers.LlamaConfig()
-    key = proof_load.cache_key(config, REGISTRY["llama"], transformers.LlamaForCausalLM)
+    key = proof_cache.cache_key(config, REGISTRY["llama"], transformers.LlamaForCausalLM)
     monkeypatch.setattr(proof_verdict, "CHECKS", proof_verdict.CHECKS[1:])
-    assert proof_load.cache_key(config, REGISTRY["llama"], transformers.LlamaForCausalLM) != key
+    assert proof_cache.cache_key(config, REGISTRY["llama"], transformers.LlamaForCausalLM) != key
 
 
 def test_a_proof_made_without_the_gradient_checks_is_proved_again(monkeypatch, tmp_path):
@@ -473,7 +476,7 @@ def test_a_proof_made_without_the_gradient_checks_is_proved_again(monkeypatch, t
 
 def _fingerprints_agree(config, family, cls):
     """The fingerprint a load uses (kept in memory by the config's state) against one computed afresh."""
-    return proof_load.fingerprint(config, family, cls) == proof_load._fingerprint(config, family, cls)
+    return proof_cache.fingerprint(config, family, cls) == proof_cache._fingerprint(config, family, cls)
 
 
 def test_a_changed_config_is_never_given_a_stale_fingerprint():
@@ -482,7 +485,7 @@ def test_a_changed_config_is_never_given_a_stale_fingerprint():
     file (1 / 1.0 / True), an attribute added; each is fingerprinted again."""
     family, cls = REGISTRY["gemma3"], transformers.Gemma3ForConditionalGeneration
     config = transformers.Gemma3Config()
-    seen = {proof_load.fingerprint(config, family, cls)}
+    seen = {proof_cache.fingerprint(config, family, cls)}
     text = config.text_config
     edits = [
         lambda: setattr(text, "attn_logit_softcapping", 30.0),
@@ -499,7 +502,7 @@ def test_a_changed_config_is_never_given_a_stale_fingerprint():
     for edit in edits:
         edit()
         assert _fingerprints_agree(config, family, cls)
-        fingerprint = proof_load.fingerprint(config, family, cls)
+        fingerprint = proof_cache.fingerprint(config, family, cls)
         assert fingerprint not in seen, "a changed config kept the fingerprint of what it was"
         seen.add(fingerprint)
 
@@ -514,7 +517,7 @@ def test_a_nested_change_after_a_load_proves_the_new_config(monkeypatch, tmp_pat
     hf.config.rope_parameters["rope_theta"] = hf.config.rope_parameters["rope_theta"] * 2
     second = _load(hf, verify="auto")._provenance.proof
     assert second.key != first.key and not second.from_cache
-    assert second.key == proof_load.cache_key(hf.config, REGISTRY["llama"], type(hf))
+    assert second.key == proof_cache.cache_key(hf.config, REGISTRY["llama"], type(hf))
 
 
 def test_a_config_outside_transformers_is_fingerprinted_each_time():
@@ -525,7 +528,7 @@ def test_a_config_outside_transformers_is_fingerprinted_each_time():
 
     CustomConfig.__module__ = "transformers_modules.custom"
     config = CustomConfig()
-    assert proof_load.config_state(config) is None
+    assert proof_cache.config_state(config) is None
     assert _fingerprints_agree(config, REGISTRY["llama"], transformers.LlamaForCausalLM)
 
 

@@ -119,3 +119,21 @@ def test_seed_recipe_remote_equals_local(tmp_path, monkeypatch, server_without_n
     local, remote = recipe(False), recipe("local")
     for key in local:
         assert torch.equal(local[key], remote[key]), key
+
+
+def test_a_request_ships_the_surface_not_the_load_or_the_proof(tmp_path, monkeypatch):
+    """The model travels by value as the `MountedModel` it is: the proof's and the loader's code stay here."""
+    import io
+
+    from nnsight.intervention.serialization import CustomCloudPickler
+
+    from nncanon.mounted import MountedModel
+
+    model = _hosted("llama", tmp_path, monkeypatch)
+    buffer = io.BytesIO()
+    CustomCloudPickler(buffer).dump(model)
+    payload = buffer.getvalue()
+    assert b"MountedModel" in payload
+    for name in (b"running_twin", b"load_provenance", b"config_of", b"family_for_load"):
+        assert name not in payload, name
+    assert type(MountedModel.__new__(MountedModel)) is MountedModel

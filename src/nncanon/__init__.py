@@ -2,7 +2,7 @@
 
 import nnsight
 
-from .demo import demo_model
+from .demo import demo_dictionary, demo_model
 from .errors import (
     DictionaryMismatch,
     GradientNotAvailable,
@@ -28,8 +28,7 @@ from .families import registered_model_types
 from .model import StandardizedTransformer
 from .proof.ladder import twin
 from .support import SupportReport
-
-__version__ = "0.1.0"
+from .versions import __version__ as __version__
 
 # Remote (NDIF) requests ship nncanon's code by value, so a server without nncanon runs them.
 nnsight.register(__name__)
@@ -56,6 +55,7 @@ __all__ = [
     "UnknownHookName",
     "UntestedTransformersWarning",
     "ValueNotAvailable",
+    "demo_dictionary",
     "demo_model",
     "registered_model_types",
     "twin",

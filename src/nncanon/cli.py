@@ -31,8 +31,8 @@ def identity_error(model, prompt: str) -> float | None:
     served (attention's, a linear mixer's, the MLP's: those the block has), or ``None`` if no layer's is."""
     import torch
 
+    from .reading import CONTRIBUTIONS, in_execution_order, read
     from .support import COMPONENT_OF
-    from .tools._common import CONTRIBUTIONS, in_execution_order, read
 
     report = model.support()
     plans = {}
@@ -57,8 +57,10 @@ def identity_error(model, prompt: str) -> float | None:
 def _families(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from .model import StandardizedTransformer
+    from .proof.prompts import PROMPTS, tiny_tokenizer
+    from .proof.variants import tiny_hf_model
     from .registry import variants
-    from .testing import PROMPTS, tiny_model
 
     selected = [v for v in variants() if not args.k or args.k in v.name or args.k in v.model_type]
     if not selected:
@@ -71,7 +73,9 @@ def _families(args: argparse.Namespace) -> int:
             skipped += 1
             continue
         try:
-            model = tiny_model(spec)
+            hf = tiny_hf_model(spec)
+            model = StandardizedTransformer(hf, tokenizer=tiny_tokenizer(hf.config.get_text_config().vocab_size),
+                                            verify="never")
             report = model.support()
             error = identity_error(model, PROMPTS[0])
             declined = report.declined()
@@ -258,7 +262,7 @@ def _infer(args: argparse.Namespace) -> int:
 
     if args.leave_one_out:
         from .families import registered_model_types
-        from .inference.leave_one_out import leave_one_out, markdown
+        from .leave_one_out import leave_one_out, markdown
 
         types = [t for t in registered_model_types() if not args.k or args.k in t]
         rows = leave_one_out(types, progress=not args.quiet)

@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 
 from .families import REGISTRY, Family
+from .proof.checks import CHECKS
+from .proof.shrink import COUNT_KIND, RULES, VOCABULARY_KIND, WIDTH_KIND, WINDOW_KIND
 from .registry import STATUS_FILE, records, registry_dir
 from .served import Site, describe_factor
 
@@ -88,8 +90,7 @@ def matrix_table() -> str:
 
 
 def shrinking_table() -> str:
-    """The twin's shrinking rules (`nncanon.proof.twin.RULES`): what each size becomes."""
-    from .proof.twin import COUNT_KIND, RULES, VOCABULARY_KIND, WIDTH_KIND, WINDOW_KIND
+    """The twin's shrinking rules (`nncanon.proof.shrink.RULES`): what each size becomes."""
 
     factor = {WIDTH_KIND: "÷ F", COUNT_KIND: "the config's", WINDOW_KIND: "the table's (the config's at step 4)",
               VOCABULARY_KIND: "the table's"}
@@ -103,7 +104,6 @@ def shrinking_table() -> str:
 def checks_table() -> str:
     """The verifier's checks (`nncanon.proof.checks.CHECKS`), in the order they run, and what each proves:
     the values, or their gradients (``value.grad``)."""
-    from .proof.checks import CHECKS
 
     rows = ["| check | proves | what it asserts |", "|---|---|---|"]
     rows += [f"| `{check.name}` | {'`value.grad`' if check.gradient else 'the value'} | {check.doc} |"

@@ -25,7 +25,6 @@ probabilities recomputed beside an sdpa kernel, `nncanon.components.kernel.proba
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,6 +33,7 @@ from nnsight.intervention import backward as _backward
 from nnsight.intervention.interleaver import OutOfOrderError
 
 from .errors import GradientNotAvailable, InvalidWrite
+from .threads import ProcessLock
 
 #: The attribute that marks a served tensor with its name (``"layers[0].self_attn.attention_output"``).
 MARK = "_nncanon_value"
@@ -146,7 +146,7 @@ def _forward_set(tensor: torch.Tensor, value: Any) -> None:
 _FORWARD_GRAD = property(_forward_get, _forward_set)
 _depth = 0
 _replaced = False  # whether torch.Tensor held torch's descriptor itself when the guard went up
-_lock = threading.Lock()
+_lock = ProcessLock()
 
 
 @contextlib.contextmanager

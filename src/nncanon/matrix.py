@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from .docs_tables import docs_dir, write
 from .registry import STATUS_FILE, registry_dir, variants
 
 _ID = re.compile(r"::(?P<test>[^\[]+)\[(?P<variant>[^\]]+)\]")
@@ -22,7 +23,6 @@ _ID = re.compile(r"::(?P<test>[^\[]+)\[(?P<variant>[^\]]+)\]")
 def _split(test_id: str, test: str) -> tuple[str, str]:
     """The variant of a test id's parameters, and the test's name with the other parameters
     (``test_check_holds[llama-heads]`` -> ``("llama", "test_check_holds[heads]")``)."""
-    from .registry import variants
 
     names = sorted((v.name for v in variants()), key=len, reverse=True)  # gpt_neox_parallel before gpt_neox
     for name in names:
@@ -123,7 +123,6 @@ def run_matrix(selection: str = "", quiet: bool = False, workers: str = "0", out
         status = merged
     previous.write_text(json.dumps(status, indent=2, sort_keys=True) + "\n")
     (into / "status.md").write_text(_markdown(status))
-    from .docs_tables import docs_dir, write
 
     if out is None and docs_dir().is_dir():
         write()  # the families page shows the matrix

@@ -124,8 +124,3 @@ def out_of_scope_reason(model_type: str | None) -> str | None:
 #: Decoder-only text types not served yet, with what is missing (their error stays `UnknownFamilyError`).
 NOT_YET: dict[str, str] = {}
 
-
-def not_yet_reason(model_type: str | None) -> str | None:
-    """What nncanon lacks to serve a decoder-only ``model_type`` it does not serve yet, or ``None``."""
-    return NOT_YET.get(model_type)
-

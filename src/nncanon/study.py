@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 
-from .tools._common import head_count
+from .reading import head_count
+from .resuming import next_token_only
 from .tools.ablation import head_ablation_sweep
-from .tools.resume import next_token_only
+from .tools.attribution_patching import attribution_patching
 
 #: (component, contribution value, head value) of the two kinds of token mixer.
 MIXERS = (
@@ -114,7 +115,6 @@ def head_effects(model: Any, prompt: str, target: str, fast: bool = False) -> to
     """
     token = target_token(model, target)
     if fast:
-        from .tools.attribution_patching import attribution_patching
 
         def probability(logits: torch.Tensor) -> torch.Tensor:
             return torch.softmax(logits[:, -1].float(), -1)[:, token]

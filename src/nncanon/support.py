@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .components.layer import layer_index
+
 #: Every standard value of a layer, in the order ``support()`` reports them.
 LAYER_VALUES = (
     "layer_input",
@@ -144,8 +146,6 @@ class SupportReport:
                    getattr(provenance, "cause", None), attached_lines(model))
 
     def _row(self, layer: int) -> LayerSupport:
-        from .components.layer import layer_index
-
         return self.layers[layer_index(layer, len(self.layers), "support()")]
 
     def _check(self, value: str) -> None:

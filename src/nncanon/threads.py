@@ -21,8 +21,34 @@ from typing import Any
 
 from nnsight.intervention.tracer import InterleavingTracer
 
-_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_GUARD = threading.Lock()
+
+class ProcessLock:
+    """A ``threading.Lock`` of this process. A remote request ships nncanon's functions by value with the
+    module state they read; a lock belongs to one process, so it travels as a new lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> bool:
+        return self._lock.__enter__()
+
+    def __exit__(self, *exception: Any) -> None:
+        self._lock.__exit__(*exception)
+
+    def __reduce__(self) -> tuple:
+        return (type(self), ())
+
+
+class ProcessRegistry(weakref.WeakKeyDictionary):
+    """A weak registry of this process's objects (a model's lock, its blocks' execution orders); like
+    `ProcessLock`, it travels in a remote request as a new, empty one."""
+
+    def __reduce__(self) -> tuple:
+        return (type(self), ())
+
+
+_LOCKS = ProcessRegistry()
+_GUARD = ProcessLock()
 
 
 def trace_lock(model: Any) -> threading.RLock:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from functools import cache
 
+#: This nncanon's version (pyproject.toml's).
+__version__ = "0.1.0"
+
 #: The oldest and the newest transformers minor nncanon supports, each tested (docs/versions.md):
 #: ``pyproject.toml`` asks for ``transformers>=5.21,<5.26`` (the suite checks that the two agree).
 OLDEST_MINOR, NEWEST_MINOR = (5, 21), (5, 25)

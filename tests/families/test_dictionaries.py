@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from nncanon.proof.checks import encode, site_references
+from nncanon.proof.checks.references import encode, site_references
+from nncanon.reading import in_execution_order
 from nncanon.sae import Dictionary, Point, attach, resolve, value_at
 from nncanon.sae.splice import point_shape
 from nncanon.testing import PROMPTS
-from nncanon.tools._common import in_execution_order
 
 #: Standard values a dictionary reads here, besides resid_mid and the MLP's input; per-head values with one head
 #: (the kernel's inputs) or all heads flattened (hook_z).

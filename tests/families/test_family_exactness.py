@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from nncanon import InvalidWrite, ValueNotAvailable
-from nncanon.proof.checks import encode, site_reference
+from nncanon.proof.checks.references import encode, site_reference
 from nncanon.registry import records
 from nncanon.testing import PROMPTS, tiny_model
 

@@ -13,16 +13,10 @@ import pytest
 import torch
 
 from nncanon import GradientNotAvailable
-from nncanon.proof.checks import (
-    GRADIENT_TOKEN,
-    GRADIENT_VALUES,
-    NO_CACHE,
-    encode,
-    gradient_inputs,
-    gradient_reference,
-    host,
-    served,
-)
+from nncanon.proof.checks.base import GRADIENT_TOKEN, GRADIENT_VALUES, NO_CACHE
+from nncanon.proof.checks.gradient_references import gradient_inputs, gradient_reference
+from nncanon.proof.checks.references import encode, served
+from nncanon.reading import host
 from nncanon.testing import PROMPTS
 
 
@@ -59,7 +53,7 @@ def _corrupted(model) -> str | None:
 def test_attribution_patching_is_the_first_order_term(model):
     """Each head's and sublayer's estimate equals ``Σ (a_corrupted - a_clean) · ∂metric/∂a`` computed on the
     plain model (site hooks, ``torch.autograd.grad``); with no corrupted prompt, ``a_corrupted = 0``."""
-    from nncanon.proof.checks import site_reference
+    from nncanon.proof.checks.references import site_reference
     from nncanon.tools import attribution_patching, logit_difference
 
     metric = logit_difference(GRADIENT_TOKEN, GRADIENT_TOKEN + 1)

@@ -19,8 +19,11 @@ import torch
 import transformers
 
 from nncanon import InvalidSkip, InvalidWrite, SizeNotAvailable
-from nncanon.proof.checks import CHECKS, CONTRIBUTIONS, GRADIENT_VALUES, HEAD_VALUES, KERNEL_INPUTS, host, served
+from nncanon.proof.checks import CHECKS
+from nncanon.proof.checks.base import GRADIENT_VALUES, HEAD_VALUES, KERNEL_INPUTS
+from nncanon.proof.checks.references import served
 from nncanon.proof.verdict import Verdict
+from nncanon.reading import CONTRIBUTIONS, host
 from nncanon.support import COMPONENTS, LAYER_VALUES
 from nncanon.testing import PROMPTS
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nncanon import DictionaryMismatch, InvalidLayer, InvalidWrite, NestedTrace, UnknownHookName, ValueNotAvailable
-from nncanon.proof.checks import encode, hf_block
+from nncanon.proof.checks.references import encode, hf_block
 from nncanon.sae import Dictionary, attach, attached
 from nncanon.testing import PROMPTS, tiny_model
 

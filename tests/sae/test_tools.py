@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from nncanon import InvalidInput
-from nncanon.proof.checks import encode, hf_block
+from nncanon.proof.checks.references import encode, hf_block
 from nncanon.sae import Dictionary, attach
 from nncanon.sae import collection as collection_module
 from nncanon.sae.collection import collect_activations, load_activations

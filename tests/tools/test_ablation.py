@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from nncanon.errors import InvalidInput, ValueNotAvailable
+from nncanon.reading import head_count
 from nncanon.testing import PROMPTS
 from nncanon.tools import (
     head_ablation_sweep,
@@ -18,7 +19,6 @@ from nncanon.tools import (
     zero_ablate_heads,
     zero_ablate_mlp,
 )
-from nncanon.tools._common import head_count
 
 from .conftest import attention_layers, build
 

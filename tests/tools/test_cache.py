@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from nncanon.reading import CONTRIBUTIONS, EXECUTION_ORDER, read
 from nncanon.testing import PROMPTS
 from nncanon.tools import cache_activations
-from nncanon.tools._common import CONTRIBUTIONS, LAYER_VALUES, read
 
 from .conftest import build
 
@@ -14,7 +14,7 @@ from .conftest import build
 def test_cache_equals_values_read_one_by_one(model):
     cache = cache_activations(model, PROMPTS)
     report = model.support()
-    served = [name for name in LAYER_VALUES if report.layers_with(name)]
+    served = [name for name in EXECUTION_ORDER if report.layers_with(name)]
     assert set(cache) == set(served)
     for name in served:
         for layer in report.layers_with(name):

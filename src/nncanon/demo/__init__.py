@@ -11,6 +11,9 @@ about capitals, landmarks, languages, currencies and rivers) by ``scripts/train_
 Each gives " Paris" most of its probability after "The Eiffel Tower is in the city of", like a real
 model does, so a recipe written for a hub model can be tried here offline first.
 
+``demo_dictionary(name)`` loads a dictionary trained on a demo model's stream by ``scripts/train_demo_sae.py``:
+for ``"gpt2"``, a top-k SAE on ``blocks.2.hook_resid_post`` (an `nncanon.sae.Dictionary`).
+
 Example:
     >>> from nncanon import demo_model
     >>> model = demo_model("llama")
@@ -24,11 +27,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..model import StandardizedTransformer
+from ..sae import Dictionary
+
 #: The demo models ``demo_model`` loads.
 DEMO_MODELS = ("gpt2", "llama", "hybrid")
 
 #: The folder holding the corpus and one subfolder per demo model (weights, config, tokenizer).
 DEMO_DIR = Path(__file__).resolve().parent
+
+#: The demo dictionaries ``demo_dictionary`` loads: the demo model each was trained on, and its folder.
+DEMO_DICTIONARIES = {"gpt2": "gpt2-sae"}
 
 
 def demo_path(name: str) -> Path:
@@ -49,9 +58,26 @@ def demo_model(name: str = "llama", **kwargs: Any) -> Any:
     Raises:
         ValueError: for a name not in ``DEMO_MODELS``.
     """
-    from ..model import StandardizedTransformer
 
     folder = demo_path(name)
     kwargs.setdefault("attn_implementation", "eager")
     kwargs.setdefault("dispatch", True)
     return StandardizedTransformer(str(folder), **kwargs)
+
+
+def demo_dictionary_path(name: str = "gpt2") -> Path:
+    """The folder of demo dictionary ``name`` (a SAELens folder: ``cfg.json``, ``sae_weights.safetensors``, and
+    ``training.json``: how it was trained and its evaluation on held-out sentences)."""
+    if name not in DEMO_DICTIONARIES:
+        raise ValueError(f"unknown demo dictionary {name!r}; choose one of {', '.join(map(repr, DEMO_DICTIONARIES))}")
+    return DEMO_DIR / DEMO_DICTIONARIES[name]
+
+
+def demo_dictionary(name: str = "gpt2") -> Dictionary:
+    """The demo dictionary of ``demo_model(name)``: for ``"gpt2"``, a top-k SAE (256 features, 16 per token) on
+    ``blocks.2.hook_resid_post``, trained by ``scripts/train_demo_sae.py`` (260 KB, shipped with nncanon).
+
+    Raises:
+        ValueError: for a name not in ``DEMO_DICTIONARIES``.
+    """
+    return Dictionary.load(demo_dictionary_path(name))

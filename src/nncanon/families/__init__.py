@@ -12,7 +12,7 @@ from importlib import import_module
 from typing import Any
 
 from ..errors import OutOfScopeModel, UnknownFamilyError
-from ..scope import not_yet_reason, out_of_scope_reason
+from ..scope import NOT_YET, out_of_scope_reason
 from .base import Family, LogitStep
 
 ADDING_A_FAMILY = "docs/adding-a-family.md"
@@ -49,7 +49,7 @@ def family_for(config: Any) -> Family:
             f"nncanon serves decoder-only language models whose blocks add to a residual stream; the "
             f"served types are listed on docs/families.md."
         )
-    if family is None and (reason := not_yet_reason(model_type)) is not None:
+    if family is None and (reason := NOT_YET.get(model_type)) is not None:
         raise UnknownFamilyError(
             f"nncanon does not serve model_type {model_type!r} ({type(config).__name__}) yet: {reason}."
         )

@@ -6,6 +6,7 @@ steps); the load then proves it on a twin like any record (`nncanon.proof.load.p
 only what the twin proves. See docs/inferred-families.md.
 """
 
-from .infer import Declined, InferredFamily, infer_family
+from .declined import Declined
+from .infer import InferredFamily, infer_family
 
 __all__ = ["Declined", "InferredFamily", "infer_family"]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..served import Site
+from .factors import CLOSE
 from .recording import Call, Recording
 from .structure import has_matrix, is_norm
 
@@ -154,7 +155,6 @@ def _norm_before(run: Recording, parent: str, projection: Call) -> Call | None:
 def _shared_expert(run: Recording, mlp: Call, x: torch.Tensor) -> Call | None:
     """The MLP's child named as a shared expert whose output plus another child's (the routed experts')
     is the MLP's output, to `CLOSE`."""
-    from .factors import CLOSE
 
     children = [c for c in run.within(mlp.name) if "." not in c.name[len(mlp.name) + 1:]
                 and _stream_shaped(c.output, x) and c.output is not None]

@@ -19,28 +19,24 @@ from typing import Any
 
 from ..errors import UnknownFamilyError
 from ..families.base import Family
+from ..proof.checks import CHECKS
 from ..proof.ladder import running_twin
-from ..proof.twin import TwinError, model_class_for
+from ..proof.load import mounted_twin
+from ..proof.shrink import TwinError
+from ..proof.twin import model_class_for
+from ..proof.verdict import verify
 from ..served import Site
 from .blocks import BlockParts, block_parts
-from .factors import CLOSE, config_attribute, logit_steps, solve_scales
+from .declined import Declined
+from .factors import CLOSE, config_attribute, logit_steps, numbers_of, solve_scales
 from .layouts import layout_rule
 from .operations import choose_operations
 from .recording import record_run
+from .render import family_source, registry_record
 from .structure import find_skeleton
 
 #: How many rounds of candidates the verifier is asked about per block kind.
 ROUNDS = 4
-
-
-@dataclass(frozen=True)
-class Declined:
-    """The values an inferred record does not serve, with what the inference tried (``declines=``)."""
-
-    reasons: tuple[tuple[str, str], ...]
-
-    def __call__(self, config: Any, layer: int) -> dict:
-        return dict(self.reasons)
 
 
 @dataclass
@@ -63,13 +59,11 @@ class InferredFamily:
 
     def source(self) -> str:
         """The record as the Python a contributor pastes into ``nncanon/families/``."""
-        from .render import family_source
 
         return family_source(self)
 
     def registry_record(self) -> dict:
         """The ``model_registry/`` record of the type, with the twin's config as its tiny variant."""
-        from .render import registry_record
 
         return registry_record(self)
 
@@ -113,7 +107,6 @@ def _head_counts(config: Any, width: int, head_width: int | None = None, hybrid:
     """The config attributes naming a count of output heads that splits ``width`` into heads of two or more
     (of ``head_width`` where a per-head norm shows it). Key heads do not split an output; in a hybrid,
     ``num_attention_heads`` is the softmax attention's where the mixer has a count of its own."""
-    from .factors import numbers_of
 
     found = sorted(name for name, value in numbers_of(config).items()
                    if "head" in name and not any(w in name for w in ("dim", "size", "width", "key"))
@@ -245,9 +238,6 @@ def _has(block: Any, path: str) -> bool:
 
 def _search(twin: Any, skeleton: Any, parts: list[BlockParts], name: str, steps: tuple) -> tuple[Family, dict]:
     """The family whose per-kind candidates the verifier accepts (``read`` and ``identity`` on the twin)."""
-    from ..proof.checks import CHECKS
-    from ..proof.load import _mounted
-    from ..proof.verdict import verify
 
     fits = [_fits(p, twin.config) for p in parts]
     shapes = [p.shape() for p in parts]
@@ -274,7 +264,7 @@ def _search(twin: Any, skeleton: Any, parts: list[BlockParts], name: str, steps:
             fitting, note = fits[j]
             chosen = fitting[position[kind]] if position[kind] < len(fitting) else None
             fields[kind] = _fields(parts[j], chosen, note, twin.config.get_text_config(), hybrid)
-        verdict = verify(_mounted(twin.model, build(fields)), checks)
+        verdict = verify(mounted_twin(twin.model, build(fields)), checks)
         failed = {kinds[r.layer] for r in verdict.failed() if r.check == "identity" and r.layer is not None}
         movable = {k for k in failed if position[k] + 1 < len(fits[first_block[k]][0])}
         if not movable:

@@ -8,6 +8,7 @@ import torch
 
 from ..errors import OutOfScopeModel, UnknownFamilyError
 from ..families import Family, family_for
+from ..proof.load import load_provenance
 from .infer import InferredFamily, causal_lm_class, infer_family
 
 
@@ -53,8 +54,6 @@ def inferred_provenance(model: Any, verify: str, unserved: list | None = None) -
     """Prove an inferred family on a twin of ``model``'s config (always: an inferred record is a guess,
     so ``verify="never"`` still proves it) and apply the proof; the provenance says it was inferred."""
     from dataclasses import replace
-
-    from ..proof.load import load_provenance
 
     # The proof cache keys nncanon's code, not a custom-code model's own: such a model is proved afresh.
     custom = not type(model._module).__module__.startswith("transformers.")

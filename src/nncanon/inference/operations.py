@@ -14,7 +14,11 @@ from typing import Any
 
 import torch
 
+from ..proof.checks import CHECKS
+from ..proof.load import mounted_twin
+from ..proof.verdict import verify
 from ..served import Site
+from .declined import Declined
 
 #: At most this many operations are tried per value.
 TRIES = 8
@@ -55,8 +59,6 @@ def _probability_candidates(model: Any, path: str) -> list[tuple[str, ...]]:
 
 
 def _decline(fields: dict, reasons: dict) -> None:
-    from .infer import Declined
-
     known = dict(fields["declines"].reasons) if fields.get("declines") else {}
     fields["declines"] = Declined(tuple(sorted({**known, **reasons}.items())))
 
@@ -65,12 +67,9 @@ def choose_operations(twin: torch.nn.Module, build: Callable[[dict], Any], field
                       layers_of: dict, tried: dict) -> None:
     """Set, in ``fields`` (kind -> Family fields), each router's logits and each inline attention's
     probabilities at the first operation the verifier accepts; note in ``tried`` what was not found."""
-    from ..proof.checks import CHECKS
-    from ..proof.load import _mounted
-    from ..proof.verdict import verify
 
     by_name = {c.name: c for c in CHECKS}
-    model = _mounted(twin, build(fields))
+    model = mounted_twin(twin, build(fields))
     blocks = model.family.layers
     verdict = verify(model, [by_name["probabilities"]])
     for kind, block in parts.items():
@@ -80,7 +79,7 @@ def choose_operations(twin: torch.nn.Module, build: Callable[[dict], Any], field
             names = _router_candidates(_names(model, f"{where}.{block.router}"))
             for name in names:
                 fields[kind]["router_logits"] = Site(block.router, op=name, flat=block.router_flat)
-                if _held(verify(_mounted(twin, build(fields)), [by_name["routing"]]), "routing", layers):
+                if _held(verify(mounted_twin(twin, build(fields)), [by_name["routing"]]), "routing", layers):
                     break
             else:
                 fields[kind]["router_logits"] = None
@@ -93,7 +92,8 @@ def choose_operations(twin: torch.nn.Module, build: Callable[[dict], Any], field
             names = [" / ".join(path) for path in paths]
             for path in paths:
                 fields[kind]["probabilities"] = path
-                if _held(verify(_mounted(twin, build(fields)), [by_name["probabilities"]]), "probabilities", layers):
+                checked = verify(mounted_twin(twin, build(fields)), [by_name["probabilities"]])
+                if _held(checked, "probabilities", layers):
                     break
             else:
                 fields[kind]["probabilities"] = None

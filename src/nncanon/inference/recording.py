@@ -15,7 +15,7 @@ import torch
 from nnsight.intervention.util import first_input
 from torch.overrides import TorchFunctionMode
 
-from ..testing import PROMPTS, tiny_tokenizer
+from ..proof.prompts import PROMPTS, tiny_tokenizer
 
 _SOFTMAX = {
     torch.softmax, torch.nn.functional.softmax, torch.Tensor.softmax, torch.nn.functional.scaled_dot_product_attention,

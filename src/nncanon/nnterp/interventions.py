@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ..tools.logit_lens import logit_lens as _lens
+from .nnsight_utils import get_token_activations
 
 
 @torch.no_grad()
@@ -196,7 +197,6 @@ def patchscope_generate(
     Returns:
         ``{layer: token ids [num_prompts, target_length + new_tokens]}`` on the CPU.
     """
-    from .nnsight_utils import get_token_activations
 
     if remote:
         raise NotImplementedError("nncanon.nnterp does not run on NDIF (remote=True)")
@@ -227,7 +227,6 @@ def patch_object_attn_lens(
     Returns:
         ``[num_target_prompts, num_layers, vocab]`` on the CPU.
     """
-    from .nnsight_utils import get_token_activations
 
     source_prompts = [source_prompts] if isinstance(source_prompts, str) else source_prompts
     target_prompts = [target_prompts] if isinstance(target_prompts, str) else target_prompts

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from ..families import family_for
+from ..mounted import MountedModel
 from .prompts import tiny_tokenizer
 from .twin import model_class_for, parameter_count, perturb
 from .verdict import Verdict, verify
@@ -30,25 +32,31 @@ class FullSizeRun:
     check_seconds: float
 
 
-def full_size_model(config: Any, seed: int = 0, attn_implementation: str = "eager") -> Any:
-    """A `StandardizedTransformer` over the causal LM of ``config`` at its full size: random weights from
-    ``seed`` (then perturbed), fp32, eval mode, on the CPU, with the proof's tokenizer. Nothing is proved at
-    load (``verify="never"``): `verify` it."""
-    from ..model import StandardizedTransformer
-
+def full_size_model(config: Any, seed: int = 0, attn_implementation: str = "eager") -> MountedModel:
+    """The registered family's surface mounted on the causal LM of ``config`` at its full size: random weights
+    from ``seed`` (then perturbed), fp32, eval mode, on the CPU, with the proof's tokenizer. Nothing is proved:
+    `verify` it."""
     cls = model_class_for(config)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         module = cls._from_config(config, attn_implementation=attn_implementation).float().eval()
         perturb(module)
-    return StandardizedTransformer(module, tokenizer=tiny_tokenizer(), verify="never")
+    return MountedModel(module, family=family_for(config), tokenizer=tiny_tokenizer())
 
 
 def verify_full_size(config: Any, seed: int = 0, attn_implementation: str = "eager") -> FullSizeRun:
-    """Build `full_size_model` of ``config`` and run every check on it."""
+    """Build `full_size_model` of ``config`` and run every check on it, on one torch thread as the load-time
+    proof runs: the bit-for-bit checks compare two forwards, which agree bit for bit only where the kernels
+    sum in the same order both times (a multi-threaded BLAS on a busy machine can pick another thread count
+    for the second, and round differently)."""
     start = time.perf_counter()
-    model = full_size_model(config, seed, attn_implementation)
-    built = time.perf_counter()
-    verdict = verify(model)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = full_size_model(config, seed, attn_implementation)
+        built = time.perf_counter()
+        verdict = verify(model)
+    finally:
+        torch.set_num_threads(threads)
     return FullSizeRun(verdict, parameter_count(model._module), round(built - start, 2),
                        round(time.perf_counter() - built, 2))

@@ -2,7 +2,7 @@
 
 A twin is built step by step, each step tried only when the one before it failed:
 
-1. **the table's sizes** (`nncanon.proof.twin.RULES`): every width, head count, expert count and window
+1. **the table's sizes** (`nncanon.proof.shrink.RULES`): every width, head count, expert count and window
    shrunk to the table's targets, the smallest twin (about 0.1-1M parameters);
 2. **every width ÷ F, counts kept**, for F from the largest power of two that takes the stream to 64 wide
    (`widest_factor`: 64 for a 4096-wide model) down to 2, halving: every width of the table divided by one
@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from .prompts import PROMPTS, tiny_tokenizer
-from .twin import TABLE, Shrink, Twin, TwinError, TwinTooLarge, build_twin, model_class_for, widest_factor
+from .shrink import TABLE, Shrink, TwinError, widest_factor
+from .twin import Twin, TwinTooLarge, build_twin, model_class_for
 
 #: No step builds a twin of more parameters than this (400 MB of fp32 weights; the checks hold a few copies).
 MAX_PARAMETERS = 100_000_000

@@ -13,312 +13,27 @@ loaded on meta, sharded with ``device_map``, or run remotely.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
-import os
-import pickle
 import time
-import types
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..components.kernel import RECOMPUTED
+from ..mounted import MountedModel
+from ..mounting import decline, decline_gradient
+from ..support import COMPONENTS, LAYER_VALUES, layer_states, value_reason
+from .cache import Proof, cache_key, config_digest, current_versions, read_cached, write_cached
+from .checks.base import GRADIENT_VALUES
 from .ladder import running_twin
-from .twin import TwinError, _shrink_sizes
+from .prompts import tiny_tokenizer
+from .shrink import TwinError
 from .verdict import Verdict, verify
 
 #: What ``verify=`` takes.
 VERIFY_MODES = ("auto", "always", "never")
-#: The layout of a cache file; another layout is ignored and rewritten.
-SCHEMA = 2
-#: Config entries that do not change what a model computes.
-_VOLATILE = {
-    "transformers_version", "_name_or_path", "architectures", "dtype", "torch_dtype", "use_cache",
-    "output_hidden_states", "output_attentions", "return_dict", "id2label", "label2id", "tokenizer_class",
-    "_commit_hash", "problem_type", "_attn_implementation_autoset", "auto_map", "chunk_size_feed_forward",
-}
-
-
-def cache_dir() -> Path:
-    """Where proofs are kept: ``$NNCANON_CACHE/proofs``, default ``~/.cache/nncanon/proofs``."""
-    return Path(_cache_folder())
-
-
-def _cache_folder() -> str:
-    """`cache_dir` as a string, kept by the environment it is made from (a cached load builds no path)."""
-    environment = (os.environ.get("NNCANON_CACHE"), os.environ.get("HOME"))
-    folder = _FOLDERS.get(environment)
-    if folder is None:
-        root = environment[0] or Path.home() / ".cache" / "nncanon"
-        folder = _FOLDERS[environment] = str(Path(root) / "proofs")
-    return folder
-
-
-#: `_cache_folder` by ``($NNCANON_CACHE, $HOME)``.
-_FOLDERS: dict[tuple[str | None, str | None], str] = {}
-
-
-@cache
-def code_digest() -> str:
-    """A digest of nncanon's own source: a proof made by other code is not reused."""
-    digest = hashlib.sha256()
-    package = Path(__file__).resolve().parents[1]
-    for path in sorted(package.rglob("*.py")):
-        digest.update(path.relative_to(package).as_posix().encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def _versions() -> dict[str, str]:
-    import transformers
-
-    from .. import __version__
-
-    parts = (__version__, transformers.__version__, torch.__version__)
-    versions = _VERSIONS.get(parts)
-    if versions is None:
-        versions = _VERSIONS[parts] = {"nncanon": __version__, "code": code_digest(),
-                                       "transformers": transformers.__version__, "torch": torch.__version__}
-    return dict(versions)
-
-
-#: `_versions` by the version strings (the code digest is the same for the whole process).
-_VERSIONS: dict[tuple[str, str, str], dict[str, str]] = {}
-
-
-def _plain(values: Any) -> Any:
-    if isinstance(values, dict):
-        return {k: _plain(v) for k, v in sorted(values.items()) if k not in _VOLATILE}
-    if isinstance(values, (list, tuple)):
-        return [_plain(v) for v in values]
-    return values
-
-
-def _stable(value: Any) -> Any:
-    """``value`` as plain data that is the same in every process: functions by name and code."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return [type(value).__qualname__] + [[f.name, _stable(getattr(value, f.name))]
-                                             for f in dataclasses.fields(value)]
-    if isinstance(value, dict):
-        return sorted([str(k), _stable(v)] for k, v in value.items())
-    if isinstance(value, (list, tuple, set, frozenset)):
-        items = [_stable(v) for v in value]
-        return sorted(items, key=repr) if isinstance(value, (set, frozenset)) else items
-    if isinstance(value, types.CodeType):
-        return [value.co_code.hex(), [_stable(c) for c in value.co_consts], list(value.co_names)]
-    if isinstance(value, types.FunctionType):
-        return [value.__module__, value.__qualname__, _stable(value.__code__)]
-    if callable(value):
-        return [getattr(value, "__module__", ""), getattr(value, "__qualname__", repr(type(value)))]
-    return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
-
-
-def record_digest(family: Any) -> str:
-    """A digest of the family record itself: a record changed at run time (or a family passed as
-    ``family=``) is proved again rather than read from a proof of another record."""
-    return _digest_of(family)
-
-
-#: Digests of immutable objects (frozen records, the checks' tuple), by identity; the object is kept
-#: with its digest so that its id is never reused by another.
-_DIGESTS: dict[int, tuple[Any, str]] = {}
-
-
-def _digest_of(value: Any) -> str:
-    known = _DIGESTS.get(id(value))
-    if known is None or known[0] is not value:
-        known = _DIGESTS[id(value)] = (value, hashlib.sha256(json.dumps(_stable(value), default=str).encode())
-                                       .hexdigest()[:16])
-    return known[1]
-
-
-def fingerprint(config: Any, family: Any, model_class: type) -> str:
-    """The structural fingerprint of ``config``: its entries with the twin's sizes, the family record
-    and the class.
-
-    Kept in memory by the config's whole state (`config_state`): a config changed in any way since,
-    a nested one included, is fingerprinted again.
-    """
-    state = config_state(config)
-    memo = None if state is None else (state, record_digest(family), model_class)
-    known = _FINGERPRINTS.get(memo) if memo is not None else None
-    if known is None:
-        known = _fingerprint(config, family, model_class)
-        if memo is not None:
-            _FINGERPRINTS[memo] = known
-            while len(_FINGERPRINTS) > _KEEP:
-                del _FINGERPRINTS[next(iter(_FINGERPRINTS))]
-    return known
-
-
-#: Fingerprints computed in this process, by `config_state`, record digest and class (the latest `_KEEP`).
-_FINGERPRINTS: dict[tuple[bytes, str, type], str] = {}
-_KEEP = 256
-
-
-def config_state(config: Any) -> bytes | None:
-    """All of ``config``'s state as bytes: its class and its attributes, nested configs and every list,
-    dict and value in them (a pickle, ~10x cheaper than ``to_dict``), or ``None`` where it cannot be
-    taken exactly (a config class from outside transformers, which may serialize itself its own way;
-    an attribute that does not pickle).
-
-    Equal bytes mean equal ``to_dict()``: transformers' ``to_dict`` is a function of the class and the
-    attributes only. The pickle tells apart what compares equal but serializes differently (``1``,
-    ``1.0`` and ``True``; ``0.0`` and ``-0.0``).
-    """
-    if not type(config).__module__.startswith("transformers."):
-        return None
-    try:
-        return pickle.dumps((type(config), config.__dict__), protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:  # an attribute pickle cannot take: no memo, the fingerprint is computed each time
-        return None
-
-
-def _fingerprint(config: Any, family: Any, model_class: type) -> str:
-    values = config.to_dict()
-    _shrink_sizes(values, "", [])
-    text = json.dumps(_plain(values), sort_keys=True, default=str)
-    head = f"{family.name}|{record_digest(family)}|{model_class.__qualname__}"
-    return hashlib.sha256(f"{head}|{text}".encode()).hexdigest()[:24]
-
-
-@dataclass
-class Proof:
-    """The proof of one config.
-
-    Attributes:
-        key: Its cache key.
-        versions: nncanon, its code digest, transformers and torch it was made with.
-        family: The family's name.
-        created: When it was made (UTC, ISO format).
-        seconds: How long the twin and the checks took.
-        layer_map: For each block of the original, the twin block whose checks prove it (``None``:
-            the twin has no block of its kind).
-        twin_layers: The original block each twin block stands for.
-        verdict: The checks' results on the twin.
-        changes: Every attribute the twin changed, ``[path, old, new, rule]``.
-        twin: Which twin it ran on (`nncanon.proof.ladder.TwinRun.to_dict`: the step of the ladder, its
-            sizes, the steps before it and why each was not taken), and ``config``: a digest of the config,
-            for a twin of a later step (such a proof stands for that config alone).
-        no_twin: Where no twin runs, the one reason every value is declined (the verdict is then empty).
-        from_cache: Whether it was read from the cache rather than made now.
-    """
-
-    key: str
-    versions: dict[str, str]
-    family: str
-    created: str
-    seconds: float
-    layer_map: list[int | None]
-    twin_layers: list[int]
-    verdict: Verdict
-    changes: list[list[Any]] = field(default_factory=list)
-    twin: dict = field(default_factory=dict)
-    no_twin: str | None = None
-    from_cache: bool = False
-    _unproved: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-
-    def describe(self) -> str:
-        """``proved on a twin of this config (transformers 5.24.0, 2026-12-01 08:12 UTC; step 1 of the ladder
-        (the table's sizes): 64 wide, 4 heads of 16, 2 of 32 blocks, vocabulary 320, 0.1M parameters)``, or why
-        nothing was proved."""
-        when = self.created.replace("T", " ")[:16] + " UTC"
-        if self.no_twin is not None:
-            return f"declined: the proof could not run on any twin: {self.no_twin} (transformers " \
-                   f"{self.versions['transformers']}, {when})"
-        twin = f"; {self.twin['described']}" if self.twin.get("described") else ""
-        return f"proved on a twin of this config (transformers {self.versions['transformers']}, {when}{twin})"
-
-    def to_dict(self) -> dict:
-        return {
-            "schema": SCHEMA, "key": self.key, "versions": self.versions, "family": self.family,
-            "created": self.created, "seconds": self.seconds, "layer_map": self.layer_map,
-            "twin_layers": self.twin_layers, "changes": self.changes, "twin": self.twin, "no_twin": self.no_twin,
-            "results": self.verdict.to_list(),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Proof:
-        no_twin = data.get("no_twin")
-        if no_twin is not None and not isinstance(no_twin, str):
-            raise TypeError("no_twin is not a reason")
-        return cls(
-            data["key"], dict(data["versions"]), data["family"], data["created"], float(data["seconds"]),
-            list(data["layer_map"]), list(data["twin_layers"]), Verdict.from_list(data["results"]),
-            list(data.get("changes", [])), dict(data.get("twin") or {}), no_twin, from_cache=True,
-        )
-
-    def stands_for(self, config: Any) -> bool:
-        """Whether this proof proves ``config``: a proof on the table's twin proves every config of that
-        twin (the cache key says which); one on a later step's twin, or one that found no twin, was made
-        for one config (``twin["config"]``)."""
-        if self.no_twin is None and self.twin.get("step", 1) == 1:
-            return True
-        return self.twin.get("config") == config_digest(config)
-
-
-def config_digest(config: Any) -> str:
-    """A digest of all of ``config`` that changes what it computes (its sizes included)."""
-    text = json.dumps(_plain(config.to_dict()), sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
-
-
-def cache_key(config: Any, family: Any, model_class: type) -> str:
-    """The cache key of a proof of ``config``: the versions, the checks run, the family record, the class
-    and the fingerprint."""
-    from . import verdict
-
-    versions = _versions()
-    parts = (tuple(versions.values()), _digest_of(verdict.CHECKS), fingerprint(config, family, model_class))
-    key = _KEYS.get(parts)
-    if key is None:
-        text = f"{json.dumps(versions, sort_keys=True)}|{parts[1]}|{parts[2]}"
-        key = _KEYS[parts] = hashlib.sha256(text.encode()).hexdigest()[:32]
-    return key
-
-
-#: Cache keys by what they are made of (a few short strings each).
-_KEYS: dict[tuple, str] = {}
-
-
-def read_cached(key: str, config: Any = None) -> Proof | None:
-    """The cached proof under ``key``, or ``None`` (none there, unreadable, corrupt, made by other
-    versions, or, given ``config``, made for another config: never a stale proof)."""
-    path = os.path.join(_cache_folder(), f"{key}.json")
-    try:
-        stat = os.stat(path)
-        stamp = (path, stat.st_mtime_ns, stat.st_size)
-        proof = _READ.get(stamp)
-        if proof is None:
-            data = json.loads(Path(path).read_text())
-            if data.get("schema") != SCHEMA or data.get("key") != key or data.get("versions") != _versions():
-                return None
-            proof = _READ[stamp] = Proof.from_dict(data)
-        return proof if config is None or proof.stands_for(config) else None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-
-
-#: Proofs read in this process, by file and its modification stamp (a file written since is read again).
-_READ: dict[tuple[str, int, int], Proof] = {}
-
-
-def write_cached(proof: Proof) -> None:
-    """Store ``proof`` (atomically; an unwritable cache only costs a proof at the next load)."""
-    directory = cache_dir()
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        temporary = directory / f".{proof.key}.{os.getpid()}.tmp"
-        temporary.write_text(json.dumps(proof.to_dict(), indent=1, default=str))
-        os.replace(temporary, directory / f"{proof.key}.json")
-    except OSError as error:
-        warnings.warn(f"nncanon could not write its proof cache at {directory}: {error}", stacklevel=3)
 
 
 def prove(config: Any, family: Any, model_class: type, mode: str = "auto") -> Proof:
@@ -336,13 +51,13 @@ def prove(config: Any, family: Any, model_class: type, mode: str = "auto") -> Pr
     torch.set_num_threads(1)  # a twin's matrices are small: one thread is fastest, and spares the user's
     try:
         run = running_twin(config, model_class=model_class, blocks=family.layers)
-        verdict = verify(_mounted(run.twin.model, family))
+        verdict = verify(mounted_twin(run.twin.model, family))
     except TwinError as error:  # (NoTwinRuns, or a config with no causal LM or no list of blocks)
         run, verdict = None, Verdict([])
         no_twin = str(error)
     finally:
         torch.set_num_threads(threads)
-    made = {"key": key, "versions": _versions(), "family": family.name,
+    made = {"key": key, "versions": current_versions(), "family": family.name,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "seconds": round(time.perf_counter() - start, 3)}
     if run is None:
@@ -360,14 +75,11 @@ def prove(config: Any, family: Any, model_class: type, mode: str = "auto") -> Pr
     return proof
 
 
-def _mounted(module: torch.nn.Module, family: Any) -> Any:
-    from ..model import StandardizedTransformer
-    from .prompts import tiny_tokenizer
-
-    return StandardizedTransformer(module, tokenizer=tiny_tokenizer(), verify="never", family=family)
+def mounted_twin(module: torch.nn.Module, family: Any) -> MountedModel:
+    """``family``'s surface mounted on a twin ``module``, with the proof's tokenizer: what the checks run on."""
+    return MountedModel(module, family=family, tokenizer=tiny_tokenizer())
 
 
-__all__ = ["VERIFY_MODES", "Proof", "TwinError", "cache_dir", "cache_key", "fingerprint", "prove", "read_cached"]
 
 
 @dataclass(frozen=True)
@@ -389,9 +101,6 @@ def apply_proof(model: Any, proof: Proof, unserved: list[frozenset[str] | None] 
     worked out once per proof (`_unproved`); a load then looks up only those values on its blocks, less
     those ``unserved`` (what `nncanon.mounting.mount` returns) says the block's layout has not at all.
     """
-    from ..components.kernel import RECOMPUTED
-    from ..mounting import decline, decline_gradient
-    from ..support import layer_states, value_reason
 
     for index, layer in enumerate(model.layers):
         twin = proof.layer_map[index] if index < len(proof.layer_map) else None
@@ -428,7 +137,6 @@ def _declined_recomputed(layer: Any) -> bool:
     state = getattr(attention, "__dict__", {}).get("_nncanon") if attention is not None else None
     if state is None:
         return False
-    from ..components.kernel import RECOMPUTED
 
     return isinstance(state.reasons.get(RECOMPUTED), str)
 
@@ -440,8 +148,6 @@ def _unproved(proof: Proof, twin: int | str | None) -> list[tuple[str, str | Non
     once per proof and block (a cached proof is one object per file, see `read_cached`)."""
     known = proof._unproved.get(twin)
     if known is None:
-        from ..support import COMPONENTS, LAYER_VALUES
-        from .checks import GRADIENT_VALUES
 
         known = []
         if twin == "model":
@@ -457,7 +163,6 @@ def _unproved(proof: Proof, twin: int | str | None) -> list[tuple[str, str | Non
             elif value in GRADIENT_VALUES and (reason := _not_proved(proof, twin, value, None, gradient=True)):
                 known.append((value, reason, True))
         if twin != "model":  # probabilities recomputed where the model runs sdpa
-            from ..components.kernel import RECOMPUTED
 
             reason = None if twin is None else _not_proved(proof, twin, RECOMPUTED, None)
             if twin is None or reason is not None:

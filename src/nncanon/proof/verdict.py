@@ -6,7 +6,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .checks import CHECKS, Check, CheckResult, raised, shared_copies
+from .checks import CHECKS
+from .checks.base import Check, CheckResult, raised
+from .checks.references import shared_copies
 
 
 class _Doubts:

@@ -9,11 +9,12 @@
 - ``tools``: ablate and steer features, feature attribution, top-activating contexts; ``evaluation``: the standard
   evaluation; ``collection``: activations over a corpus for training dictionaries.
 
+The demo dictionary is ``nncanon.demo_dictionary()`` (``nncanon.demo``: the entry points load it).
+
 See ``docs/dictionaries.md`` and ``docs/hook-names.md``.
 """
 
 from .config import ARCHITECTURES, NORMALIZATIONS, DictionaryConfig, read_config
-from .demo import demo_dictionary
 from .dictionary import Dictionary
 from .names import DERIVED, TRANSFORMER_LENS, Point, resolve
 from .sites import value_at
@@ -30,7 +31,6 @@ __all__ = [
     "Point",
     "attach",
     "attached",
-    "demo_dictionary",
     "read_config",
     "resolve",
     "value_at",

@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
 
 from ..errors import InvalidInput
 from .names import Point, resolve
@@ -187,8 +189,6 @@ def _batch(model: Any, point: Point, chunk: list[str], start: int, max_length: i
 
 
 def _flush(path: Path, manifest: dict, buffer: list, first: int, end: int) -> None:
-    from safetensors.torch import save_file
-
     activations = torch.cat([rows for rows, _, _ in buffer])
     index = len(manifest["shards"])
     name = f"activations-{index:05d}.safetensors"
@@ -202,17 +202,11 @@ def _flush(path: Path, manifest: dict, buffer: list, first: int, end: int) -> No
 def _bar(total: int, done: int, progress: bool) -> Any:
     if not progress:
         return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover - tqdm comes with transformers
-        return None
     return tqdm(total=total, initial=done, unit="text", desc="collecting activations")
 
 
 def iterate_activations(folder: str | os.PathLike, batch_rows: int | None = None) -> Iterator[torch.Tensor]:
     """The rows of a collection, shard by shard (``batch_rows``: in batches of that many rows), in corpus order."""
-    from safetensors.torch import load_file
-
     path = Path(folder)
     manifest = json.loads((path / MANIFEST).read_text())
     for shard in manifest["shards"]:

@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
 from ..errors import InvalidDictionary
 from .config import ARCHITECTURES, DictionaryConfig, dtype_of, read_config
@@ -199,8 +201,6 @@ class Dictionary:
 
     def save(self, folder: str | os.PathLike) -> Path:
         """Write the dictionary as a SAELens folder (``cfg.json``, ``sae_weights.safetensors``, 6.x layout)."""
-        from safetensors.torch import save_file
-
         path = Path(folder)
         path.mkdir(parents=True, exist_ok=True)
         cfg = self.cfg
@@ -425,9 +425,6 @@ def _default_name(cfg: DictionaryConfig) -> str:
 
 def _read_weights(path: Path, device: Any) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file; a truncated or foreign file is `InvalidDictionary` naming it."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     try:
         return load_file(str(path), device=str(device))
     except (SafetensorError, OSError, ValueError, RuntimeError) as error:

@@ -36,8 +36,8 @@ import torch
 
 from ..components.layer import layer_index
 from ..errors import NestedTrace, UnknownHookName, ValueNotAvailable
-from ..support import COMPONENT_OF
-from ..tools._common import in_execution_order, read
+from ..reading import in_execution_order, read
+from ..support import COMPONENT_OF, layer_states
 
 #: Values of a point besides the standard ones: the stream between a block's token mixer and its MLP, and the
 #: MLP module's input.
@@ -226,8 +226,6 @@ def _module_path(model: Any, name: str, head: int | None) -> Point | None:
     layer = layer_index(int(index), model.num_layers, f"{name} (model.layers)")
     if not rest:
         return Point(layer, "layer_output", head, name)
-    from ..support import layer_states
-
     block = model.layers[layer]
     for state in layer_states(block).values():
         if state is None:

@@ -20,9 +20,9 @@ from nnsight.intervention.eproperty import WriteBack
 from nnsight.intervention.interleaver import Mediator
 
 from ..gradients import first_read_in_backward, in_backward
+from ..reading import host
 from ..served import Binding, Site, read_site
-from ..tools._common import host
-from .names import Point, mixers
+from .names import Point, mixers, resolve
 
 
 @dataclass
@@ -61,20 +61,20 @@ class PointRead:
     def shift(self, delta: torch.Tensor) -> Any:
         """The raw value to hand the model so that the point's value moves by ``delta`` (``x``'s shape)."""
         if self._mid:
-            return self._write(self._view + delta)
+            return self._handed(self._view + delta)
         return self.apply(self.x + delta)
 
     def apply(self, new: torch.Tensor) -> Any:
         """The raw value to hand the model so that the point's value becomes ``new`` (``x``'s shape, dtype, device)."""
         if self._mid:
-            return self._write(self._view + (new - self.x))
+            return self._handed(self._view + (new - self.x))
         if self._head is not None:
             whole = self._view.clone()
             whole[..., self._head, :] = new
             new = whole
-        return self._write(new)
+        return self._handed(new)
 
-    def _write(self, view: torch.Tensor) -> Any:
+    def _handed(self, view: torch.Tensor) -> Any:
         self._after = view
         return self._binding.write_back(view, self._raw, self.mediator, self.graph)
 
@@ -186,8 +186,6 @@ def value_at(model: Any, name: str | Point, head: int | None = None) -> torch.Te
     A name whose answer needs a probe of the model (``hook_resid_mid``, ``hook_mlp_in``) is resolved before the
     trace: pass the `Point` of ``resolve(model, name)``.
     """
-    from .names import resolve
-
     point = name if isinstance(name, Point) else resolve(model, name, head)
     read = open_point(model, point)
     held = _Held(read)

@@ -30,6 +30,8 @@ from nnsight.intervention.interleaver import Mediator, OutOfOrderError
 
 from ..errors import DictionaryMismatch, InvalidInput, InvalidWrite, NestedTrace
 from ..gradients import mark
+from ..model import StandardizedTransformer
+from ..reading import in_execution_order, read
 from ..served import check_write
 from .dictionary import Dictionary, Normalization
 from .names import Point, resolve
@@ -180,9 +182,9 @@ class AttachedDictionary:
         if isinstance(visit, _Visit) and visit.owner.key == self.key and \
                 waiting.occurrence == mediator.wanted(waiting.location):
             return visit
-        return self._open(whole=False)
+        return self._start(whole=False)
 
-    def _open(self, whole: bool) -> _Visit:
+    def _start(self, whole: bool) -> _Visit:
         """Read the point(s) and encode; leave the splice as the worker's pending write-back."""
         label = f"{self.label}.features"
         if self.point_out != self.point:
@@ -318,7 +320,7 @@ def _replace_every_visit(attachment: AttachedDictionary) -> None:
     while True:
         mediator.iteration = step
         try:
-            attachment._open(whole=True)
+            attachment._start(whole=True)
         except OutOfOrderError:  # the run is over (or never reached the point): the edit ends here
             return
         step += 1
@@ -354,8 +356,6 @@ def attach(model: Any, dictionary: Dictionary, hook_name: str | Point | None = N
         DictionaryMismatch: before any forward: the dictionary's input (output) width is not the point's, its dtype
             is not the model's, its head is outside the point's heads, or the point is not one a dictionary reads.
     """
-    from ..model import StandardizedTransformer
-
     if not isinstance(model, StandardizedTransformer):
         raise InvalidInput(f"attach takes a StandardizedTransformer, not a {type(model).__name__}")
     if not isinstance(dictionary, Dictionary):
@@ -421,8 +421,6 @@ def point_shape(model: Any, point: Point) -> tuple[tuple[int, ...], torch.dtype,
 
 
 def _all_shapes(model: Any) -> dict:
-    from ..tools._common import in_execution_order, read
-
     report = model.support()
     plan = []
     for layer in range(model.num_layers):

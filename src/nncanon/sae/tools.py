@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from ..errors import GradientNotAvailable, InvalidInput
-from ..tools._common import Positions, check_indices, checked_positions, prompt_list
+from ..inputs import prompt_list
+from ..tools._common import Positions, check_indices, checked_positions
 from .splice import AttachedDictionary, execution_rank
 
 

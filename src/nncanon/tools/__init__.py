@@ -7,7 +7,6 @@ One small module per tool:
 - `steering`: add ``factor · vector`` to the stream at chosen layers and positions.
 - `patching`: activation patching, one patch or batched sweeps over layers, positions and heads.
 - `ablation`: zero and mean ablation of heads, attention, MLPs and blocks; a sweep over every head.
-- `resume`: sweeps that run the blocks before a layer once and resume there.
 - `heads`: each head's contribution through its slice of the output projection.
 - `attribution`: direct logit attribution of heads and sublayers.
 - `attribution_patching`: the first-order estimate of patching every head and sublayer, in one backward.
@@ -16,7 +15,8 @@ One small module per tool:
 See ``docs/tools.md`` for a runnable example of each.
 """
 
-from ._common import head_count
+from ..reading import head_count
+from ..resuming import next_token_only, resume_at, streams_entering
 from .ablation import (
     head_ablation_sweep,
     mean_ablate,
@@ -35,7 +35,6 @@ from .heads import attention_head_contributions, head_norm, output_projection, p
 from .logit_lens import lens_top_tokens, logit_lens, plot_logit_lens
 from .patching import activation_patching, clean_values, last_token_logits, logit_difference, patch, run_metric
 from .patchscope import IDENTITY_TARGET, patchscope, patchscope_generate, source_states
-from .resume import next_token_only, resume_at, streams_entering
 from .steering import steer
 
 __all__ = [

@@ -20,20 +20,10 @@ from typing import Any
 import torch
 
 from ..errors import InvalidInput
-from ._common import (
-    Positions,
-    _as_index,
-    check_indices,
-    check_value,
-    checked_positions,
-    head_count,
-    host,
-    none_serves,
-    one_prompts,
-    prompt_list,
-    serving,
-)
-from .resume import next_token_only, resume_at, streams_entering
+from ..inputs import prompt_list
+from ..reading import check_value, head_count, host
+from ..resuming import next_token_only, resume_at, streams_entering
+from ._common import Positions, _as_index, check_indices, checked_positions, none_serves, one_prompts, serving
 
 #: The values these helpers ablate.
 ABLATABLE = (

@@ -41,7 +41,8 @@ from typing import Any
 import torch
 
 from ..errors import ValueNotAvailable
-from ._common import CONTRIBUTIONS, in_execution_order, prompt_list, read
+from ..inputs import prompt_list
+from ..reading import CONTRIBUTIONS, in_execution_order, read
 from .heads import projection_input, projection_path, projection_weights
 
 

@@ -26,8 +26,10 @@ from typing import Any
 import torch
 
 from ..errors import GradientNotAvailable, InvalidInput
-from ._common import check_pair, in_execution_order, none_serves, prompt_list, read
-from .resume import next_token_only as next_token_kwargs
+from ..inputs import prompt_list
+from ..reading import in_execution_order, read
+from ..resuming import next_token_only as next_token_kwargs
+from ._common import check_pair, none_serves
 
 #: What `attribution_patching` can estimate: each head, the block's token mixer, its MLP.
 OVER = ("heads", "attention", "mlp")

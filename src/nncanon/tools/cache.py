@@ -7,7 +7,9 @@ from typing import Any
 
 import torch
 
-from ._common import LAYER_VALUES, in_execution_order, layer_list, prompt_list, read
+from ..inputs import prompt_list
+from ..reading import EXECUTION_ORDER, in_execution_order, read
+from ._common import layer_list
 
 
 class ActivationCache(Mapping):
@@ -54,7 +56,7 @@ def cache_activations(
     Args:
         model: A `StandardizedTransformer`.
         prompts: One prompt or a batch (left-padded).
-        values: A standard name, or the names, to keep (default: all of them, `LAYER_VALUES`: ``layer_input``, the
+        values: A standard name, or the names, to keep (default: all of them, `EXECUTION_ORDER`: ``layer_input``, the
             attention's, a hybrid mixer's, the MLP's and a mixture of experts' values, ``layer_output``).
         layers: The layers (default: all).
 
@@ -63,11 +65,11 @@ def cache_activations(
         probabilities of DiffLlama, whose two softmaxes are not one head's pattern) is skipped and its reason kept in
         ``cache.declined``.
     """
-    names = list(LAYER_VALUES) if values is None else [values] if isinstance(values, str) else list(values)
+    names = list(EXECUTION_ORDER) if values is None else [values] if isinstance(values, str) else list(values)
     for name in names:
-        if name not in LAYER_VALUES:
-            raise KeyError(f"{name!r} is not a standard layer value: {', '.join(LAYER_VALUES)}")
-    ordered = [name for name in LAYER_VALUES if name in names]  # execution order within a block
+        if name not in EXECUTION_ORDER:
+            raise KeyError(f"{name!r} is not a standard layer value: {', '.join(EXECUTION_ORDER)}")
+    ordered = [name for name in EXECUTION_ORDER if name in names]  # execution order within a block
     indices = sorted(set(layer_list(model, layers)))
     report = model.support()
     declined: dict[tuple[str, int], str] = {}

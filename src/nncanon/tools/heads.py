@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from ..errors import ValueNotAvailable
-from ._common import head_count
+from ..reading import head_count
 
 
 def projection_path(model: Any, layer: int) -> str:

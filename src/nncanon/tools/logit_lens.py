@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from ..errors import InvalidInput
-from ._common import Positions, index_positions, layer_list, prompt_list
+from ..inputs import prompt_list
+from ._common import Positions, index_positions, layer_list
 
 
 def logit_lens(

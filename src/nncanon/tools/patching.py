@@ -9,23 +9,21 @@ from typing import Any
 import torch
 
 from ..errors import InvalidInput
+from ..inputs import prompt_list
+from ..reading import check_value, host, require
+from ..resuming import resume_at, streams_entering
 from ._common import (
     Positions,
     _as_index,
     check_indices,
     check_pair,
-    check_value,
     checked_positions,
-    host,
     layer_list,
     none_serves,
     one_prompts,
-    prompt_list,
-    require,
     serving,
     token_count,
 )
-from .resume import resume_at, streams_entering
 
 #: The values activation patching writes.
 PATCHABLE = (
@@ -157,7 +155,7 @@ def activation_patching(
     then every ``batch_size`` items run as the invokes of one trace (a patch in one invoke touches
     its own rows only), so a sweep of ``n`` items costs ``1 + ceil(n / batch_size)`` forwards, less
     the blocks before each trace's first layer: the corrupted run's are the same for all its items,
-    so they run once (`nncanon.tools.resume`) and each trace resumes at its first layer.
+    so they run once (`nncanon.resuming`) and each trace resumes at its first layer.
 
     Args:
         model: A `StandardizedTransformer`.

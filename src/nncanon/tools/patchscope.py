@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from ._common import checked_positions, layer_list, prompt_list
+from ..inputs import prompt_list
+from ._common import checked_positions, layer_list
 
 #: The target of the Patchscopes paper's next-token "identity" inspection: the model repeats a word.
 IDENTITY_TARGET = "cat -> cat\n1135 -> 1135\nhello -> hello\n?"

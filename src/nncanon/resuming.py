@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ._common import prompt_list
+from .inputs import prompt_list
 
 
 def streams_entering(model: Any, prompts: str | Sequence[str], layers: Sequence[int]) -> dict[int, torch.Tensor]:

@@ -16,7 +16,14 @@ from typing import Any
 
 import torch
 
-from ..support import COMPONENTS, LAYER_VALUES
+from .families import REGISTRY, registered_model_types
+from .inference.infer import infer_family
+from .model import StandardizedTransformer
+from .proof.prompts import PROMPTS, tiny_tokenizer
+from .proof.variants import tiny_hf_model
+from .reading import in_execution_order, read
+from .registry import records, variants
+from .support import COMPONENTS, LAYER_VALUES
 
 #: The kinds of model types the measures are given for.
 DENSE, MIXED = "dense", "MoE/hybrid"
@@ -50,8 +57,6 @@ def kind_of(family: Any) -> str:
 
 def _values(model: Any) -> dict[str, torch.Tensor | Exception]:
     """Every value ``model`` serves, read on the first proof prompt: ``"layers[i].name"`` -> tensor."""
-    from ..testing import PROMPTS
-    from ..tools._common import in_execution_order, read
 
     report = model.support()
     out: dict[str, Any] = {}
@@ -80,11 +85,6 @@ def _values(model: Any) -> dict[str, torch.Tensor | Exception]:
 
 def compare(model_type: str) -> Row:
     """Leave-one-out for ``model_type`` on its first registry variant."""
-    from ..families import REGISTRY
-    from ..model import StandardizedTransformer
-    from ..registry import variants
-    from ..testing import tiny_hf_model, tiny_tokenizer
-    from .infer import infer_family
 
     spec = next(v for v in variants() if v.model_type == model_type)
     row = Row(model_type, spec.name, kind_of(REGISTRY[model_type]))
@@ -118,8 +118,6 @@ def compare(model_type: str) -> Row:
 
 def leave_one_out(model_types: list[str] | None = None, progress: bool = False) -> list[Row]:
     """`compare` every registered model type (or those given), in name order."""
-    from ..families import registered_model_types
-    from ..registry import records
 
     types = [t for t in (model_types or registered_model_types()) if t in records()]
     rows = []

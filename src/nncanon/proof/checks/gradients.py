@@ -1,0 +1,165 @@
+"""Gradients (`Check.gradient`): they prove ``value.grad`` apart from the value.
+
+- ``gradients``: ``value.grad`` of every served value, inside ``with logit.backward():``, equals the gradient
+  plain PyTorch computes at the value's site (tensor hooks, ``torch.autograd.grad``).
+- ``gradient_writes``: ``value.grad = 0`` equals the plain model with the value's site detached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from nnsight.intervention.util import first_input
+
+from ...errors import GradientNotAvailable
+from ...reading import host
+from ...served import _pick, _put
+from ..prompts import PROMPTS
+from .base import (
+    GRADIENT_ABSOLUTE,
+    GRADIENT_TOLERANCE,
+    GRADIENT_VALUES,
+    KERNEL_INPUTS,
+    NO_CACHE,
+    CheckResult,
+    compare,
+    guarded,
+)
+from .gradient_references import gradient_inputs, gradient_references, gradient_target, gradients_at
+from .references import kernel_copies, served, site_module, stream_as_served
+
+
+def served_gradients(model: Any, names: dict[int, Sequence[str]]) -> dict[tuple[int, str], torch.Tensor]:
+    """``value.grad`` of each value of ``names[layer]`` (each block's in execution order) for the logit
+    `gradient_target`, through nncanon: one trace, one ``with logit.backward():`` block, the gradients asked
+    in the reverse of the forward order. Keyed ``(layer, name)``.
+
+    Raises:
+        GradientNotAvailable: a gradient never arrived (and what else the trace raises).
+    """
+    target = gradient_target(model)
+    values: dict = {}  # bound outside the trace, filled inside
+    grads: dict = {}
+    with torch.enable_grad(), model.trace(PROMPTS[0], **NO_CACHE):
+        for layer, listed in names.items():
+            for name in listed:
+                values[layer, name] = getattr(host(model, layer, name), name)
+        logit = model.logits[target]
+        with logit.backward():
+            for key in reversed(list(values)):
+                grads[key] = values[key].grad.save()
+    return grads
+
+
+def check_gradients(model: Any) -> list[CheckResult]:
+    """``value.grad`` of every served value, inside ``with logit.backward():``, equals the gradient of the
+    same logit at the value's site by plain PyTorch (tensor hooks, ``torch.autograd.grad``), laid out and
+    scaled as the value is served (kernel inputs served under another implementation only: on a copy running it)."""
+    names = {layer: served(model, layer, GRADIENT_VALUES) for layer in range(model.num_layers)}
+    results = _gradients(model, names)
+    for other, layers in kernel_copies(model):  # kernel inputs served under another implementation only
+        results += _gradients(other, {layer: served(other, layer, KERNEL_INPUTS) for layer in layers})
+    return results
+
+
+def _gradients(model: Any, names: dict[int, list[str]]) -> list[CheckResult]:
+    """`check_gradients` of the values ``names[layer]`` of each block."""
+
+    inputs = gradient_inputs(model)
+    target = gradient_target(model)
+    reference = gradient_references(model, names, inputs, lambda logits: logits[target])
+    try:  # every value in one backward; where that fails, each value alone says which one
+        ours: dict | None = served_gradients(model, names)
+    except Exception:
+        ours = None
+    results = []
+    for layer, listed in names.items():
+        for name in listed:
+            def run(layer: int = layer, name: str = name) -> list[CheckResult]:
+                key = (layer, name)
+                if ours is not None:
+                    grad = ours[key]
+                else:
+                    try:
+                        grad = served_gradients(model, {layer: [name]})[key]
+                    except GradientNotAvailable:
+                        grad = None
+                return [_gradient_result(layer, name, grad, reference.get(key))]
+
+            results += guarded("gradients", layer, (name,), run)
+    return results
+
+
+def _gradient_result(layer: int, name: str, grad: torch.Tensor | None, expected: torch.Tensor | None
+                     ) -> CheckResult:
+    """nncanon's gradient of ``name`` (``None``: it never arrived) against plain PyTorch's (``None``: the
+    backward does not reach the site): one missing is a zero gradient."""
+    if expected is None:
+        error = 0.0 if grad is None else float(grad.detach().abs().max())
+        note = "the backward does not reach it in the plain model" + (
+            "" if grad is None else "; nncanon's gradient should be zero")
+        return CheckResult("gradients", layer, (name,), error == 0.0, error, 0.0, note)
+    if grad is None:
+        return CheckResult("gradients", layer, (name,), False, float(expected.detach().abs().max()), GRADIENT_TOLERANCE,
+                           "the backward never reached the served value; plain PyTorch's gradient is not zero")
+    return compare("gradients", layer, (name,), grad, expected, GRADIENT_TOLERANCE,
+                    "against tensor hooks at its site and torch.autograd.grad", absolute=GRADIENT_ABSOLUTE)
+
+
+def check_gradient_writes(model: Any) -> list[CheckResult]:
+    """``value.grad = 0`` on a value of the last block equals the plain model with the value's site detached:
+    the gradient reaching the stream entering block 0 is the same."""
+    layer = model.num_layers - 1
+    results = []
+    for name in served(model, layer, GRADIENT_VALUES):
+        binding = host(model, layer, name)._nncanon.bindings.get(name)
+        if binding is None or binding.site.op is not None or (layer == 0 and name == "layer_input"):
+            continue  # no module hook detaches an operation's tensor or the probabilities; the stream is block 0's
+        results += guarded("gradient_writes", layer, (name,), lambda name=name: [
+            _gradient_write(model, layer, name)])
+    return results
+
+
+def _gradient_write(model: Any, layer: int, name: str) -> CheckResult:
+    target = gradient_target(model)
+    with torch.enable_grad(), model.trace(PROMPTS[0], **NO_CACHE):
+        stream = model.layers[0].layer_input
+        value = getattr(host(model, layer, name), name)
+        logit = model.logits[target]
+        with logit.backward():
+            value.grad = torch.zeros_like(value.grad)
+            ours = stream.grad.save()
+    expected = _stream_gradient_with_site_detached(model, layer, name)
+    return compare("gradient_writes", layer, (name,), ours, expected, GRADIENT_TOLERANCE,
+                    "the stream's gradient against the plain model with the site detached", absolute=GRADIENT_ABSOLUTE)
+
+
+def _stream_gradient_with_site_detached(model: Any, layer: int, name: str) -> torch.Tensor:
+    """d logit / d (block 0's input) in the plain model, with ``name``'s site tensor on ``layer`` detached."""
+    site = host(model, layer, name)._nncanon.bindings[name].site
+    module = site_module(model, layer, name)
+    seen: dict = {}
+
+    def entering(mod: Any, args: Any, kwargs: Any) -> None:
+        seen["x"] = first_input(args, kwargs)
+
+    if site.key == "input":
+        cut = module.register_forward_pre_hook(
+            lambda mod, args, kwargs: _put((args, kwargs), site, _pick((args, kwargs), site).detach()),
+            with_kwargs=True)
+    else:
+        cut = module.register_forward_hook(lambda mod, args, output: _put(output, site, _pick(output, site).detach()))
+    watch = site_module(model, 0, "layer_input").register_forward_pre_hook(entering, with_kwargs=True)
+    try:
+        with torch.enable_grad():
+            output = model._module(**gradient_inputs(model))
+            if seen["x"].requires_grad:
+                seen["grad"] = gradients_at(output, lambda logits: logits[gradient_target(model)], [seen["x"]])[0]
+    finally:
+        cut.remove()
+        watch.remove()
+    grad = seen.get("grad")
+    grad = torch.zeros_like(seen["x"]) if grad is None else grad  # (no path left from the stream to the logit)
+    return stream_as_served(model, grad)  # laid out as layer_input is served

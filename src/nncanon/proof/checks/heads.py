@@ -1,0 +1,104 @@
+"""Heads and probabilities.
+
+- ``heads``: the heads, each through its slice of the output projection (plus the bias), sum to the
+  projection's output.
+- ``probabilities``: zeroing a head's probabilities equals zeroing its output.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...reading import head_count, host
+from ..prompts import PROMPTS
+from .base import HEAD_VALUES, TOLERANCE, CheckResult, compare, guarded
+from .references import encode, hf_block, served
+
+
+def check_heads(model: Any) -> list[CheckResult]:
+    """Each block's heads through their slices of the output projection sum to the projection's output."""
+    results = []
+    for index in range(model.num_layers):
+        for name in served(model, index, HEAD_VALUES):
+            results += guarded("heads", index, (name,), lambda index=index, name=name: [_heads(model, index, name)])
+    return results
+
+
+def _heads(model: Any, index: int, name: str) -> CheckResult:
+    spec = model.family.for_layer(model._text_config, index)[0]
+    if spec.head_totals is not None:
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            heads = getattr(host(model, index, name), name).save()
+        total, output = spec.head_totals(model, index, heads, encode(model))
+        return compare("heads", index, (name,), total, output, TOLERANCE, "the family's head totals")
+    binding = host(model, index, name)._nncanon.bindings[name]
+    through_norm = name == "attention_head_outputs" and spec.head_norm is not None
+    # Where a norm over all heads sits before the projection (BitNet), the heads are its input.
+    path = spec.head_projection if through_norm else binding.site.module
+    projection = hf_block(model, index).get_submodule(path)
+    seen: dict = {}
+
+    def keep(module: torch.nn.Module, args: Any, out: torch.Tensor) -> None:
+        seen["out"] = out.clone()
+
+    handle = projection.register_forward_hook(keep)
+    try:
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            heads = getattr(host(model, index, name), name).save()
+    finally:
+        handle.remove()
+    if through_norm:
+        with torch.no_grad():
+            heads = hf_block(model, index).get_submodule(spec.head_norm)(heads.flatten(-2)).view_as(heads)
+    weight, bias = _projection(projection)
+    per_head = weight.view(weight.shape[0], heads.shape[-2], -1)  # [out, H, head_dim]
+    with torch.no_grad():
+        total = torch.einsum("bshd,ohd->bso", heads, per_head)
+        if bias is not None:
+            total = total + bias
+    return compare("heads", index, (name,), total, seen["out"].view_as(total), TOLERANCE,
+                    f"sum over heads through {path}")
+
+
+def _projection(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(W as [out, in], bias) of a linear output projection (``nn.Linear`` or GPT-2's ``Conv1D``)."""
+    weight = module.weight
+    if type(module).__name__ == "Conv1D":
+        weight = weight.T
+    return weight, module.bias
+
+
+def check_probabilities(model: Any) -> list[CheckResult]:
+    """Zeroing the last head's probabilities equals zeroing its output, on every layer serving both."""
+
+    results = []
+    report = model.support()
+    clean: list = []  # the logits with no write: one run for every layer
+    for index in report.layers_with("attention_probabilities"):
+        if not report.available("attention_head_outputs", layer=index):
+            continue
+        names = ("attention_probabilities", "attention_head_outputs")
+        results += guarded("probabilities", index, names, lambda index=index: [
+            _probabilities(model, index, head_count(model, index) - 1, clean)])
+    return results
+
+
+def _probabilities(model: Any, index: int, head: int, clean_run: list) -> CheckResult:
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        model.layers[index].self_attn.attention_head_outputs[..., head, :] = 0
+        by_head = model.logits.save()
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        model.layers[index].self_attn.attention_probabilities[:, head] = 0
+        by_probabilities = model.logits.save()
+    if not clean_run:
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            clean_run.append(model.logits.save())
+    clean = clean_run[0]
+    result = compare("probabilities", index, ("attention_probabilities", "attention_head_outputs"),
+                      by_probabilities, by_head, TOLERANCE, f"logits with head {head} zeroed both ways")
+    if torch.equal(by_head, clean):
+        return CheckResult(result.check, index, result.values, False, result.error, TOLERANCE,
+                           f"zeroing head {head} did not reach the logits")
+    return result

@@ -1,0 +1,99 @@
+"""Writes.
+
+- ``invokes``: a write in one invoke leaves the batch's other invokes bit-identical, and reaches its own.
+- ``locality``: in bf16, a write at one position leaves every other position bit-identical.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from ...mounted import MountedModel
+from ...reading import CONTRIBUTIONS, host
+from ..prompts import PROMPTS
+from .base import HEAD_VALUES, KERNEL_INPUTS, CheckResult, guarded
+from .references import served, whole_layers
+
+
+def check_invokes(model: Any) -> list[CheckResult]:
+    """A write in the middle invoke of three leaves the other two bit-identical and reaches its own."""
+    results = []
+    writable = KERNEL_INPUTS + HEAD_VALUES + CONTRIBUTIONS
+    clean: list = []  # the three invokes' logits with no write: one run for every value
+    for index in range(model.num_layers):
+        for name in served(model, index, writable):
+            results += guarded("invokes", index, (name,), lambda index=index, name=name: [
+                _invokes(model, index, name, clean)])
+    return results
+
+
+def _three_invokes(model: Any, write: tuple[int, str] | None) -> tuple[torch.Tensor, ...]:
+    """The logits of three invokes (the first prompt twice, then the second), ``write``'s value zeroed past
+    the first position in the middle one."""
+    with torch.no_grad(), model.trace() as tracer:
+        with tracer.invoke(PROMPTS[0]):
+            first = model.logits.save()
+        with tracer.invoke(PROMPTS[0]):
+            if write is not None:
+                getattr(host(model, *write), write[1])[:, 1:] = 0
+            middle = model.logits.save()
+        with tracer.invoke(PROMPTS[1]):
+            last = model.logits.save()
+    return first, middle, last
+
+
+def _invokes(model: Any, index: int, name: str, clean: list) -> CheckResult:
+    if not clean:
+        clean.append(_three_invokes(model, None))
+    runs = {False: clean[0], True: _three_invokes(model, (index, name))}
+    # A mixture of experts runs each expert on the batch's tokens routed to it: a write that reroutes
+    # invoke 2's tokens changes how many rows each expert's matmul has, which moves the other rows'
+    # results at the last bit (7.5e-9 measured). A write that leaked would move them by far more.
+    moe = bool(model.support().layers_with("expert_indices"))
+    tolerance = 1e-6 if moe else 0.0
+    moved = max(float((runs[True][i] - runs[False][i]).abs().max()) for i in (0, 2))
+    reached = not torch.equal(runs[True][1], runs[False][1])
+    passed = moved <= tolerance and reached
+    note = "the other invokes' logits" + ("" if reached else "; the write did not reach its own invoke")
+    return CheckResult("invokes", index, (name,), passed, moved, tolerance, note)
+
+
+def check_locality(model: Any) -> list[CheckResult]:
+    """In bf16, a write at one position of a contribution leaves every other position of the layer's
+    output bit-identical (the earlier ones only where a later sublayer reads the previous token:
+    the family's ``token_shift_after``)."""
+    token_shift_after = model.family.token_shift_after
+    bf16 = _bf16_copy(model)
+    results = []
+    clean: dict = {}  # every block's layer_output with no write: one run for all of them
+    for index in whole_layers(bf16):
+        for name in served(bf16, index):
+            results += guarded("locality", index, (name,), lambda index=index, name=name: [
+                _locality(bf16, index, name, name in token_shift_after, clean)])
+    return results
+
+
+def _bf16_copy(model: Any) -> Any:
+    module = copy.deepcopy(model._module).to(torch.bfloat16)
+    return MountedModel(module, family=model.family, tokenizer=model.tokenizer)
+
+
+def _locality(model: Any, index: int, name: str, shifted: bool, clean: dict) -> CheckResult:
+    position = 2
+    layer = model.layers[index]
+    if not clean:
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            for each in whole_layers(model):
+                clean[each] = model.layers[each].layer_output.save()
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        getattr(host(model, index, name), name)[:, position] += 0.5
+        written = layer.layer_output.save()
+    later = range(position + 1, clean[index].shape[1]) if not shifted else ()
+    others = [*range(position), *later]
+    moved = float((written[:, others].float() - clean[index][:, others].float()).abs().max())
+    reached = not torch.equal(written[:, position], clean[index][:, position])
+    note = "other positions of layer_output, bf16" + ("" if reached else "; the write did not reach the stream")
+    return CheckResult("locality", index, (name,), moved == 0.0 and reached, moved, 0.0, note)
