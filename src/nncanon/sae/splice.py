@@ -30,7 +30,7 @@ from nnsight.intervention.interleaver import Mediator, OutOfOrderError
 
 from ..errors import DictionaryMismatch, InvalidInput, InvalidWrite, NestedTrace
 from ..gradients import mark
-from ..model import StandardizedTransformer
+from ..mounted import MountedModel
 from ..reading import in_execution_order, read
 from ..served import check_write
 from .dictionary import Dictionary, Normalization
@@ -252,6 +252,7 @@ class _Visit:
         mark(self.features, f"{owner.label}.features")
 
     def _clean(self) -> torch.Tensor:
+        """The features as the dictionary encoded them (kept at the read; encoded again where not kept)."""
         if self.clean is None:
             with torch.no_grad():
                 self.clean = self.dictionary.encode(self.x_in)
@@ -264,14 +265,7 @@ class _Visit:
         return self._shaped(self.dictionary.decode(self.features, self.state, self.x_in))
 
     def error(self) -> torch.Tensor:
-        clean = self._clean() if self.version == self.features._version else self._recomputed_clean()
-        return self.x_out - self._shaped(self.dictionary.decode(clean, self.state, self.x_in))
-
-    def _recomputed_clean(self) -> torch.Tensor:
-        if self.clean is not None:
-            return self.clean
-        with torch.no_grad():
-            return self.dictionary.encode(self.x_in)
+        return self.x_out - self._shaped(self.dictionary.decode(self._clean(), self.state, self.x_in))
 
     def take_over(self) -> PointRead:
         """The splice applied now, for a later read of the same site at this visit to continue from."""
@@ -286,7 +280,7 @@ class _Visit:
             return read.apply(self._shaped(self.dictionary.decode(features, self.state, self.x_in)))
         if not edited and not (self.graph and features.requires_grad):
             return read.keep()
-        clean = self._recomputed_clean() if edited else features.detach()
+        clean = self._clean() if edited else features.detach()
         return read.shift(self._shaped(self.dictionary.delta(features - clean, self.state)))
 
 
@@ -356,7 +350,7 @@ def attach(model: Any, dictionary: Dictionary, hook_name: str | Point | None = N
         DictionaryMismatch: before any forward: the dictionary's input (output) width is not the point's, its dtype
             is not the model's, its head is outside the point's heads, or the point is not one a dictionary reads.
     """
-    if not isinstance(model, StandardizedTransformer):
+    if not isinstance(model, MountedModel):
         raise InvalidInput(f"attach takes a StandardizedTransformer, not a {type(model).__name__}")
     if not isinstance(dictionary, Dictionary):
         raise InvalidInput(f"attach takes an nncanon.sae.Dictionary (Dictionary.load(folder), Dictionary.from_tensors),"
