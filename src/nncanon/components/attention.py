@@ -21,6 +21,7 @@ from ..gradients import (
 )
 from ..order import note_read
 from ..served import _value, check_write, served
+from ..traced import outside_trace, refuse_outside_trace
 from .base import Component
 from .kernel import (
     GRADIENT_WRITE_REASON,
@@ -48,6 +49,7 @@ class AttentionEnvoy(Component, Envoy):
       residual stream (after any post-norm or scale the family applies).
     """
 
+    role = "self_attn"
     standard_values = (
         "query_states", "key_states", "value_states", "attention_probabilities", "attention_head_outputs",
         "attention_output",
@@ -93,6 +95,9 @@ class AttentionEnvoy(Component, Envoy):
         kernel's inputs for the layers read only (equal to eager's, proved per config); read-only.
         """
         self._nncanon_binding("attention_probabilities")
+        outside = outside_trace(self.root, f"{self._nncanon.where}.attention_probabilities")
+        if outside is not None:
+            return outside
         if not self._eager():
             return self._recomputed()
         probabilities = self._probability_operation().input
@@ -106,6 +111,7 @@ class AttentionEnvoy(Component, Envoy):
     @attention_probabilities.setter
     def attention_probabilities(self, value: Any) -> None:
         self._nncanon_binding("attention_probabilities")
+        refuse_outside_trace(self.root, f"{self._nncanon.where}.attention_probabilities was written")
         if not self._eager():
             raise _read_only(self._nncanon.where)
         operation = self._probability_operation()
