@@ -63,6 +63,7 @@ class OutsideTrace:
     __contains__ = __call__ = __neg__ = __pos__ = __abs__ = __invert__ = __round__ = _refuse
     __lt__ = __le__ = __eq__ = __ne__ = __gt__ = __ge__ = _refuse
     __hash__ = object.__hash__
+    save = _refuse  # (nnsight gives every object a .save(), which would say only "outside a trace")
 
 
 for _operator in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or", "xor", "lshift",
