@@ -27,8 +27,8 @@ from nncanon import (
     StandardizedTransformer,
     TokenizerNotFound,
     ValueNotAvailable,
+    tools,
 )
-from nncanon import tools
 from nncanon.testing import PROMPTS, tiny_hf_model, tiny_model, tiny_tokenizer
 from nncanon.tools import logit_difference, steer
 
@@ -158,7 +158,8 @@ def test_a_gradient_write_that_broadcasts_equals_the_full_write(llama):
 
 def test_an_fp32_gradient_into_a_bf16_model_is_named():
     model = tiny_model("llama", dtype=torch.bfloat16)
-    with pytest.raises(InvalidWrite, match=r"dtype torch\.float32 is not torch\.bfloat16 \(use \.to\(torch\.bfloat16\)\)"):
+    with pytest.raises(InvalidWrite, match=r"dtype torch\.float32 is not torch\.bfloat16 \(use \.to\(torch\."
+                       r"bfloat16\)\)"):
         with model.trace(PROMPTS[0]):
             mlp = model.layers[1].mlp.mlp_output
             logit = model.logits[0, -1, 5]
@@ -237,7 +238,7 @@ def test_every_tool_names_the_cause_of_a_declined_model_level_value():
         "direct_logit_attribution": lambda: tools.direct_logit_attribution(model, PROMPTS[0], 5),
         "cache_activations": lambda: tools.cache_activations(model, PROMPTS[0]),
     }
-    for name, call in calls.items():
+    for call in calls.values():
         with pytest.raises(ValueNotAvailable, match=r"model\.logits is not available: .*CAUSE-1"):
             call()
     with pytest.raises(ValueNotAvailable, match=r"model\.project_on_vocab is not available: .*CAUSE-2"):
@@ -381,7 +382,8 @@ def test_what_the_load_is_given_is_named(tmp_path):
         StandardizedTransformer(hf.model, tokenizer=tiny_tokenizer())
 
 
-@pytest.mark.parametrize("content", ["", '{"model_type": "llama", "hidden_', "null"], ids=["empty", "truncated", "null"])
+@pytest.mark.parametrize("content", ["", '{"model_type": "llama", "hidden_', "null"],
+                         ids=["empty", "truncated", "null"])
 def test_a_config_file_that_cannot_be_read_is_named(tmp_path, content):
     tiny_hf_model("llama").save_pretrained(tmp_path)
     tiny_tokenizer().save_pretrained(tmp_path)

@@ -11,7 +11,6 @@ from torch._guards import detect_fake_mode  # (torch's: a fake tensor mode is ac
 
 from .errors import InvalidInput
 
-
 #: What a trace, an invoke and a tool take as prompts.
 _PROMPTS = ("a string, a list of strings, or token ids (a tensor [batch, seq], a list of ints, or the tokenizer's "
             "output)")

@@ -267,7 +267,8 @@ def _changes(before: dict | None, now: dict | None) -> str:
     """``residual_multiplier 0.22 -> 0.66, ...``: the entries that differ (at most five named)."""
     if before is None or now is None:
         return "its entries could not be listed"
-    differ = [name for name in sorted(set(before) | set(now)) if before.get(name, "<unset>") != now.get(name, "<unset>")]
+    differ = [name for name in sorted(set(before) | set(now))
+              if before.get(name, "<unset>") != now.get(name, "<unset>")]
     shown = [f"{name} {before.get(name, '<unset>')!r} -> {now.get(name, '<unset>')!r}" for name in differ[:5]]
     more = f", and {len(differ) - 5} more" if len(differ) > 5 else ""
     return ", ".join(shown) + more if shown else "an entry changed and was set back differently"

@@ -8,8 +8,9 @@ So every trace, ``generate`` and one-shot forward of a `StandardizedTransformer`
 model's lock (`trace_lock`): from the moment the trace's code starts to the moment its saves are back.
 
 The lock is re-entrant (a trace inside a trace, in one thread, is nnsight's own business) and is per
-torch module: two models trace in parallel, two wrappers of one module take turns. A trace body that starts another thread which traces the same
-model and waits for it would wait forever: run that second trace after the first.
+torch module: two models trace in parallel, two wrappers of one module take turns. A trace body that starts
+another thread which traces the same model and waits for it would wait forever: run that second trace after the
+first.
 """
 
 from __future__ import annotations

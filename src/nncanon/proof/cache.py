@@ -341,7 +341,8 @@ def validated(data: Any, key: str) -> dict:
     _require(all(isinstance(twin.get(name, ""), str) for name in ("described", "config")), "twin is malformed")
     _require(_index(twin.get("step", 1)) and twin.get("step", 1) >= 1, "twin's step is not a step of the ladder")
     for result in data["results"]:
-        _require(isinstance(result, dict) and _result_fits(result, len(blocks)), f"a result is malformed: {result!r}"[:200])
+        _require(isinstance(result, dict) and _result_fits(result, len(blocks)),
+                 f"a result is malformed: {result!r}"[:200])
     return data
 
 
