@@ -112,7 +112,7 @@ def renamed(error: BaseException) -> Exception | None:
                 f"no graph to run it on. Open the trace without {mode} (`with model.trace(prompt):`), read the "
                 f"values there, and ask `with loss.backward(): grad = value.grad.save()`."
             )
-    line = _failed_in_place_write(getattr(error, "__intervention_tb__", None) or error.__traceback__)
+    line = _failed_in_place_write(error.__traceback__)
     if line is not None:
         return InvalidWrite(
             f"the in-place write {line} failed: {text.splitlines()[0] if text else type(error).__name__}. A write in "
