@@ -19,6 +19,7 @@ from functools import partial
 from typing import Any
 
 import torch
+from nnsight.intervention.envoy import Envoy
 from nnsight.intervention.eproperty import WriteBack, eproperty
 from nnsight.intervention.interleaver import Mediator, OutOfOrderError
 from nnsight.intervention.util import first_input, replace_first_input
@@ -460,7 +461,7 @@ class served(eproperty):
         binding: Binding = obj._nncanon_binding(self.name)
         if in_backward():
             raise first_read_in_backward(f"{binding.where}.{self.name}")
-        outside = outside_trace(obj.root, f"{binding.where}.{self.name}")
+        outside = outside_trace(_model_of(obj), f"{binding.where}.{self.name}")
         if outside is not None:
             return outside
         if binding.prepare is not None:
@@ -496,7 +497,7 @@ class served(eproperty):
 
     def __set__(self, obj: Any, value: Any) -> None:
         binding: Binding = obj._nncanon_binding(self.name)
-        refuse_outside_trace(obj.root, f"{binding.where}.{self.name} was written")
+        refuse_outside_trace(_model_of(obj), f"{binding.where}.{self.name} was written")
         if binding.prepare is not None:
             binding.prepare()
         mediator = Mediator.current(binding.location)
@@ -514,6 +515,11 @@ class served(eproperty):
             return
         raw = _value(binding, mediator, label)
         Mediator.swap(binding.location, binding.assign(value, raw, mediator))
+
+
+def _model_of(host: Any) -> Any:
+    """The model a component serves values of (``None`` for one that is no envoy: OPT's inline MLP)."""
+    return host.root if isinstance(host, Envoy) else None
 
 
 def _private(raw: Any, site: Site, location: str) -> Any:

@@ -74,6 +74,7 @@ for _operator in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "mat
 
 def outside_trace(model: Any, label: str) -> OutsideTrace | None:
     """``None`` where the code runs in a trace's worker (values can be read); else the `OutsideTrace` of ``label``.
+    (``model``: the model the value is of, ``None`` where the host does not know it.)
 
     Raises:
         NotInTrace: inside a trace of ``model`` that runs nothing (``model.trace()`` with no invoke).
@@ -83,7 +84,7 @@ def outside_trace(model: Any, label: str) -> OutsideTrace | None:
         return None
     except ValueError:
         pass
-    if trace_lock(model)._is_owned():
+    if model is not None and trace_lock(model)._is_owned():
         raise NotInTrace(f"{label} was read in a trace that runs nothing: {_NOTHING}")
     return OutsideTrace(label)
 
