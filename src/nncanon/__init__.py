@@ -4,7 +4,10 @@ import nnsight
 
 from .demo import demo_model
 from .errors import (
+    ConfigChanged,
     GradientNotAvailable,
+    InvalidArgument,
+    InvalidCheckpoint,
     InvalidInput,
     InvalidLayer,
     InvalidModel,
@@ -13,6 +16,7 @@ from .errors import (
     ModelUnavailable,
     NestedTrace,
     NncanonError,
+    NotInTrace,
     OutOfOrderRead,
     OutOfScopeModel,
     SizeNotAvailable,
@@ -31,7 +35,10 @@ from .versions import __version__ as __version__
 nnsight.register(__name__)
 
 __all__ = [
+    "ConfigChanged",
     "GradientNotAvailable",
+    "InvalidArgument",
+    "InvalidCheckpoint",
     "InvalidInput",
     "InvalidLayer",
     "InvalidModel",
@@ -40,6 +47,7 @@ __all__ = [
     "ModelUnavailable",
     "NestedTrace",
     "NncanonError",
+    "NotInTrace",
     "OutOfOrderRead",
     "OutOfScopeModel",
     "SizeNotAvailable",
