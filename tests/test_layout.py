@@ -25,7 +25,7 @@ README = PACKAGE.parents[1] / "README.md"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("errors", "versions", "quiet", "threads", "hub", "registry", "scope", "nnsight_internals")),
     ("surface", ("order", "gradients", "served", "components", "families", "mounting", "support", "reading",
-                 "resuming", "steering", "inputs", "skipping", "mounted")),
+                 "resuming", "steering", "inputs", "skipping", "traced", "mounted")),
     ("proof", ("proof",)),
     ("inference", ("inference",)),
     ("model", ("loading", "model")),

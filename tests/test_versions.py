@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 import tomllib
+import torch
 import transformers
+from packaging.specifiers import SpecifierSet
 
 from nncanon.registry import Variant, variants
 from nncanon.versions import (
@@ -30,6 +32,24 @@ def test_pyproject_asks_for_the_supported_range():
     (requirement,) = [r for r in project["dependencies"] if r.startswith("transformers")]
     oldest, newest = (".".join(map(str, minor)) for minor in (OLDEST_MINOR, (NEWEST_MINOR[0], NEWEST_MINOR[1] + 1)))
     assert requirement.replace(" ", "") == f"transformers>={oldest},<{newest}"
+
+
+#: The torch versions the whole suite passed on (docs/versions.md): 2.13.0 in CI, 2.14.1 in a documented run.
+TESTED_TORCH = ("2.13.0", "2.14.1")
+
+
+def test_pyproject_admits_every_tested_torch_and_keeps_the_one_installed():
+    """The range admits what passed (a user on torch 2.14 is not downgraded), nothing newer, and the torch installed
+    here: pip upgrades no installed requirement that satisfies its range, so installing the package where torch
+    2.13.0 is (README, .ci/run) never pulls another torch."""
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    (requirement,) = [r for r in project["dependencies"] if r.startswith("torch")]
+    allowed = SpecifierSet(requirement.removeprefix("torch"))
+    assert all(version in allowed for version in TESTED_TORCH), requirement
+    assert "2.15.0" not in allowed, f"{requirement} admits a torch no run of the suite tested"
+    assert torch.__version__.split("+")[0] in allowed
+    page = (Path(__file__).parents[1] / "docs" / "versions.md").read_text()
+    assert all(version in page for version in TESTED_TORCH)
 
 
 def test_missing_model_type_and_class_say_which():

@@ -4,8 +4,11 @@ import nnsight
 
 from .demo import demo_dictionary, demo_model
 from .errors import (
+    ConfigChanged,
     DictionaryMismatch,
     GradientNotAvailable,
+    InvalidArgument,
+    InvalidCheckpoint,
     InvalidDictionary,
     InvalidInput,
     InvalidLayer,
@@ -15,6 +18,7 @@ from .errors import (
     ModelUnavailable,
     NestedTrace,
     NncanonError,
+    NotInTrace,
     OutOfOrderRead,
     OutOfScopeModel,
     SizeNotAvailable,
@@ -34,8 +38,11 @@ from .versions import __version__ as __version__
 nnsight.register(__name__)
 
 __all__ = [
+    "ConfigChanged",
     "DictionaryMismatch",
     "GradientNotAvailable",
+    "InvalidArgument",
+    "InvalidCheckpoint",
     "InvalidDictionary",
     "InvalidInput",
     "InvalidLayer",
@@ -45,6 +52,7 @@ __all__ = [
     "ModelUnavailable",
     "NestedTrace",
     "NncanonError",
+    "NotInTrace",
     "OutOfOrderRead",
     "OutOfScopeModel",
     "SizeNotAvailable",

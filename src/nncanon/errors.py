@@ -85,7 +85,29 @@ class UntestedTransformersWarning(UserWarning):
 
 
 class TokenizerNotFound(NncanonError, FileNotFoundError):
-    """A local folder given as the model has no tokenizer files (and no ``tokenizer=`` was passed)."""
+    """No tokenizer to load: a local folder given as the model has no tokenizer files, or a built model that
+    names no checkpoint was passed, and no ``tokenizer=`` was given."""
+
+
+class NotInTrace(NncanonError, ValueError):
+    """A standard value used, or written, outside a trace (or in a trace that runs nothing: no input and no
+    invoke), or a tool that works inside a trace called outside one. Values exist while a forward runs: use them
+    inside ``with model.trace(prompt):``. A ``ValueError``, as nnsight's own "outside of interleaving" error."""
+
+
+class ConfigChanged(NncanonError, RuntimeError):
+    """The model's config changed after its load-time proof, in a way that changes what the proof keyed on: the
+    served values were proved (and are read) for the config as loaded. The message names what changed."""
+
+
+class InvalidArgument(NncanonError, ValueError):
+    """An argument of nncanon's own that takes one of a few values was given another (``verify="bogus"``)."""
+
+
+class InvalidCheckpoint(NncanonError, OSError):
+    """A checkpoint file that cannot be read: a ``config.json`` that is not a valid config, or a weight file
+    that is not what its name says (truncated, or not a safetensors file). The message names the file; the
+    library's own error is its cause. An ``OSError``, as transformers raises for a file it cannot read."""
 
 
 

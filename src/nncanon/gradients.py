@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 from nnsight.intervention import backward as _backward
-from nnsight.intervention.interleaver import OutOfOrderError
+from nnsight.intervention.eproperty import WriteBack
+from nnsight.intervention.interleaver import Mediator, OutOfOrderError
 
 from .errors import GradientNotAvailable, InvalidWrite
 from .threads import ProcessLock
@@ -175,15 +176,21 @@ def forward_guard() -> Iterator[None]:
 
 
 def _named_grad_property(interleaver: Any, seen: set, hooks: list) -> property:
-    """nnsight's backward ``.grad``, with a named error where a served value's gradient never comes."""
+    """nnsight's backward ``.grad``, with a named error where a served value's gradient never comes, a write checked
+    as a value's write is (`check_gradient_write`), and a read-only gradient (`refuse_gradient_write`) refused
+    when it is edited in place, as when it is assigned."""
     inner = _nnsight_grad_property(interleaver, seen, hooks)
 
     def getter(tensor: torch.Tensor) -> Any:
         _refused(tensor)
+        attributes = tensor.__dict__ if hasattr(tensor, "__dict__") else {}
+        read_only = attributes.get(READ_ONLY)
+        location = f"{id(tensor)}.grad"
+        occurrence = Mediator.current(location).wanted(location) if read_only is not None else None
         try:
-            return inner.fget(tensor)
+            grad = inner.fget(tensor)
         except OutOfOrderError as error:
-            name = tensor.__dict__.get(MARK) if hasattr(tensor, "__dict__") else None
+            name = attributes.get(MARK)
             if name is None:
                 raise
             raise GradientNotAvailable(
@@ -192,15 +199,75 @@ def _named_grad_property(interleaver: Any, seen: set, hooks: list) -> property:
                 f"of a value the forward computed earlier was asked before it: ask gradients in the reverse "
                 f"of the forward order."
             ) from error
+        if read_only is not None and isinstance(grad, torch.Tensor):
+            _refuse_edits(grad, f"{attributes.get(MARK, 'this value')}.grad", read_only, location, occurrence)
+        return grad
 
     def setter(tensor: torch.Tensor, value: Any) -> None:
         _refused(tensor)
         attributes = tensor.__dict__ if hasattr(tensor, "__dict__") else {}
+        name = f"{attributes.get(MARK, 'this tensor')}.grad"
         if attributes.get(READ_ONLY) is not None:
-            raise InvalidWrite(f"{attributes.get(MARK, 'this value')}.grad was written, but {attributes[READ_ONLY]}")
-        inner.fset(tensor, value)
+            raise InvalidWrite(f"{name} was written, but {attributes[READ_ONLY]}")
+        inner.fset(tensor, check_gradient_write(value, tensor, name))
 
     return property(getter, setter)
+
+
+def check_gradient_write(value: Any, tensor: torch.Tensor, name: str) -> torch.Tensor:
+    """``value`` as the gradient of ``tensor`` (broadcast to its shape), or `InvalidWrite` naming ``name`` and what a
+    gradient of it is: a tensor of its shape (or one that broadcasts to it), dtype and device. Without the check,
+    torch's hook raises ``hook 'hook' has changed the size/type of value`` from inside the backward, ``expected
+    Variable`` for a number, and ``None`` is silently kept as no change."""
+    expects = f"It takes a tensor of shape {tuple(tensor.shape)}, dtype {tensor.dtype}, on {tensor.device}"
+    if value is None:
+        raise InvalidWrite(
+            f"{name} was assigned None, which would leave the gradient as it is (a gradient cannot be removed). "
+            f"To stop it, write zeros: value.grad = torch.zeros_like(value.grad). {expects}."
+        )
+    if not isinstance(value, torch.Tensor):
+        raise InvalidWrite(f"{name} was assigned a {type(value).__name__}. {expects} (or one that broadcasts to it), "
+                           f"e.g. torch.full_like(value.grad, {value!r})."[:600])
+    try:
+        fits = torch.broadcast_shapes(value.shape, tensor.shape) == tensor.shape
+    except RuntimeError:
+        fits = False
+    problems = [] if fits else [f"shape {tuple(value.shape)} does not broadcast to {tuple(tensor.shape)}"]
+    if value.dtype != tensor.dtype:
+        problems.append(f"dtype {value.dtype} is not {tensor.dtype} (use .to({tensor.dtype}))")
+    if value.device != tensor.device:
+        problems.append(f"device {value.device} is not {tensor.device} (use .to('{tensor.device}'))")
+    if problems:
+        raise InvalidWrite(f"{name} cannot take the gradient written to it: {'; '.join(problems)}. {expects}.")
+    return value if value.shape == tensor.shape else value.expand(tensor.shape).contiguous()
+
+
+def same_bits(tensor: torch.Tensor, kept: torch.Tensor) -> bool:
+    """Whether ``tensor`` holds exactly ``kept``'s bits (NaN equal to itself, ``-0.0`` not to ``0.0``)."""
+    if tensor.shape != kept.shape or tensor.dtype != kept.dtype:
+        return False
+    if tensor.dtype.is_floating_point and tensor.element_size() in _BITS:
+        as_bits = _BITS[tensor.element_size()]
+        return torch.equal(tensor.detach().view(as_bits), kept.view(as_bits))
+    return torch.equal(tensor.detach(), kept)
+
+
+#: An integer dtype of each float width, to compare floats bit for bit.
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _refuse_edits(grad: torch.Tensor, name: str, reason: str, location: str, occurrence: int | None) -> None:
+    """Refuse an in-place edit of the read-only gradient ``grad`` when the block moves on: in place (``g[:] = 0``),
+    through ``.data`` or any other view, it would not reach what the model computes from the value either."""
+    kept = grad.detach().clone()
+    mediator = Mediator.current(location)
+
+    def check() -> torch.Tensor:
+        if not same_bits(grad, kept):
+            raise InvalidWrite(f"{name} was edited in place, but {reason}")
+        return grad
+
+    mediator.transform = WriteBack(check, grad, None, location, occurrence)
 
 
 _nnsight_grad_property = _backward._grad_property

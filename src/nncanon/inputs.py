@@ -3,7 +3,7 @@ empty row, ids outside the vocabulary, a prompt longer than the positions, input
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -11,20 +11,40 @@ from torch._guards import detect_fake_mode  # (torch's: a fake tensor mode is ac
 
 from .errors import InvalidInput
 
+#: What a trace, an invoke and a tool take as prompts.
+_PROMPTS = ("a string, a list of strings, or token ids (a tensor [batch, seq], a list of ints, or the tokenizer's "
+            "output)")
+
 
 def prompt_list(prompts: str | Sequence[str]) -> list[str]:
-    """One prompt or several, as a list."""
-    return [prompts] if isinstance(prompts, str) else list(prompts)
+    """One prompt or several, as a list; `InvalidInput` for what is neither (``None``, a number)."""
+    if isinstance(prompts, str):
+        return [prompts]
+    if prompts is None or not isinstance(prompts, (Sequence, torch.Tensor)):
+        raise InvalidInput(f"the prompts given are {_shown(prompts)}: give {_PROMPTS}.")
+    return list(prompts)
 
 
 def refuse_no_prompt(inputs: tuple) -> None:
-    """Refuse an invoke with no prompt at all (``None``, ``[]``), by name."""
-    if inputs and (inputs[0] is None or (isinstance(inputs[0], (list, tuple)) and len(inputs[0]) == 0)):
+    """Refuse an invoke with no prompt at all (``None``, ``[]``), or with something no tokenizer takes (a number),
+    by name."""
+    if not inputs:
+        return
+    given = inputs[0]
+    if given is None or (isinstance(given, (list, tuple)) and len(given) == 0):
         raise InvalidInput(
-            f"model.trace / model.generate was given {inputs[0]!r}: there is no prompt to run. Give a "
+            f"model.trace / model.generate was given {given!r}: there is no prompt to run. Give a "
             "string, a list of strings, or token ids; to batch with invokes, call model.trace() with "
             "no input and tracer.invoke(prompt) inside."
         )
+    if not isinstance(given, (str, Sequence, Mapping, torch.Tensor)):
+        raise InvalidInput(f"model.trace / model.generate was given {_shown(given)}: give {_PROMPTS}.")
+
+
+def _shown(value: object) -> str:
+    """``value`` and its type, for a message (cut short)."""
+    text = repr(value)
+    return f"{text if len(text) < 80 else text[:77] + '...'} ({type(value).__name__})"
 
 
 def check_batch(model: Any, args: tuple, kwargs: dict) -> None:

@@ -6,12 +6,23 @@ proof (`nncanon.proof.load`, or `nncanon.inference` for a family nobody register
 
 from __future__ import annotations
 
+import json
+import os
 import warnings
 from typing import Any
 
 import torch
+from safetensors import safe_open
 
-from .errors import UntestedTransformersWarning
+from .errors import (
+    ConfigChanged,
+    InvalidArgument,
+    InvalidCheckpoint,
+    InvalidModel,
+    NncanonError,
+    TokenizerNotFound,
+    UntestedTransformersWarning,
+)
 from .families import Family
 from .inference.loading import family_for_load, inferred_provenance
 from .loading import (
@@ -23,6 +34,7 @@ from .loading import (
     without_hub_kernels,
 )
 from .mounted import MountedModel
+from .proof.cache import cache_key, config_state
 from .proof.load import VERIFY_MODES, load_provenance
 from .quiet import kernel_notices_filtered
 from .versions import untested_transformers
@@ -57,12 +69,15 @@ class StandardizedTransformer(MountedModel):
         **kwargs: Any,
     ) -> None:
         if verify not in VERIFY_MODES:
-            raise ValueError(f"verify={verify!r} is not one of {', '.join(map(repr, VERIFY_MODES))}")
-        config = causal_lm_config(config_of(model, kwargs))
+            raise InvalidArgument(f"verify={verify!r} is not one of {', '.join(map(repr, VERIFY_MODES))}: "
+                                  "'auto' (prove on a twin unless the cache has the proof), 'always', or 'never'")
+        config = causal_lm_config(_readable_config(model, kwargs))
         inferred = None
         if family is None:
             family, inferred = family_for_load(config, model, kwargs)
         without_hub_kernels(model, kwargs)
+        if isinstance(model, torch.nn.Module):
+            _refuse_without_head_or_tokenizer(model, family, tokenizer)
         untested = untested_transformers()
         if untested is not None:
             warnings.warn(untested, UntestedTransformersWarning, stacklevel=2)
@@ -75,10 +90,14 @@ class StandardizedTransformer(MountedModel):
         try:
             super().__init__(model, *args, family=family, tokenizer=tokenizer, **kwargs)
         except Exception as error:
+            unreadable = _unreadable_weights(model, error)
+            if unreadable is not None:
+                raise unreadable from error
             note_transformers_error(error, config)
             raise
         self._inferred = inferred
         self._provenance = self._prove(verify, self._unserved)
+        self._proved_config = _config_seen(self)
 
     def _prove(self, verify: str, unserved: list | None = None) -> Any:
         """Prove this model's values on a twin of its config (see ``verify``); decline what fails.
@@ -101,7 +120,155 @@ class StandardizedTransformer(MountedModel):
         return (MountedModel.__new__, (MountedModel,), self.__getstate__())
 
     def dispatch(self) -> None:
-        """Load the real weights (a model built on meta); a folder with a config and no weights is refused by name."""
+        """Load the real weights (a model built on meta); a folder with a config and no weights, or with a weight
+        file that cannot be read, is refused by name."""
         if not self.dispatched and self.args:
             refuse_folder_without_weights(self.args[0], self.kwargs)
-        super().dispatch()
+        try:
+            super().dispatch()
+        except Exception as error:
+            unreadable = _unreadable_weights(self.args[0] if self.args else None, error)
+            if unreadable is None:
+                raise
+            raise unreadable from error
+
+    def trace(self, *inputs: Any, **kwargs: Any) -> Any:
+        """nnsight's trace (see `MountedModel.trace`), refused where the config changed since the load-time proof in
+        a way that changes what the proof keyed on (`ConfigChanged`, naming what changed)."""
+        _check_config(self)
+        return super().trace(*inputs, **kwargs)
+
+
+def _readable_config(model: Any, kwargs: dict) -> Any:
+    """`config_of`, with a local folder's ``config.json`` named where transformers cannot read it: one that is not
+    a JSON object (cut short, empty, ``null``) is an `InvalidCheckpoint`; any other error reading it (a field of
+    the wrong type, no ``model_type``, custom code) is transformers' own, with one line naming the file."""
+    try:
+        return config_of(model, kwargs)
+    except NncanonError:
+        raise
+    except Exception as error:
+        folder = os.path.expanduser(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else None
+        path = os.path.join(folder, kwargs.get("subfolder") or "", "config.json") if folder else None
+        if path is None or not os.path.isfile(path):
+            raise
+        try:
+            with open(path, "rb") as file:
+                parsed = json.load(file)
+        except (OSError, ValueError) as failure:
+            parsed = failure
+        if not isinstance(parsed, dict):
+            found = (f"{type(parsed).__name__}: {parsed}" if isinstance(parsed, Exception)
+                     else f"it holds {json.dumps(parsed)[:40]}")
+            raise InvalidCheckpoint(
+                f"the config file {path} is not a JSON object ({found}): it is cut short, empty or not a config. "
+                "Save the model again (model.save_pretrained(folder)) or download it again."
+            ) from error
+        error.add_note(f"(raised reading the config file {path}: check that file, or save the model again)")
+        raise
+
+def _unreadable_weights(model: Any, error: Exception) -> InvalidCheckpoint | None:
+    """`InvalidCheckpoint` naming the weight file of the local folder ``model`` that cannot be read, where one
+    cannot (safetensors files are opened, their headers only), else ``None`` (``error`` is about something else)."""
+    if not isinstance(model, (str, os.PathLike)) or not os.path.isdir(os.path.expanduser(os.fspath(model))):
+        return None
+    folder = os.path.expanduser(os.fspath(model))
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".safetensors"):
+            continue
+        try:
+            with safe_open(os.path.join(folder, name), framework="pt"):
+                pass
+        except Exception as failure:
+            return InvalidCheckpoint(
+                f"the weight file {os.path.join(folder, name)} cannot be read ({type(failure).__name__}: {failure}): "
+                "it is cut short or is not a safetensors file. Save the model again (model.save_pretrained(folder)) "
+                f"or download it again. (transformers raised {type(error).__name__}: {str(error)[:200]})"
+            )
+    return None
+
+
+def _refuse_without_head_or_tokenizer(module: torch.nn.Module, family: Family, tokenizer: Any) -> None:
+    """Refuse a built model without the language-model head its family reads the logits from (a ``LlamaModel``
+    rather than a ``LlamaForCausalLM``), or without a tokenizer to run it with (`TokenizerNotFound`)."""
+    try:
+        module.get_submodule(family.lm_head)
+    except AttributeError:
+        raise InvalidModel(
+            f"StandardizedTransformer was given a {type(module).__name__}, which has no language-model head "
+            f"({family.lm_head!r}): it is a base model, whose output is the last hidden state, not logits. nncanon "
+            "serves causal language models: pass the causal-LM class (AutoModelForCausalLM.from_pretrained(...)), "
+            "or its hub id or folder."
+        ) from None
+    named = getattr(getattr(module, "config", None), "_name_or_path", "")
+    if tokenizer is None and not named:
+        raise TokenizerNotFound(
+            f"StandardizedTransformer was given a built {type(module).__name__} without tokenizer=, and its config "
+            "names no checkpoint to load one from: pass tokenizer=AutoTokenizer.from_pretrained(<its hub id or "
+            "folder>) (nncanon.testing.tiny_tokenizer() for the tiny test models)."
+        )
+
+
+def _config_seen(model: StandardizedTransformer) -> tuple[bytes | None, dict | None] | None:
+    """What `_check_config` compares the config with: its state and entries when the proof was applied (``None``:
+    no proof was made, ``verify="never"``)."""
+    proof = getattr(model._provenance, "proof", None)
+    if proof is None:
+        return None
+    config = model._module.config
+    return config_state(config), _entries(config)
+
+
+def _check_config(model: StandardizedTransformer) -> None:
+    """Raise `ConfigChanged` where the model's config no longer has the proof's key (or, for a proof of one
+    config, its digest): the proof, and the values served from it, were made for the config as loaded.
+
+    The config's state is compared first (a pickle of it, tens of microseconds); only where it changed is the key
+    computed again. A change the key does not see (``use_cache``, ``output_attentions``) is taken as the new state.
+    """
+    seen = model.__dict__.get("_proved_config")
+    proof = getattr(model.__dict__.get("_provenance"), "proof", None)
+    if seen is None or proof is None:
+        return
+    config = model._module.config
+    state = config_state(config)
+    if state is not None and state == seen[0]:
+        return
+    if cache_key(config, model.family, type(model._module)) == proof.key and proof.stands_for(config):
+        model.__dict__["_proved_config"] = (state, _entries(config))
+        return
+    changed = _changes(seen[1], _entries(config))
+    raise ConfigChanged(
+        f"this model's config changed after its load-time proof ({changed}): the values nncanon serves were proved "
+        "for the config as loaded, and the model now computes with another. Load the model again after changing "
+        "the config (StandardizedTransformer(model, ...) proves the new config), or set it back."
+    )
+
+
+def _entries(config: Any) -> dict | None:
+    """The config's entries, flattened to ``{"path": value}`` (nested configs by dotted path), for `_changes`."""
+    try:
+        flat: dict = {}
+
+        def walk(values: dict, prefix: str) -> None:
+            for name, value in values.items():
+                if isinstance(value, dict):
+                    walk(value, f"{prefix}{name}.")
+                else:
+                    flat[f"{prefix}{name}"] = value
+
+        walk(config.to_dict(), "")
+        return flat
+    except Exception:  # (a custom config whose to_dict fails: the change is not named, still refused)
+        return None
+
+
+def _changes(before: dict | None, now: dict | None) -> str:
+    """``residual_multiplier 0.22 -> 0.66, ...``: the entries that differ (at most five named)."""
+    if before is None or now is None:
+        return "its entries could not be listed"
+    differ = [name for name in sorted(set(before) | set(now))
+              if before.get(name, "<unset>") != now.get(name, "<unset>")]
+    shown = [f"{name} {before.get(name, '<unset>')!r} -> {now.get(name, '<unset>')!r}" for name in differ[:5]]
+    more = f", and {len(differ) - 5} more" if len(differ) > 5 else ""
+    return ", ".join(shown) + more if shown else "an entry changed and was set back differently"

@@ -32,6 +32,7 @@ from .skipping import (
 )
 from .support import SupportReport
 from .threads import SerialTracer, trace_lock
+from .traced import outside_trace, refuse_outside_trace, renamed
 
 
 def apply_logit_steps(logits: torch.Tensor, family: Family, config: Any) -> torch.Tensor:
@@ -129,10 +130,13 @@ class MountedModel(TransformersModel):
 
     def trace(self, *inputs: Any, **kwargs: Any) -> Any:
         """nnsight's trace, run under this model's lock: threads sharing the model take turns (`nncanon.threads`)."""
-        if self.interleaver.interleaving and trace_lock(self)._is_owned():
+        if trace_lock(self)._is_owned():  # (this thread runs a trace of this module: of this model, or another's)
+            other = "" if self.interleaver.interleaving else (
+                " through another nncanon model over the same torch module (two wrappers of one module share its "
+                "hooks and its run)")
             raise NestedTrace(
-                "a trace of this model was started inside an open trace of it (directly, or by a tool that runs "
-                "its own forward: a sweep, patching, the logit lens, a cache): nnsight runs one trace of a model "
+                f"a trace of this model was started inside an open trace of it{other} (directly, or by a tool that "
+                "runs its own forward: a sweep, patching, the logit lens, a cache): nnsight runs one trace of a model "
                 "at a time. Call it after the `with model.trace(...)` block, on what you saved there"
             )
         if not kwargs.get("remote") and kwargs.get("backend") is None:  # a remote request runs on the server
@@ -156,9 +160,16 @@ class MountedModel(TransformersModel):
 
     def interleave(self, *args: Any, **kwargs: Any) -> Any:
         """nnsight's run of the model with the trace's workers, under this model's lock (re-entrant), with
-        ``.grad`` of a served value named as an error in the forward."""
+        ``.grad`` of a served value named as an error in the forward, and torch's errors from the trace's code named
+        where nncanon can say what was done (`nncanon.traced.renamed`)."""
         with trace_lock(self), forward_guard():
-            return super().interleave(*args, **kwargs)
+            try:
+                return super().interleave(*args, **kwargs)
+            except RuntimeError as error:  # torch's, from the trace's code: named where nncanon can say more
+                named = renamed(error)
+                if named is None:
+                    raise
+                raise named from error
 
     # -- inputs --------------------------------------------------------------
 
@@ -322,6 +333,9 @@ class MountedModel(TransformersModel):
         Read-only: it is computed from the logits. Write ``model.logits[:, -1]`` to change it.
         """
         self._model_value_check("logits", asked="next_token_probs")
+        outside = outside_trace(self, "model.next_token_probs")
+        if outside is not None:
+            return outside
         return torch.softmax(self.logits[:, -1], dim=-1)
 
     @next_token_probs.setter
@@ -408,6 +422,7 @@ class MountedModel(TransformersModel):
                 ``layers[start]``; a value of a skipped block read in the same trace.
         """
         self._model_value_check("skip_layers")
+        refuse_outside_trace(self, f"model.skip_layers({start}, {end}) was called")
         start, end = skip_range(self, start, end)
         check_not_generating_with_cache(self, start, end)
         record = new_skip(self, start, end)

@@ -75,6 +75,14 @@ def translated(error: Exception, mediator: Any, label: str, order: str) -> Excep
                 f"layers[{record.end}].layer_output are still served)."
             )
     last = mediator.__dict__.get("_nncanon_last_read")
+    for record in skips(mediator):
+        if last == record.call:  # the skip read the stream entering its first block: the model ran on to it
+            return OutOfOrderRead(
+                f"{label} was read after {record.call} in the same trace: to skip, the model ran on to "
+                f"layers[{record.start}].layer_input (the stream the skip passes on), past {label} ({error}). "
+                f"Read values of blocks before layers[{record.start}] before calling {record.call}, or in another "
+                "trace or invoke."
+            )
     after = f", after {last}," if last is not None and last != label else ""
     return OutOfOrderRead(
         f"{label} was read{after} when the model had already computed it and moved on ({error}). "

@@ -19,6 +19,7 @@ from functools import partial
 from typing import Any
 
 import torch
+from nnsight.intervention.envoy import Envoy
 from nnsight.intervention.eproperty import WriteBack, eproperty
 from nnsight.intervention.interleaver import Mediator, OutOfOrderError
 from nnsight.intervention.util import first_input, replace_first_input
@@ -26,6 +27,7 @@ from nnsight.intervention.util import first_input, replace_first_input
 from .errors import InvalidInput, InvalidWrite
 from .gradients import Through, first_read_in_backward, in_backward, mark, refuse_gradient, tracks
 from .order import note_read, translated
+from .traced import outside_trace, refuse_outside_trace
 
 
 @dataclass(frozen=True)
@@ -395,6 +397,9 @@ class model_value(eproperty):
     def __get__(self, obj: Any, owner: Any = None) -> Any:
         if obj is not None:
             obj._model_value_check(self.name)  # a declined value says why before it waits on the model
+            outside = outside_trace(obj, f"model.{self.name}")
+            if outside is not None:
+                return outside
         return super().__get__(obj, owner)
 
     def writer(self, put: Callable[[Any, Any, Any], Any]) -> model_value:
@@ -406,6 +411,7 @@ class model_value(eproperty):
         obj._model_value_check(self.name)
         if self._put is None:
             raise InvalidWrite(f"model.{self.name} is read-only.")
+        refuse_outside_trace(obj, f"model.{self.name} was written")
         location = self._location(obj)
         Mediator.swap(location, self._put(obj, value, Mediator.value(location)))
 
@@ -455,6 +461,9 @@ class served(eproperty):
         binding: Binding = obj._nncanon_binding(self.name)
         if in_backward():
             raise first_read_in_backward(f"{binding.where}.{self.name}")
+        outside = outside_trace(_model_of(obj), f"{binding.where}.{self.name}")
+        if outside is not None:
+            return outside
         if binding.prepare is not None:
             binding.prepare()  # an operation site found at the first read sets its location now
         location = binding.location
@@ -476,6 +485,7 @@ class served(eproperty):
 
     def __set__(self, obj: Any, value: Any) -> None:
         binding: Binding = obj._nncanon_binding(self.name)
+        refuse_outside_trace(_model_of(obj), f"{binding.where}.{self.name} was written")
         if binding.prepare is not None:
             binding.prepare()
         mediator = Mediator.current(binding.location)
@@ -517,6 +527,11 @@ def read_site(binding: Binding, mediator: Mediator, label: str) -> tuple[Any, to
         tensor = _pick(raw, binding.site)
         graph = tracks(tensor)
     return raw, view, graph, binding.site.needs_writeback or (graph and view is not tensor)
+
+
+def _model_of(host: Any) -> Any:
+    """The model a component serves values of (``None`` for one that is no envoy: OPT's inline MLP)."""
+    return host.root if isinstance(host, Envoy) else None
 
 
 def _private(raw: Any, site: Site, location: str) -> Any:

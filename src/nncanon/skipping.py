@@ -12,7 +12,7 @@ from nnsight.intervention.interleaver import Mediator
 
 from .components.layer import layer_index
 from .errors import InvalidLayer, InvalidSkip, OutOfOrderRead
-from .order import SkipRecord, skips
+from .order import SkipRecord, note_read, skips
 from .served import _rows
 from .threads import generation_cache
 
@@ -21,7 +21,10 @@ def skip_input(model: Any, start: int, end: int) -> torch.Tensor:
     """``layers[start].layer_input``, the stream the skip passes on; a skip made after a read of a value the
     model computes later (the model has run past ``layers[start]``) is an `InvalidSkip` naming that read."""
     try:
-        return model.layers[start].layer_input
+        stream = model.layers[start].layer_input
+        # The skip's own read: a later read of an earlier value is out of order because of the skip; say so.
+        note_read(Mediator.current("skip_layers"), f"skip_layers({start}, {end})")
+        return stream
     except OutOfOrderRead:
         last = Mediator.current("skip_layers").__dict__.get("_nncanon_last_read")
         read = f"{last} was read" if last is not None else "a value of a later block was read"

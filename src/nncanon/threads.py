@@ -8,8 +8,9 @@ So every trace, ``generate`` and one-shot forward of a `StandardizedTransformer`
 model's lock (`trace_lock`): from the moment the trace's code starts to the moment its saves are back.
 
 The lock is re-entrant (a trace inside a trace, in one thread, is nnsight's own business) and is per
-model: two models trace in parallel. A trace body that starts another thread which traces the same
-model and waits for it would wait forever: run that second trace after the first.
+torch module: two models trace in parallel, two wrappers of one module take turns. A trace body that starts
+another thread which traces the same model and waits for it would wait forever: run that second trace after the
+first.
 """
 
 from __future__ import annotations
@@ -52,11 +53,14 @@ _GUARD = ProcessLock()
 
 
 def trace_lock(model: Any) -> threading.RLock:
-    """The lock that serialises the traces of ``model``."""
+    """The lock that serialises the traces of ``model``: one per torch module it wraps, so that two wrappers of one
+    module (two `StandardizedTransformer` over one ``PreTrainedModel``) take turns too, their hooks being on the
+    same modules."""
+    key = model.__dict__.get("_module", model) if hasattr(model, "__dict__") else model
     with _GUARD:
-        lock = _LOCKS.get(model)
+        lock = _LOCKS.get(key)
         if lock is None:
-            lock = _LOCKS[model] = threading.RLock()
+            lock = _LOCKS[key] = threading.RLock()
         return lock
 
 

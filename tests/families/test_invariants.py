@@ -60,6 +60,15 @@ def test_check_holds(verdict, variant, check):
     _declined_at_load(variant, verdict, failed)
 
 
+def test_every_held_result_is_within_its_bar(verdict):
+    """The proof cache holds every result that held to its own numbers again, ``error <= tolerance``
+    (`nncanon.proof.cache.validated`): a result that held beyond its bar would make its proof file read as corrupt,
+    and the config be proved at every load."""
+    beyond = [r.describe() for r in verdict.results
+              if r.passed and r.error is not None and r.tolerance is not None and not r.error <= r.tolerance]
+    assert beyond == []
+
+
 def _declined_at_load(variant, verdict: Verdict, failed: list) -> None:
     """A load with its proof (`nncanon.proof.load`) declines each value that the ``failed`` results put in doubt
     in ``verdict``, naming the check and its measured error. The recomputed probabilities are served under sdpa

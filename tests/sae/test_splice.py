@@ -9,7 +9,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nncanon import DictionaryMismatch, InvalidLayer, InvalidWrite, NestedTrace, UnknownHookName, ValueNotAvailable
+from nncanon import (
+    DictionaryMismatch,
+    InvalidLayer,
+    InvalidWrite,
+    NestedTrace,
+    NotInTrace,
+    UnknownHookName,
+    ValueNotAvailable,
+)
 from nncanon.proof.checks.references import encode, hf_block
 from nncanon.sae import Dictionary, attach, attached
 from nncanon.testing import PROMPTS, tiny_model
@@ -239,6 +247,8 @@ def test_bad_attachments_are_named_before_any_forward(model):
         attach(model, _sae(model), "blocks.1.attn.hook_v", head=9)
     with pytest.raises(ValueNotAvailable):
         attach(model, _sae(model, "blocks.0.attn.hook_q"))  # before rotary: this model does not serve it
+    with attach(model, _sae(model)) as item, pytest.raises(NotInTrace, match="outside a trace"):
+        item.features.sum()  # a value outside a trace is a placeholder, as every value
     with pytest.raises(NestedTrace, match="Attach before the trace"):
         with model.trace(PROMPTS[0]):
             attach(model, _sae(model))

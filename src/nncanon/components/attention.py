@@ -10,9 +10,18 @@ from nnsight.intervention.eproperty import WriteBack
 from nnsight.intervention.interleaver import Mediator
 
 from ..errors import InvalidWrite, ValueNotAvailable
-from ..gradients import first_read_in_backward, in_backward, mark, refuse_gradient, refuse_gradient_write, tracks
+from ..gradients import (
+    first_read_in_backward,
+    in_backward,
+    mark,
+    refuse_gradient,
+    refuse_gradient_write,
+    same_bits,
+    tracks,
+)
 from ..order import note_read
 from ..served import _value, check_write, served
+from ..traced import outside_trace, refuse_outside_trace
 from .base import Component
 from .kernel import (
     GRADIENT_WRITE_REASON,
@@ -40,6 +49,7 @@ class AttentionEnvoy(Component, Envoy):
       residual stream (after any post-norm or scale the family applies).
     """
 
+    role = "self_attn"
     standard_values = (
         "query_states", "key_states", "value_states", "attention_probabilities", "attention_head_outputs",
         "attention_output",
@@ -85,6 +95,9 @@ class AttentionEnvoy(Component, Envoy):
         kernel's inputs for the layers read only (equal to eager's, proved per config); read-only.
         """
         self._nncanon_binding("attention_probabilities")
+        outside = outside_trace(self.root, f"{self._nncanon.where}.attention_probabilities")
+        if outside is not None:
+            return outside
         if not self._eager():
             return self._recomputed()
         probabilities = self._probability_operation().input
@@ -98,6 +111,7 @@ class AttentionEnvoy(Component, Envoy):
     @attention_probabilities.setter
     def attention_probabilities(self, value: Any) -> None:
         self._nncanon_binding("attention_probabilities")
+        refuse_outside_trace(self.root, f"{self._nncanon.where}.attention_probabilities was written")
         if not self._eager():
             raise _read_only(self._nncanon.where)
         operation = self._probability_operation()
@@ -110,13 +124,15 @@ class AttentionEnvoy(Component, Envoy):
         return (implementation(self._module) or implementation(self.root._module)) == "eager"
 
     def _recomputed(self) -> torch.Tensor:
-        """The probabilities recomputed from the attention interface's inputs; an in-place edit is refused
-        when the worker moves on (it would change nothing in the model).
+        """The probabilities recomputed from the kernel call's inputs; read-only: an edit, in place or through any
+        view (``.data``, a NumPy array), is refused when the worker moves on (it would change nothing in the model).
 
-        Where the trace tracks gradients, they are computed without a graph and put into it at the
-        interface call's output (`probabilities_in_graph`): the read then runs the model on to the kernel's
-        output, which the model is handed back bit for bit, and ``.grad`` is the exact gradient at the
-        probabilities. The kernel's inputs of the same call are read before them (the forward's order).
+        They are served at the call's output, as eager's are served inside the kernel: the read runs the model on
+        to the kernel's output (its inputs as every write before the read left them), so a kernel input of the same
+        call read or written after them is out of order (`nncanon.order`), never a write the kernel sees and the
+        probabilities do not. Where the trace tracks gradients, they are computed without a graph and put into it
+        at that output (`probabilities_in_graph`), which the model is handed back bit for bit, so that ``.grad``
+        is the exact gradient at the probabilities.
         """
         binding = self._nncanon.bindings["query_states"]
         label = f"{self._nncanon.where}.attention_probabilities"
@@ -125,7 +141,6 @@ class AttentionEnvoy(Component, Envoy):
         binding.prepare()
         mediator = Mediator.current(binding.location)
         output_at = binding.location.rpartition(".")[0] + ".output"
-        occurrence = mediator.wanted(binding.location)
         after = mediator.wanted(output_at)
         waiting = mediator.transform
         if waiting is not None and waiting.key == (None, output_at, after):
@@ -142,26 +157,23 @@ class AttentionEnvoy(Component, Envoy):
             self.__dict__["_nncanon_raised"] = error  # raises this one again (its reason, not "no attribute")
             raise
         where = self._nncanon.where
+        result = _value(binding, mediator, label, output_at)
         if graph:
-            result = _value(binding, mediator, label, output_at)
             at_output = kernel.output
             probabilities, output = probabilities_in_graph(
                 probabilities, result if at_output is None else result[at_output], states[2],
                 heads_first=kernel.output_heads_first)
             result = output if at_output is None else (*result[:at_output], output, *result[at_output + 1:])
-            location, at = output_at, after
             refuse_gradient_write(probabilities, GRADIENT_WRITE_REASON.format(
                 implementation=implementation(self._module) or implementation(self.root._module)))
-        else:
-            result, location, at = raw, binding.location, occurrence
-        version = probabilities._version
+        kept = probabilities.detach().clone()
 
         def refuse_edits() -> Any:
-            if probabilities._version != version:
+            if not same_bits(probabilities, kept):
                 raise _read_only(where)
             return result
 
-        mediator.transform = WriteBack(refuse_edits, probabilities, None, location, at)
+        mediator.transform = WriteBack(refuse_edits, probabilities, None, output_at, after)
         return mark(probabilities, label)
 
     def _probability_operation(self) -> Any:
@@ -180,7 +192,8 @@ class AttentionEnvoy(Component, Envoy):
 
 def _read_only(where: str) -> InvalidWrite:
     return InvalidWrite(
-        f"{where}.attention_probabilities was written, but this model does not run eager attention: its "
+        f"{where}.attention_probabilities was written (by assignment, in place, or through a view such as .data), "
+        f"but this model does not run eager attention: its "
         f"probabilities are recomputed from the kernel's inputs, and a write to them would not reach the model. "
         f"Load it with StandardizedTransformer(..., attn_implementation=\"eager\") to write them."
     )

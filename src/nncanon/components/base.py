@@ -90,6 +90,8 @@ class Component:
 
     #: The standard values this component serves, in execution order.
     standard_values: tuple[str, ...] = ()
+    #: Its name on a block (``"self_attn"``, ``"linear_attn"``, ``"mlp"``; ``""``: the block itself).
+    role: str = ""
 
     def _nncanon_state(self, name: str) -> ComponentState:
         state = self.__dict__.get("_nncanon")
@@ -120,4 +122,30 @@ class Component:
             if raised is not None:
                 raise raised
             self._nncanon_binding(name)
+        elif (owner := _role_serving(name)) is not None:  # a standard value of another component
+            try:
+                return super().__getattr__(name)  # (the module's own attribute of that name, if it has one)
+            except AttributeError:
+                pass
+            where = self._nncanon_state(name).where
+            block = where.split(".")[0]
+            place = f"{block}.{owner}" if owner else block
+            raise ValueNotAvailable(
+                f"{where}.{name} does not exist: {name} is a value of {place}, not of {where}. "
+                f"Read model.{place}.{name}."
+            )
         return super().__getattr__(name)
+
+
+def _role_serving(name: str) -> str | None:
+    """The role (`Component.role`) of the component whose standard values include ``name``, or ``None``."""
+    pending, seen = list(Component.__subclasses__()), set()
+    while pending:
+        cls = pending.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        if name in cls.__dict__.get("standard_values", ()):
+            return cls.role
+        pending.extend(cls.__subclasses__())
+    return None

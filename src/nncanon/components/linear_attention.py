@@ -17,6 +17,7 @@ class LinearAttentionEnvoy(Component, Envoy):
       residual stream.
     """
 
+    role = "linear_attn"
     standard_values = ("linear_attention_head_outputs", "linear_attention_output")
 
     linear_attention_head_outputs = served(

@@ -13,6 +13,7 @@ from .base import Component, ComponentState
 class MLPValues(Component):
     """The values of a block's MLP; on a mixture of experts also the router's."""
 
+    role = "mlp"
     standard_values = ("router_logits", "expert_weights", "expert_indices", "shared_expert_output", "mlp_output")
 
     router_logits = served(

@@ -7,16 +7,20 @@ differ only in width share a proof). `Proof` is what a file holds; `read_cached`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import pickle
+import secrets
 import types
 import warnings
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any
 
 import torch
@@ -27,7 +31,7 @@ from .shrink import shrink_sizes
 from .verdict import Verdict
 
 #: The layout of a cache file; another layout is ignored and rewritten.
-SCHEMA = 2
+SCHEMA = 3
 #: Config entries that do not change what a model computes.
 _VOLATILE = {
     "transformers_version", "_name_or_path", "architectures", "dtype", "torch_dtype", "use_cache",
@@ -271,34 +275,144 @@ _KEYS: dict[tuple, str] = {}
 
 
 def read_cached(key: str, config: Any = None) -> Proof | None:
-    """The cached proof under ``key``, or ``None`` (none there, unreadable, corrupt, made by other
-    versions, or, given ``config``, made for another config: never a stale proof)."""
+    """The cached proof under ``key``, or ``None``: none there, unreadable, not a regular file (a symlink, a
+    pipe), corrupt in any way, edited since it was written (its digest), made by other versions, or, given
+    ``config``, made for another config. Never a stale proof, never an error: a file is data, checked by
+    `validated` before any of it is believed."""
     path = os.path.join(_cache_folder(), f"{key}.json")
     try:
-        stat = os.stat(path)
-        stamp = (path, stat.st_mtime_ns, stat.st_size)
+        descriptor = os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        stat = os.fstat(descriptor)
+        if not S_ISREG(stat.st_mode) or stat.st_size > MAX_BYTES:
+            return None
+        stamp = (path, stat.st_dev, stat.st_ino, stat.st_mtime_ns, stat.st_size)
         proof = _READ.get(stamp)
         if proof is None:
-            data = json.loads(Path(path).read_text())
-            if data.get("schema") != SCHEMA or data.get("key") != key or data.get("versions") != current_versions():
-                return None
-            proof = _READ[stamp] = Proof.from_dict(data)
+            with os.fdopen(descriptor, "rb", closefd=False) as file:
+                data = json.loads(file.read(MAX_BYTES + 1))
+            proof = _READ[stamp] = Proof.from_dict(validated(data, key))
         return proof if config is None or proof.stands_for(config) else None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except Exception:  # a file is data from outside this process: whatever is wrong with it, it proves nothing
         return None
+    finally:
+        os.close(descriptor)
 
 
-#: Proofs read in this process, by file and its modification stamp (a file written since is read again).
-_READ: dict[tuple[str, int, int], Proof] = {}
+#: Proofs read in this process, by file and its identity and modification stamp (a file written since is read again).
+_READ: dict[tuple[str, int, int, int, int], Proof] = {}
+#: The largest proof file read (a proof of a 100-block model is ~100 kB).
+MAX_BYTES = 32 * 2**20
+#: ``os.open`` flag that refuses a symlink at the path (0 where the platform has none).
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+class CorruptProof(ValueError):
+    """A proof file that is not what `write_cached` writes (the reason): it is ignored, and proved again."""
+
+
+def validated(data: Any, key: str) -> dict:
+    """``data`` (a proof file's JSON) if it is a proof of ``key`` as `write_cached` writes one, else raise
+    `CorruptProof` naming what is wrong.
+
+    The file is data, not authority: its layout and every field's type are checked (a ``"passed"`` is a JSON
+    ``true`` or ``false``, not a string), each result that says it held is held to its own numbers again
+    (``error <= tolerance``), the layer map names only blocks the twin has, and the digest binds the content to
+    the key: a file edited by hand, or cut short, no longer matches its digest.
+    """
+    _require(isinstance(data, dict), "not a JSON object")
+    _require(data.get("schema") == SCHEMA and data.get("key") == key, f"not a schema-{SCHEMA} proof of {key}")
+    _require(data.get("versions") == current_versions(), "made by other versions")
+    _require(data.get("digest") == content_digest(data), "its content does not match its digest")
+    for name, kind in (("family", str), ("created", str), ("layer_map", list), ("twin_layers", list),
+                       ("changes", list), ("twin", dict), ("results", list)):
+        _require(isinstance(data.get(name), kind), f"{name} is not a {kind.__name__}")
+    _require(_number(data.get("seconds")) and data["seconds"] >= 0, "seconds is not a duration")
+    _require(data.get("no_twin") is None or isinstance(data["no_twin"], str), "no_twin is not a reason")
+    blocks = data["twin_layers"]
+    _require(all(_index(b) for b in blocks), "twin_layers are not block indices")
+    _require(all(b is None or (_index(b) and b < len(blocks)) for b in data["layer_map"]),
+             f"layer_map names a block the twin (of {len(blocks)} blocks) does not have")
+    _require(all(isinstance(change, list) and len(change) == 4 for change in data["changes"]),
+             "changes are not [path, old, new, rule]")
+    twin = data["twin"]
+    _require(all(isinstance(twin.get(name, ""), str) for name in ("described", "config")), "twin is malformed")
+    _require(_index(twin.get("step", 1)) and twin.get("step", 1) >= 1, "twin's step is not a step of the ladder")
+    for result in data["results"]:
+        _require(isinstance(result, dict) and _result_fits(result, len(blocks)),
+                 f"a result is malformed: {result!r}"[:200])
+    return data
+
+
+def _require(condition: bool, reason: str) -> None:
+    if not condition:
+        raise CorruptProof(reason)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _result_fits(result: dict, blocks: int) -> bool:
+    """Whether one check result (`nncanon.proof.checks.base.CheckResult.to_dict`) has its fields' types, a layer
+    of the twin, and, where it says it held with a measured error and a bar, an error within the bar."""
+    error, tolerance = result.get("error"), result.get("tolerance")
+    shaped = (
+        isinstance(result.get("check"), str) and isinstance(result.get("note", ""), str)
+        and (result.get("layer") is None or (_index(result["layer"]) and result["layer"] < blocks))
+        and isinstance(result.get("values"), list) and all(isinstance(v, str) for v in result["values"])
+        and isinstance(result.get("passed"), bool) and isinstance(result.get("gradient", False), bool)
+        and (error is None or (isinstance(error, (int, float)) and not isinstance(error, bool)))
+        and (tolerance is None or (_number(tolerance) and tolerance >= 0))
+    )
+    if not shaped:
+        return False
+    return not result["passed"] or error is None or tolerance is None or error <= tolerance  # (NaN: not <=)
+
+
+def content_digest(data: dict) -> str:
+    """The digest of a proof file's content (everything but the digest itself, its key included), as JSON."""
+    body = {name: value for name, value in data.items() if name != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def write_cached(proof: Proof) -> None:
-    """Store ``proof`` (atomically; an unwritable cache only costs a proof at the next load)."""
+    """Store ``proof``: a file of its own, created exclusively (``O_EXCL``, never through a symlink: a link or
+    file planted at the temporary name fails the write, not another file), renamed over the proof's name (a
+    rename replaces a link there, never what it points to); the cache's folders, where this creates them, are
+    the user's alone (``0o700``). An unwritable cache only costs a warning and a proof at the next load."""
     directory = cache_dir()
+    temporary = None
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        temporary = directory / f".{proof.key}.{os.getpid()}.tmp"
-        temporary.write_text(json.dumps(proof.to_dict(), indent=1, default=str))
+        _make_private_folders(directory)
+        body = json.loads(json.dumps(proof.to_dict(), default=str))  # as a reader will see it
+        body["digest"] = content_digest(body)
+        temporary = directory / f".{proof.key}.{os.getpid()}.{secrets.token_hex(8)}.tmp"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW
+        with os.fdopen(os.open(temporary, flags, 0o644), "w") as file:
+            file.write(json.dumps(body, indent=1, sort_keys=True))
         os.replace(temporary, directory / f"{proof.key}.json")
+        temporary = None
     except OSError as error:
         warnings.warn(f"nncanon could not write its proof cache at {directory}: {error}", stacklevel=3)
+    finally:
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+
+
+def _make_private_folders(directory: Path) -> None:
+    """Create ``directory`` and any missing folder above it readable, writable and listable by this user only."""
+    missing = []
+    while not directory.exists() and directory != directory.parent:
+        missing.append(directory)
+        directory = directory.parent
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # (another process made it meanwhile)
+            os.mkdir(folder, 0o700)

@@ -22,6 +22,7 @@ from nnsight.intervention.interleaver import Mediator
 from ..gradients import first_read_in_backward, in_backward
 from ..reading import host
 from ..served import Binding, Site, read_site
+from ..traced import outside_trace
 from .names import Point, mixers, resolve
 
 
@@ -187,6 +188,9 @@ def value_at(model: Any, name: str | Point, head: int | None = None) -> torch.Te
     trace: pass the `Point` of ``resolve(model, name)``.
     """
     point = name if isinstance(name, Point) else resolve(model, name, head)
+    outside = outside_trace(model, f"{point.name or point.label}")
+    if outside is not None:
+        return outside
     read = open_point(model, point)
     held = _Held(read)
     if read._mid or read._hand_back:

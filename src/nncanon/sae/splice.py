@@ -33,6 +33,7 @@ from ..gradients import mark
 from ..mounted import MountedModel
 from ..reading import in_execution_order, read
 from ..served import check_write
+from ..traced import outside_trace, refuse_outside_trace
 from .dictionary import Dictionary, Normalization
 from .names import Point, resolve
 from .sites import PointRead, hand_back_now, open_point, value_at
@@ -90,11 +91,14 @@ class AttachedDictionary:
 
     @property
     def features(self) -> torch.Tensor:
-        """The features ``[b, s, d_sae]`` of this invoke's rows at the point (inside a trace)."""
-        return self._visit().features
+        """The features ``[b, s, d_sae]`` of this invoke's rows at the point (inside a trace; outside one, a
+        placeholder whose use raises `NotInTrace`, as every value's)."""
+        outside = outside_trace(self.model, f"{self.label}.features")
+        return outside if outside is not None else self._visit().features
 
     @features.setter
     def features(self, value: Any) -> None:
+        refuse_outside_trace(self.model, f"{self.label}.features was written")
         current = self._visit().features
         check_write(value, current, f"{self.label}.features")
         current.copy_(value.expand_as(current))
@@ -102,7 +106,8 @@ class AttachedDictionary:
     @property
     def reconstruction(self) -> torch.Tensor:
         """``decode(features)`` as they stand, in the value's shape (inside a trace; read-only)."""
-        return self._visit().reconstruction()
+        outside = outside_trace(self.model, f"{self.label}.reconstruction")
+        return outside if outside is not None else self._visit().reconstruction()
 
     @reconstruction.setter
     def reconstruction(self, value: Any) -> None:
@@ -112,7 +117,8 @@ class AttachedDictionary:
     def error(self) -> torch.Tensor:
         """The value minus the reconstruction of its clean features, in the value's shape (inside a trace;
         read-only): the term the splice keeps."""
-        return self._visit().error()
+        outside = outside_trace(self.model, f"{self.label}.error")
+        return outside if outside is not None else self._visit().error()
 
     @error.setter
     def error(self, value: Any) -> None:
@@ -122,7 +128,8 @@ class AttachedDictionary:
     @property
     def input(self) -> torch.Tensor:
         """What the dictionary reads (``x``), in the point's shape (inside a trace; read it to save it)."""
-        return self._visit().x_in
+        outside = outside_trace(self.model, f"{self.label}.input")
+        return outside if outside is not None else self._visit().x_in
 
     @property
     def label(self) -> str:

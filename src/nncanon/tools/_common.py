@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Union
 
@@ -122,6 +123,23 @@ def index_positions(value: torch.Tensor, positions: Positions) -> torch.Tensor:
     if positions is None:
         return value
     return value[:, checked_positions(positions, value.shape[1])]
+
+
+def finite(tool: str, argument: str, value: Any) -> None:
+    """Raise `InvalidInput` naming ``tool`` and ``argument`` where ``value`` (a number or a tensor) holds NaN or an
+    infinity: added to or written into the stream it would reach every later value and the logits as NaN, with no
+    error anywhere."""
+    if isinstance(value, torch.Tensor):
+        bad = value.is_floating_point() or value.is_complex()
+        if not bad or value.device.type == "meta" or bool(torch.isfinite(value).all()):
+            return
+        count = int((~torch.isfinite(value)).sum())
+        raise InvalidInput(f"{tool}'s {argument} holds {count} non-finite value(s) (NaN or ±inf) of "
+                           f"{value.numel()}: it would make every value after it, and the logits, NaN. Give finite "
+                           "numbers (torch.nan_to_num(x) replaces them).")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isfinite(value):
+        raise InvalidInput(f"{tool}'s {argument} is {value!r}: it would make every value after it, and the logits, "
+                           "NaN or infinite. Give a finite number.")
 
 
 def _as_index(positions: Positions) -> Any:

@@ -23,7 +23,17 @@ from ..errors import InvalidInput
 from ..inputs import prompt_list
 from ..reading import check_value, head_count, host
 from ..resuming import next_token_only, resume_at, streams_entering
-from ._common import Positions, _as_index, check_indices, checked_positions, none_serves, one_prompts, serving
+from ..traced import refuse_outside_trace
+from ._common import (
+    Positions,
+    _as_index,
+    check_indices,
+    checked_positions,
+    finite,
+    none_serves,
+    one_prompts,
+    serving,
+)
 
 #: The values these helpers ablate.
 ABLATABLE = (
@@ -54,6 +64,8 @@ def _index(positions: Positions, heads: int | Sequence[int] | None, value: str) 
 
 def _ablate(model: Any, layer: int, value: str, replacement: Any, heads: Any, positions: Positions) -> None:
     check_value(value, ABLATABLE)
+    refuse_outside_trace(model, "an ablation (zero_ablate, mean_ablate and the like) was called")
+    finite("mean_ablate", "mean", replacement)
     where = _index(positions, heads, value)
     if value == "block":
         block = model.layers[layer]
@@ -201,6 +213,7 @@ def _check_means(model: Any, mean: dict[int, torch.Tensor], indices: list[int], 
     """Raise `InvalidInput` unless ``mean`` has a ``[heads, head_dim]`` mean of ``value`` for every layer swept."""
     for layer in indices:
         found = mean.get(layer)
+        finite("head_ablation_sweep", f"mean[{layer}]", found)
         if found is None:
             raise InvalidInput(f"mean= has no entry for layers[{layer}] (it has {sorted(mean)}): pass "
                                f"mean_values(model, prompts, {value!r}) for the layers swept")

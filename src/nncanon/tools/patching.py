@@ -46,9 +46,22 @@ def last_token_logits(logits: torch.Tensor) -> torch.Tensor:
 
 
 def logit_difference(correct: int, incorrect: int) -> Metric:
-    """A metric: ``logits[:, -1, correct] - logits[:, -1, incorrect]``, ``[batch]``."""
+    """A metric: ``logits[:, -1, correct] - logits[:, -1, incorrect]``, ``[batch]``.
+
+    A token outside the logits' vocabulary is refused when the metric runs (`InvalidInput`, naming the call).
+    """
+    call = f"logit_difference({correct!r}, {incorrect!r})"
+    for token in (correct, incorrect):
+        if isinstance(token, bool) or not isinstance(token, int):
+            raise InvalidInput(f"{call}: a token is an int id (model.tokenizer(word).input_ids), not "
+                               f"{type(token).__name__}")
 
     def metric(logits: torch.Tensor) -> torch.Tensor:
+        size = logits.shape[-1]
+        outside = [token for token in (correct, incorrect) if not -size <= token < size]
+        if outside:
+            raise InvalidInput(f"{call}: token(s) {outside} are outside the logits' vocabulary of {size} tokens (an id "
+                               f"is in 0..{size - 1}): take the ids from model.tokenizer(word).input_ids")
         return logits[:, -1, correct] - logits[:, -1, incorrect]
 
     return metric

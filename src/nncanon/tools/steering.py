@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from ..errors import InvalidInput
-from ._common import Positions, checked_positions, layer_list
+from ..traced import refuse_outside_trace
+from ._common import Positions, checked_positions, finite, layer_list
 
 
 def steer(
@@ -31,8 +32,9 @@ def steer(
             in one call).
         vector: ``[hidden]``; ``[batch, hidden]``: each prompt by its own vector (at every position of
             ``positions``); or ``[batch, positions, hidden]``, any shape that broadcasts to
-            ``layer_output[:, positions]`` (``[1, seq, hidden]``: one vector per position).
-        factor: The scale of the vector.
+            ``layer_output[:, positions]`` (``[1, seq, hidden]``: one vector per position). Finite: NaN or an
+            infinity is refused (`InvalidInput`), as is a vector that is not a tensor.
+        factor: The scale of the vector (a finite number).
         positions: Positions of the (left-padded) sequence to steer: ``None`` (all), an index,
             a list, a slice or an index tensor.
 
@@ -41,6 +43,14 @@ def steer(
         ...     steer(model, [3, 4], direction, factor=4.0, positions=-1)
         ...     probs = model.next_token_probs.save()
     """
+    refuse_outside_trace(model, "steer(model, ...) was called")
+    if not isinstance(vector, torch.Tensor):
+        raise InvalidInput(f"steer's vector is a {type(vector).__name__}; it takes a tensor [hidden] (or [batch, "
+                           f"hidden], one per prompt): torch.tensor(vector) makes one.")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float, torch.Tensor)):
+        raise InvalidInput(f"steer's factor is a {type(factor).__name__}; it takes a number (the vector's scale).")
+    finite("steer", "vector", vector)
+    finite("steer", "factor", factor)
     delta = factor * vector
     for index in sorted(set(layer_list(model, layers))):
         output = model.layers[index].layer_output
