@@ -137,3 +137,17 @@ def test_a_request_ships_the_surface_not_the_load_or_the_proof(tmp_path, monkeyp
     for name in (b"running_twin", b"load_provenance", b"config_of", b"family_for_load"):
         assert name not in payload, name
     assert type(MountedModel.__new__(MountedModel)) is MountedModel
+
+
+def test_mounting_caches_travel_empty():
+    """The mounting's caches are keyed by module classes (a checkpoint's custom code among them, which a server
+    cannot import): a request carries them as new, empty ones, whatever this process mounted before."""
+    from nnsight.intervention import serialization
+
+    from nncanon import mounting
+
+    StandardizedTransformer(tiny_hf_model("llama"), tokenizer=tiny_tokenizer(), verify="never")  # a mount fills them
+    for cache in (mounting._KERNEL_SITES, mounting._COMBINED, mounting._BLOCK_SITES):
+        travelled = serialization.loads(serialization.dumps(cache))
+        assert type(travelled) is type(cache) and travelled == {}
+    assert mounting._BLOCK_SITES

@@ -41,6 +41,7 @@ from .families import Family
 from .order import block_order
 from .served import Binding, Site, operation_name
 from .support import COMPONENT_OF
+from .threads import ProcessCache
 
 
 def adopt(envoy: Envoy, role: type) -> None:
@@ -55,7 +56,7 @@ def adopt(envoy: Envoy, role: type) -> None:
         object.__setattr__(envoy, "__class__", role)  # what Envoy.__setattr__ does with a class, one call less
 
 
-_COMBINED: dict[tuple[type, type], type] = {}
+_COMBINED: dict[tuple[type, type], type] = ProcessCache()
 
 
 def _combined(role: type, custom: type) -> type:
@@ -179,7 +180,7 @@ def _made(layer: Envoy, config: Any, where: str, order: str, sites: tuple) -> di
 
 #: ``(attention class, path, the family's kernel)``: its kernel and the sites of its inputs, or why it has
 #: none (a plain dict: remote requests carry it by value).
-_KERNEL_SITES: dict[tuple[type, str, Any], Any] = {}
+_KERNEL_SITES: dict[tuple[type, str, Any], Any] = ProcessCache()
 
 
 def _route(layer: Envoy, standard: str, native: str | None, target: Any, hidden: set) -> None:
@@ -211,7 +212,7 @@ def _block_sites(tupled: bool, stacked: bool, merged: bool) -> tuple[Site, Site]
     return sites
 
 
-_BLOCK_SITES: dict[tuple[bool, bool, bool], tuple[Site, Site]] = {}
+_BLOCK_SITES: dict[tuple[bool, bool, bool], tuple[Site, Site]] = ProcessCache()
 
 
 class _Shape:

@@ -48,6 +48,14 @@ class ProcessRegistry(weakref.WeakKeyDictionary):
         return (type(self), ())
 
 
+class ProcessCache(dict):
+    """A cache of this process (a mounting's worked-out sites, keyed by module classes); it travels in a remote
+    request as a new, empty one: its keys may be classes the server cannot import (a checkpoint's custom code)."""
+
+    def __reduce__(self) -> tuple:
+        return (type(self), ())
+
+
 _LOCKS = ProcessRegistry()
 _GUARD = ProcessLock()
 
