@@ -87,3 +87,14 @@ class UntestedTransformersWarning(UserWarning):
 class TokenizerNotFound(NncanonError, FileNotFoundError):
     """A local folder given as the model has no tokenizer files (and no ``tokenizer=`` was passed)."""
 
+
+
+class QuantizationUnavailable(NncanonError, ImportError):
+    """A quantization method (``quantization_config=``, or a checkpoint quantized with it) whose package is not
+    installed, or that does not run on this machine: one line naming the method and the package, raised before
+    any weight is loaded."""
+
+
+class ModelChanged(NncanonError, RuntimeError):
+    """The model was changed since its load-time proof (a linear layer swapped for a quantized one, a cast to
+    another dtype): the proof no longer speaks for it. Load it again as it now is."""

@@ -16,6 +16,7 @@ from nnsight.intervention.util import first_input
 from ...components.kernel import Kernel
 from ...components.kernel import implementation as kernel_implementation
 from ...mounted import MountedModel
+from ...quantization import copied_tensor
 from ...reading import CONTRIBUTIONS, host, in_execution_order
 from ...served import _pick, operation_name, stacked_as_served
 from ...support import COMPONENT_OF
@@ -223,6 +224,10 @@ def _fresh_copy(module: torch.nn.Module) -> torch.nn.Module:
         for value in vars(sub).values():
             if isinstance(value, torch.Tensor) and not value.is_leaf:
                 memo[id(value)] = value.detach().clone()
+        for parameter in sub.parameters(recurse=False):  # quantized weights torch cannot deep-copy (quanto's)
+            copied = None if id(parameter) in memo else copied_tensor(parameter)
+            if copied is not None:
+                memo[id(parameter)] = copied
     return copy.deepcopy(module, memo)
 
 

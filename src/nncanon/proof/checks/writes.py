@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ...mounted import MountedModel
+from ...quantization import detected
 from ...reading import CONTRIBUTIONS, host
 from ..prompts import PROMPTS
 from .base import HEAD_VALUES, KERNEL_INPUTS, CheckResult, guarded
@@ -64,7 +65,7 @@ def _invokes(model: Any, index: int, name: str, clean: list) -> CheckResult:
 def check_locality(model: Any) -> list[CheckResult]:
     """In bf16, a write at one position of a contribution leaves every other position of the layer's
     output bit-identical (the earlier ones only where a later sublayer reads the previous token:
-    the family's ``token_shift_after``)."""
+    the family's ``token_shift_after``); a quantized or half-precision model in its own format."""
     token_shift_after = model.family.token_shift_after
     bf16 = _bf16_copy(model)
     results = []
@@ -77,6 +78,10 @@ def check_locality(model: Any) -> list[CheckResult]:
 
 
 def _bf16_copy(model: Any) -> Any:
+    """A bf16 copy of a float32 model; a quantized or already half-precision model itself (a quantized model
+    cannot be cast: its check runs in its own format)."""
+    if detected(model._module) is not None:
+        return model
     module = copy.deepcopy(model._module).to(torch.bfloat16)
     return MountedModel(module, family=model.family, tokenizer=model.tokenizer)
 
