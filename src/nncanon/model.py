@@ -128,6 +128,7 @@ class StandardizedTransformer(MountedModel):
         now = signature(self._module)
         if self._signature is None:
             self._signature = now
+            self.guard_quantized_weights()
             found = detected(self._module)
             if _kind(found) == _kind(self._quantization):
                 return

@@ -58,6 +58,7 @@ class Quantization:
         dtype: The dtype of the model's floating parameters and stream (``torch.float32`` unless cast).
         compute: The dtype the quantized layers compute in where the method has one (``bnb_4bit_compute_dtype``).
         config: The quantization config (``None``: cast only), as transformers takes it.
+        pre_quantized: Whether the checkpoint holds its weights quantized (its config has the quantization).
     """
 
     method: str | None
@@ -65,6 +66,7 @@ class Quantization:
     dtype: torch.dtype = torch.float32
     compute: torch.dtype | None = None
     config: Any = field(default=None, compare=False, hash=False)
+    pre_quantized: bool = field(default=False, compare=False)
 
     def describe(self) -> str:
         """``bitsandbytes nf4, compute float32``; ``bfloat16`` for a model only cast."""
@@ -171,6 +173,7 @@ def declared(config: Any, kwargs: dict, module: Any = None) -> Quantization | No
     quantization = kwargs.get("quantization_config")
     if quantization is None and module is not None:
         quantization = getattr(getattr(module, "config", None), "quantization_config", None)
+    pre_quantized = getattr(config, "quantization_config", None) is not None
     if quantization is None:
         quantization = getattr(config, "quantization_config", None)
     dtype = _dtype_of(kwargs, module, config)
@@ -178,14 +181,14 @@ def declared(config: Any, kwargs: dict, module: Any = None) -> Quantization | No
         return None if dtype == torch.float32 else Quantization(None, "", dtype)
     method = _method_of(quantization)
     scheme, compute = _scheme_of(method, quantization)
-    return Quantization(method, scheme, dtype, compute, quantization)
+    return Quantization(method, scheme, dtype, compute, quantization, pre_quantized)
 
 
 def _dtype_of(kwargs: dict, module: Any, config: Any) -> torch.dtype:
     """The dtype of the floating parameters: a built module's, else ``dtype=`` (``torch_dtype=``) as passed, else
     the checkpoint's own (transformers 5 loads ``dtype="auto"``: the config's ``dtype``), else float32."""
     if isinstance(module, torch.nn.Module):
-        return _float_dtype(module)
+        return float_dtype(module)
     dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
     if dtype is None or dtype == "auto":
         dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
@@ -210,9 +213,9 @@ def refuse_unavailable(quantization: Quantization | None, kwargs: dict | None = 
         )
     problem = _environment_problem(quantization, kwargs or {})
     if problem is not None:
-        where = f"the {package!r} package" if package else "transformers"
+        package = f", package {package!r}" if package else ""
         raise QuantizationUnavailable(
-            f"{method} quantization does not run here ({where} says: {problem}); load the model without "
+            f"{method} quantization{package} does not run here (transformers says: {problem}); load the model without "
             "quantization_config=, or with a method that runs on this machine (docs/quantization.md)"
         )
 
@@ -232,9 +235,11 @@ def _environment_problem(quantization: Quantization, kwargs: dict) -> str | None
     try:
         if isinstance(config, dict):
             config = AutoQuantizationConfig.from_dict(config)
-        quantizer = AutoHfQuantizer.from_config(config, pre_quantized=False)
+        quantizer = AutoHfQuantizer.from_config(config, pre_quantized=quantization.pre_quantized)
         quantizer.validate_environment(device_map=kwargs.get("device_map"), dtype=quantization.dtype,
                                        weights_only=True)
+        if not quantization.pre_quantized:
+            quantizer.get_quantize_ops()  # (transformers 5 has no way to quantize some methods' weights yet: HQQ)
     except (ImportError, RuntimeError, ValueError, NotImplementedError, EnvironmentError) as error:
         return " ".join(str(error).split())[:300] or type(error).__name__
     return None
@@ -265,7 +270,7 @@ def dense_weight(module: torch.nn.Module) -> torch.Tensor:
     out_features, in_features = _features(module)
     with torch.no_grad():
         dense = _dequantized(module, weight)
-    dtype = getattr(module, "compute_dtype", None) or _float_dtype(module)
+    dtype = getattr(module, "compute_dtype", None) or float_dtype(module)
     return dense.reshape(out_features, in_features).to(dtype)
 
 
@@ -279,7 +284,8 @@ def _features(module: torch.nn.Module) -> tuple[int, int]:
     return int(out_features), int(in_features)
 
 
-def _float_dtype(module: torch.nn.Module) -> torch.dtype:
+def float_dtype(module: torch.nn.Module) -> torch.dtype:
+    """The dtype of ``module``'s first floating parameter or buffer (float32 where it has none)."""
     floats = [t.dtype for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()]
     return floats[0] if floats else torch.float32
 
@@ -327,7 +333,7 @@ def precision(module: torch.nn.Module, quantization: Quantization | None = None)
     found = detected(module)
     if found is not None:
         return found.precision
-    return torch.finfo(_float_dtype(module)).eps
+    return torch.finfo(float_dtype(module)).eps
 
 
 def detected(module: torch.nn.Module) -> Quantization | None:
@@ -335,7 +341,7 @@ def detected(module: torch.nn.Module) -> Quantization | None:
     and scheme where the layers are quantized), ``None`` for a float32 model."""
     config = getattr(getattr(module, "config", None), "quantization_config", None)
     layers = [m for m in _linears(module) if is_quantized(m)]
-    dtype = _float_dtype(module)
+    dtype = float_dtype(module)
     if not layers:
         return None if dtype == torch.float32 else Quantization(None, "", dtype)
     if config is None:  # quantized by hand (modules swapped, torchao's quantize_): the package that holds it
@@ -360,4 +366,4 @@ def signature(module: torch.nn.Module) -> tuple:
                                                                                       "hqq"):
             name = type(sub).__name__ + ("/" + type(sub.weight).__name__ if is_quantized(sub) else "")
             classes[name] = classes.get(name, 0) + 1
-    return tuple(sorted(classes.items())), _float_dtype(module)
+    return tuple(sorted(classes.items())), float_dtype(module)
