@@ -123,7 +123,7 @@ class StandardizedTransformer(MountedModel):
     def _check_unchanged(self) -> None:
         """Raise `ModelChanged` where the model's linear layers or dtype changed since the proof (a layer swapped
         for a quantized one, a cast): taken at the first trace of the loaded weights, compared at every later one."""
-        if self.__dict__.get("_provenance") is None or self._module.device.type == "meta":
+        if self.__dict__.get("_provenance") is None or getattr(self._module, "device", None) == torch.device("meta"):
             return
         now = signature(self._module)
         if self._signature is None:
@@ -162,3 +162,4 @@ class StandardizedTransformer(MountedModel):
         if not self.dispatched and self.args:
             refuse_folder_without_weights(self.args[0], self.kwargs)
         super().dispatch()
+        self._check_unchanged()  # the loaded layers are those the proof was made for (and their weights guarded)

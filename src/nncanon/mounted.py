@@ -77,6 +77,12 @@ class _QuantizedWeight:
     def weight(self, value: Any) -> None:
         raise InvalidWrite(_weight_refusal(self))
 
+    def __getattr__(self, name: str) -> Any:
+        # The property's ValueNotAvailable is an AttributeError, which lands here: raise it, not the module's weight.
+        if name == "weight":
+            raise ValueNotAvailable(_weight_refusal(self))
+        return super().__getattr__(name)
+
 
 #: The guarded envoy class of each envoy class (`MountedModel.guard_quantized_weights`).
 _GUARDED: dict[type, type] = {}
