@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from nnsight.modeling.quantization import resolve_load_kwargs
 
 from .errors import QuantizationUnavailable
 
@@ -161,8 +162,8 @@ def _words(name: str) -> str:
 
 
 def declared(config: Any, kwargs: dict, module: Any = None) -> Quantization | None:
-    """The quantization (or cast) of what the user loads: ``quantization_config=`` in ``kwargs``, else the
-    checkpoint's own (``config.quantization_config``), with ``dtype=`` (or a built ``module``'s dtype); ``None``
+    """The quantization (or cast) of what the user loads: ``quantization_config=`` in ``kwargs`` (or nnsight's
+    shorthand ``dtype="nf4"``, ``"int8"``..., as nnsight resolves it at the load), else the checkpoint's own (``config.quantization_config``), with ``dtype=`` (or a built ``module``'s dtype); ``None``
     for a plain float32 model.
 
     Args:
@@ -170,6 +171,7 @@ def declared(config: Any, kwargs: dict, module: Any = None) -> Quantization | No
         kwargs: What the user passed to ``StandardizedTransformer``.
         module: The built model, where the user passed one (its dtype and ``config.quantization_config``).
     """
+    kwargs = resolve_load_kwargs(kwargs, quantize=True)  # nnsight's shorthand: dtype="nf4", "int8"...
     quantization = kwargs.get("quantization_config")
     if quantization is None and module is not None:
         quantization = getattr(getattr(module, "config", None), "quantization_config", None)
@@ -191,7 +193,7 @@ def _dtype_of(kwargs: dict, module: Any, config: Any) -> torch.dtype:
         return float_dtype(module)
     dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
     if dtype is None or dtype == "auto":
-        dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        dtype = getattr(config, "dtype", None)
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype, None)
     return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ..quantization import Quantization
+from ..quiet import progress_bars_hidden
 from .shrink import (
     HEAD_WIDTH_NAMES,
     LAYER_LIMIT,
@@ -384,10 +385,11 @@ def quantized_twin(model: torch.nn.Module, quantization: Quantization | None) ->
     if quantization.method is None:
         return model.to(quantization.dtype)
     config = copy.deepcopy(model.config)
-    built = type(model).from_pretrained(
-        None, config=config, state_dict=model.state_dict(), quantization_config=copy.deepcopy(quantization.config),
-        dtype=quantization.dtype, device_map="cpu", attn_implementation=config._attn_implementation,
-    )
+    with progress_bars_hidden():
+        built = type(model).from_pretrained(
+            None, config=config, state_dict=model.state_dict(), quantization_config=copy.deepcopy(quantization.config),
+            dtype=quantization.dtype, device_map="cpu", attn_implementation=config._attn_implementation,
+        )
     return built.eval()
 
 
