@@ -41,18 +41,18 @@ from nnsight.modeling.transformers import TransformersModel
 from transformers import BitsAndBytesConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import build, inputs, interleaved, trace_raw, trace_standard  # noqa: E402
+from bench import build, inputs, interleaved, trace_raw, trace_standard
 
-from nncanon import StandardizedTransformer  # noqa: E402
-from nncanon.proof.checks.base import CheckResult  # noqa: E402
-from nncanon.proof.load import prove  # noqa: E402
-from nncanon.proof.shrink import RULES, text_part  # noqa: E402
-from nncanon.proof.twin import perturb, quantized_twin  # noqa: E402
-from nncanon.proof.verdict import verify  # noqa: E402
-from nncanon.quantization import declared, is_quantized  # noqa: E402
-from nncanon.quiet import kernel_notices_filtered, progress_bars_hidden  # noqa: E402
-from nncanon.registry import variants  # noqa: E402
-from nncanon.testing import tiny_hf_model, tiny_tokenizer  # noqa: E402
+from nncanon import StandardizedTransformer
+from nncanon.proof.checks.base import CheckResult
+from nncanon.proof.load import prove
+from nncanon.proof.shrink import RULES, text_part
+from nncanon.proof.twin import perturb, quantized_twin
+from nncanon.proof.verdict import verify
+from nncanon.quantization import declared, is_quantized
+from nncanon.quiet import kernel_notices_filtered, progress_bars_hidden
+from nncanon.registry import variants
+from nncanon.testing import tiny_hf_model, tiny_tokenizer
 
 METHODS = {
     "int8": lambda: BitsAndBytesConfig(load_in_8bit=True),
@@ -166,7 +166,8 @@ def summarize(results: dict) -> dict:
             "values_pass_on_variant": sum(o["values_pass"] and o["on"] == "the variant" for o in checked),
             "values_pass_widened": sum(o["values_pass"] and o["on"] != "the variant" for o in checked),
             "gradients_pass": sum(o["gradients_pass"] for o in checked),
-            "not_quantized": sorted(n for n, r in results.items() if r.get(method, {}).get("status") == "not quantized"),
+            "not_quantized": sorted(n for n, r in results.items()
+                                    if r.get(method, {}).get("status") == "not quantized"),
             "does_not_run": sorted(n for n, r in results.items()
                                    if r.get(method, {}).get("status") == "does not run quantized"),
             "errors": sorted(n for n, r in results.items() if r.get(method, {}).get("status") == "error"),
@@ -187,8 +188,8 @@ def measure_trace(repeats: int) -> dict:
         quantized = quantized_twin(module, quantization)
         standard = StandardizedTransformer(quantized, tokenizer=tokenizer)
         raw = TransformersModel(quantized, tokenizer=tokenizer)
-        times = interleaved({"standard": lambda: trace_standard(standard, ids, False),
-                             "raw_nnsight": lambda: trace_raw(raw, ids, False)}, repeats)
+        times = interleaved({"standard": lambda standard=standard: trace_standard(standard, ids, False),
+                             "raw_nnsight": lambda raw=raw: trace_raw(raw, ids, False)}, repeats)
         result[method] = {"seconds": times, "ratio": times["standard"] / times["raw_nnsight"],
                           "quantized_layers": sum(is_quantized(m) for m in quantized.modules()),
                           "provenance": standard.support().provenance}
@@ -202,7 +203,8 @@ def measure_proof(repeats: int) -> dict:
     for name, config, cls in (("llama", transformers.LlamaConfig(), transformers.LlamaForCausalLM),
                               ("gpt2", transformers.GPT2Config(), transformers.GPT2LMHeadModel)):
         family = StandardizedTransformer(tiny_hf_model(name), tokenizer=tiny_tokenizer(), verify="never").family
-        cases = {"float32": None, **{m: declared(config, {"quantization_config": make()}) for m, make in METHODS.items()}}
+        cases = {"float32": None,
+                 **{m: declared(config, {"quantization_config": make()}) for m, make in METHODS.items()}}
         samples: dict = {case: [] for case in cases}
         for _ in range(repeats):
             for case, quantization in cases.items():

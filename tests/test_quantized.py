@@ -111,7 +111,8 @@ def scaled_bar(model) -> float:
 
 
 def test_one_rule_scales_every_bar_with_the_format():
-    for dtype, expected in ((torch.float32, TOLERANCE), (torch.bfloat16, 8 * 2.0 ** -7), (torch.float16, 8 * 2.0 ** -10)):
+    cases = ((torch.float32, TOLERANCE), (torch.bfloat16, 8 * 2.0 ** -7), (torch.float16, 8 * 2.0 ** -10))
+    for dtype, expected in cases:
         token = PRECISION.set(torch.finfo(dtype).eps)
         try:
             assert scaled(TOLERANCE) == pytest.approx(expected) and scaled(0.0) == 0.0
@@ -179,7 +180,7 @@ def test_writes_are_checked_against_the_compute_dtype(loaded):
         with torch.no_grad(), model.trace(PROMPTS[0]):
             model.layers[0].mlp.mlp_output = torch.zeros(1, 1, 64, dtype=torch.int64)
     half = loaded("fp4-bf16")
-    with pytest.raises(nncanon.InvalidWrite, match="dtype torch.float32 is not torch.bfloat16"):
+    with pytest.raises(nncanon.InvalidWrite, match=r"dtype torch\.float32 is not torch\.bfloat16"):
         with torch.no_grad(), half.trace(PROMPTS[0]):
             half.layers[0].mlp.mlp_output = torch.zeros(1, 1, 64)
     with torch.no_grad(), half.trace(PROMPTS[0]):  # a write in the stream's own dtype goes through
@@ -270,7 +271,7 @@ def test_a_method_not_installed_or_not_runnable_is_refused_in_one_line(folder, m
     with pytest.raises(nncanon.QuantizationUnavailable, match="bitsandbytes quantization needs the 'bitsandbytes'"):
         nncanon.StandardizedTransformer(folder, **LOADS["nf4"])
     monkeypatch.undo()
-    with pytest.raises(nncanon.QuantizationUnavailable, match="hqq quantization.*does not run here"):
+    with pytest.raises(nncanon.QuantizationUnavailable, match=r"hqq quantization.*does not run here"):
         nncanon.StandardizedTransformer(folder, quantization_config=transformers.HqqConfig(nbits=4, group_size=64))
 
 

@@ -20,8 +20,8 @@ from .families import Family
 from .gradients import forward_guard
 from .inputs import check_batch, refuse_no_prompt
 from .mounting import mount
-from .quiet import wrapping_quietly
 from .quantization import float_dtype, is_quantized
+from .quiet import wrapping_quietly
 from .served import check_write, model_value, served_as_stacked
 from .skipping import (
     check_not_generating_with_cache,

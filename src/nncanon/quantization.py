@@ -163,7 +163,8 @@ def _words(name: str) -> str:
 
 def declared(config: Any, kwargs: dict, module: Any = None) -> Quantization | None:
     """The quantization (or cast) of what the user loads: ``quantization_config=`` in ``kwargs`` (or nnsight's
-    shorthand ``dtype="nf4"``, ``"int8"``..., as nnsight resolves it at the load), else the checkpoint's own (``config.quantization_config``), with ``dtype=`` (or a built ``module``'s dtype); ``None``
+    shorthand ``dtype="nf4"``, ``"int8"``..., as nnsight resolves it at the load), else the checkpoint's own
+    (``config.quantization_config``), with ``dtype=`` (or a built ``module``'s dtype); ``None``
     for a plain float32 model.
 
     Args:
@@ -242,7 +243,7 @@ def _environment_problem(quantization: Quantization, kwargs: dict) -> str | None
                                        weights_only=True)
         if not quantization.pre_quantized:
             quantizer.get_quantize_ops()  # (transformers 5 has no way to quantize some methods' weights yet: HQQ)
-    except (ImportError, RuntimeError, ValueError, NotImplementedError, EnvironmentError) as error:
+    except (OSError, ImportError, RuntimeError, ValueError, NotImplementedError) as error:
         return " ".join(str(error).split())[:300] or type(error).__name__
     return None
 
@@ -256,7 +257,8 @@ def is_quantized(module: torch.nn.Module) -> bool:
     weight = getattr(module, "weight", None)
     if type(module).__module__.split(".")[0] in ("bitsandbytes", "optimum", "hqq"):
         return True
-    return isinstance(weight, torch.Tensor) and (type(weight.data) is not torch.Tensor or not weight.is_floating_point())
+    return isinstance(weight, torch.Tensor) and (type(weight.data) is not torch.Tensor
+                                                 or not weight.is_floating_point())
 
 
 def dense_weight(module: torch.nn.Module) -> torch.Tensor:

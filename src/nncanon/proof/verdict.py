@@ -6,8 +6,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .checks import CHECKS
 from ..quantization import precision
+from .checks import CHECKS
 from .checks.base import PRECISION, Check, CheckResult, raised
 from .checks.references import shared_copies
 
