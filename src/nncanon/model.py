@@ -35,6 +35,13 @@ def _kind(quantization: Quantization | None) -> tuple:
         quantization.method, quantization.scheme, quantization.dtype)
 
 
+def _unreplaced(quantization: Quantization | None) -> bool:
+    """Whether a float32 model without quantized layers is what ``quantization`` loads: its quantizer replaced none
+    of the model's layers (transformers' bitsandbytes replaces ``nn.Linear`` itself only, not Falcon's subclass),
+    as it replaced none of the twin's."""
+    return quantization is not None and quantization.method is not None and quantization.dtype == torch.float32
+
+
 def _named(quantization: Quantization | None) -> str:
     return "in float32, unquantized" if quantization is None else f"quantized or cast as {quantization.describe()}"
 
@@ -130,7 +137,7 @@ class StandardizedTransformer(MountedModel):
             self._signature = now
             self.guard_quantized_weights()
             found = detected(self._module)
-            if _kind(found) == _kind(self._quantization):
+            if _kind(found) == _kind(self._quantization) or (found is None and _unreplaced(self._quantization)):
                 return
             self._signature = None
             raise ModelChanged(

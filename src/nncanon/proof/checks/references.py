@@ -211,12 +211,12 @@ def plain_copy(model: Any) -> Any:
     from nnsight import NNsight
 
     def make() -> tuple:
-        return model._module, NNsight(_fresh_copy(model._module))  # (the module is kept, so its id stays its own)
+        return model._module, NNsight(fresh_copy(model._module))  # (the module is kept, so its id stays its own)
 
     return _shared(("plain", id(model._module)), make)
 
 
-def _fresh_copy(module: torch.nn.Module) -> torch.nn.Module:
+def fresh_copy(module: torch.nn.Module) -> torch.nn.Module:
     """A deep copy of ``module``; tensors a gradient-tracking forward left on its modules (RecurrentGemma's
     cached states, not leaves: torch cannot deep-copy them) are copied detached. The original is untouched."""
     memo: dict = {}
@@ -273,7 +273,7 @@ def implementation_copy(model: Any, implementation: str) -> Any:
 
 
 def _make_implementation_copy(model: Any, implementation: str) -> Any:
-    module = _fresh_copy(model._module)
+    module = fresh_copy(model._module)
     try:
         module.set_attn_implementation(implementation)
     except (ValueError, ImportError):
