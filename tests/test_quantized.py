@@ -275,9 +275,12 @@ def test_a_method_not_installed_or_not_runnable_is_refused_in_one_line(folder, m
         nncanon.StandardizedTransformer(folder, quantization_config=transformers.HqqConfig(nbits=4, group_size=64))
 
 
-def test_a_bfloat16_model_is_proved_on_a_twin_cast_as_it(loaded, folder):
-    model = loaded("bf16", dtype=torch.bfloat16)
-    assert model.support().provenance.startswith("proved on a twin cast as this model (bfloat16)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_model_is_proved_on_a_twin_cast_as_it(loaded, folder, dtype):
+    model = loaded(str(dtype), dtype=dtype)
+    name = str(dtype).removeprefix("torch.")
+    assert model.support().provenance.startswith(f"proved on a twin cast as this model ({name})")
+    assert model.quantization.precision == torch.finfo(dtype).eps
     assert not model.support().declined(0)
     with torch.no_grad(), model.trace(PROMPTS[0]):
         mlp = model.layers[0].mlp.mlp_output.save()
