@@ -20,7 +20,7 @@ from .families import Family
 from .gradients import forward_guard
 from .inputs import check_batch, refuse_no_prompt
 from .mounting import mount
-from .quantization import float_dtype, is_quantized
+from .quantization import float_dtype, head_dtype, is_quantized
 from .quiet import wrapping_quietly
 from .served import check_write, model_value, served_as_stacked
 from .skipping import (
@@ -424,6 +424,8 @@ class MountedModel(TransformersModel):
         input_divisor = self._family.step_factor("divide_input", self._text_config)
         if input_divisor is not None:
             x = x / input_divisor
+        if self._family.casts_head_input:  # as the model does: lm_head(h.to(lm_head.weight.dtype))
+            x = x.to(head_dtype(self.lm_head._module, x.dtype))
         return apply_logit_steps(self.lm_head(x), self._family, self._text_config)
 
     def skip_layers(self, start: int, end: int | None = None, skip_with: torch.Tensor | None = None) -> None:

@@ -317,6 +317,15 @@ def _dequantized(module: torch.nn.Module, weight: torch.Tensor) -> torch.Tensor:
     raise TypeError(f"nncanon cannot read the weight of a {type(module).__name__} holding a {kind}")
 
 
+def head_dtype(module: torch.nn.Module, default: torch.dtype) -> torch.dtype:
+    """The dtype ``lm_head(h.to(lm_head.weight.dtype))`` casts to: a plain head's weight dtype; ``default`` for a
+    quantized head (its layer takes its input as it comes)."""
+    weight = getattr(module, "weight", None)
+    if isinstance(weight, torch.Tensor) and not is_quantized(module) and weight.is_floating_point():
+        return weight.dtype
+    return default
+
+
 def copied_tensor(tensor: torch.Tensor) -> torch.Tensor | None:
     """A copy of a tensor subclass that wraps others (a quantized weight) which ``copy.deepcopy`` cannot copy
     (quanto's ``QBytesTensor``), made from its inner tensors (torch's ``__tensor_flatten__`` protocol); ``None``

@@ -54,6 +54,7 @@ _SHARED_TOPK = (
 HY_V4 = Family(
     name="hy_v4",
     model_types=("hy_v4",),
+    casts_head_input=True,
     norm="model.hc_head",
     before_head=("model.norm",),
     attention_output=Site(op="residual_float_0", weighted=("unsqueeze_0", "unsqueeze_1"), merge=True),
