@@ -74,8 +74,8 @@ def test_a_real_checkpoint_loses_no_value_to_its_twin(entry, tmp_path):
     report = model.support()
     assert report.cause is None, report.cause
     # (a checkpoint saved in bfloat16 loads in bfloat16, and is proved on a twin cast as it: docs/quantization.md)
-    assert re.match(r"proved on a twin (cast as this model \((bfloat16|float16)\) )?of this config", report.provenance), (
-        report.provenance)
+    proved = r"proved on a twin (cast as this model \((bfloat16|float16)\) )?of this config"
+    assert re.match(proved, report.provenance), report.provenance
     lost = {(row.index, value): reason for row in report.layers for value, reason in row.reasons.items()
             if reason is not None and reason.startswith("not proved")}
     assert not lost, next(iter(lost.values()))

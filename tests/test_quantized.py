@@ -271,8 +271,9 @@ def test_a_method_not_installed_or_not_runnable_is_refused_in_one_line(folder, m
     with pytest.raises(nncanon.QuantizationUnavailable, match="bitsandbytes quantization needs the 'bitsandbytes'"):
         nncanon.StandardizedTransformer(folder, **LOADS["nf4"])
     monkeypatch.undo()
-    with pytest.raises(nncanon.QuantizationUnavailable, match=r"hqq quantization.*does not run here"):
-        nncanon.StandardizedTransformer(folder, quantization_config=transformers.HqqConfig(nbits=4, group_size=64))
+    # HQQ: installed, transformers 5.24 cannot quantize with it ("not available yet"); not installed, the package named
+    with pytest.raises(nncanon.QuantizationUnavailable, match=r"hqq quantization(, package 'hqq' does not run| needs)"):
+        nncanon.StandardizedTransformer(folder, quantization_config={"quant_method": "hqq", "nbits": 4})
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -291,7 +292,8 @@ def test_a_half_precision_model_is_proved_on_a_twin_cast_as_it(loaded, folder, d
 
 @pytest.mark.parametrize("method", ["torchao", "quanto"])
 def test_other_methods_that_run_here(folder, method):
-    if method == "torchao":
+    if method == "torchao":  # not in the test extra: its import writes CUDA library errors to stderr (pyproject)
+        pytest.importorskip("torchao", reason="torchao is not installed (pip install torch==2.13.0 torchao==0.18.0)")
         from torchao.quantization import Int8WeightOnlyConfig
 
         config, described = transformers.TorchAoConfig(Int8WeightOnlyConfig()), "torchao int8 weight-only"
