@@ -109,3 +109,14 @@ class InvalidCheckpoint(NncanonError, OSError):
     that is not what its name says (truncated, or not a safetensors file). The message names the file; the
     library's own error is its cause. An ``OSError``, as transformers raises for a file it cannot read."""
 
+
+
+class QuantizationUnavailable(NncanonError, ImportError):
+    """A quantization method (``quantization_config=``, or a checkpoint quantized with it) whose package is not
+    installed, or that does not run on this machine: one line naming the method and the package, raised before
+    any weight is loaded."""
+
+
+class ModelChanged(NncanonError, RuntimeError):
+    """The model was changed since its load-time proof (a linear layer swapped for a quantized one, a cast to
+    another dtype): the proof no longer speaks for it. Load it again as it now is."""

@@ -258,14 +258,16 @@ def config_digest(config: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def cache_key(config: Any, family: Any, model_class: type) -> str:
-    """The cache key of a proof of ``config``: the versions, the checks run, the family record, the class
-    and the fingerprint."""
+def cache_key(config: Any, family: Any, model_class: type, quantization: dict | None = None) -> str:
+    """The cache key of a proof of ``config``: the versions, the checks run, the family record, the class,
+    the fingerprint, and how the model is quantized or cast (``quantization``: `nncanon.quantization.Quantization.key`;
+    ``None``: a float32 model)."""
     versions = current_versions()
-    parts = (tuple(versions.values()), digest_of(verdict.CHECKS), fingerprint(config, family, model_class))
+    quantized = "" if quantization is None else json.dumps(quantization, sort_keys=True, default=str)
+    parts = (tuple(versions.values()), digest_of(verdict.CHECKS), fingerprint(config, family, model_class), quantized)
     key = _KEYS.get(parts)
     if key is None:
-        text = f"{json.dumps(versions, sort_keys=True)}|{parts[1]}|{parts[2]}"
+        text = f"{json.dumps(versions, sort_keys=True)}|{parts[1]}|{parts[2]}" + (f"|{quantized}" if quantized else "")
         key = _KEYS[parts] = hashlib.sha256(text.encode()).hexdigest()[:32]
     return key
 
