@@ -50,7 +50,7 @@ def loaded(folder):
         key = (name, tuple(sorted(extra)))
         if key not in cache:
             options = {**LOADS.get(name, {}), **extra}
-            cache[key] = nncanon.StandardizedTransformer(folder, device_map="cpu", **options)
+            cache[key] = nncanon.StandardizedTransformer(folder, device_map="cpu", dispatch=True, **options)
         return cache[key]
 
     return load

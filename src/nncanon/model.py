@@ -300,7 +300,9 @@ def _check_config(model: StandardizedTransformer) -> None:
     state = config_state(config)
     if state is not None and state == seen[0]:
         return
-    if cache_key(config, model.family, type(model._module)) == proof.key and proof.stands_for(config):
+    quantization = model.__dict__.get("_quantization")
+    key = cache_key(config, model.family, type(model._module), None if quantization is None else quantization.key())
+    if key == proof.key and proof.stands_for(config):
         model.__dict__["_proved_config"] = (state, _entries(config))
         return
     changed = _changes(seen[1], _entries(config))

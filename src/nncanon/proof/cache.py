@@ -37,6 +37,7 @@ _VOLATILE = {
     "transformers_version", "_name_or_path", "architectures", "dtype", "torch_dtype", "use_cache",
     "output_hidden_states", "output_attentions", "return_dict", "id2label", "label2id", "tokenizer_class",
     "_commit_hash", "problem_type", "_attn_implementation_autoset", "auto_map", "chunk_size_feed_forward",
+    "quantization_config",  # (keyed on its own: `cache_key`'s ``quantization``, as the model is quantized)
 }
 
 
