@@ -16,6 +16,7 @@ from nnsight.intervention.eproperty import WriteBack, eproperty
 from nnsight.intervention.interleaver import Mediator, OutOfOrderError
 from nnsight.intervention.tracer import InterleavingTracer
 from nnsight.intervention.util import first_input, replace_first_input
+from nnsight.modeling.quantization import resolve_load_kwargs
 from nnsight.modeling.transformers import TransformersModel
 from nnsight.tracing.tracer import WithBlockNotFoundError
 
@@ -221,3 +222,11 @@ def test_write_back_and_util_signatures():
     replaced, _ = replace_first_input(args, kwargs, torch.zeros(1))
     assert torch.equal(replaced[0], torch.zeros(1))
     assert "tracer_cls" in inspect.signature(Envoy.trace).parameters or "tracer_cls" in inspect.getsource(Envoy.trace)
+
+
+def test_resolve_load_kwargs_reads_the_dtype_shorthand():
+    resolved = resolve_load_kwargs({"dtype": "nf4"}, quantize=True)
+    config = resolved["quantization_config"]
+    assert config.load_in_4bit and config.bnb_4bit_quant_type == "nf4"
+    assert isinstance(resolved["dtype"], (str, torch.dtype))
+    assert resolve_load_kwargs({"dtype": torch.float32}) == {"dtype": torch.float32}

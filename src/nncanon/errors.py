@@ -125,3 +125,14 @@ class DictionaryMismatch(NncanonError, ValueError):
 class UnknownHookName(NncanonError, ValueError):
     """A hook name that names no point of the model: not a TransformerLens hook name, an nncanon value or a module
     path of this model (a name with a meaning that this family lacks is `ValueNotAvailable`, with the reason)."""
+
+
+class QuantizationUnavailable(NncanonError, ImportError):
+    """A quantization method (``quantization_config=``, or a checkpoint quantized with it) whose package is not
+    installed, or that does not run on this machine: one line naming the method and the package, raised before
+    any weight is loaded."""
+
+
+class ModelChanged(NncanonError, RuntimeError):
+    """The model was changed since its load-time proof (a linear layer swapped for a quantized one, a cast to
+    another dtype): the proof no longer speaks for it. Load it again as it now is."""

@@ -19,6 +19,7 @@ from .errors import (
     InvalidArgument,
     InvalidCheckpoint,
     InvalidModel,
+    ModelChanged,
     NncanonError,
     TokenizerNotFound,
     UntestedTransformersWarning,
@@ -36,8 +37,31 @@ from .loading import (
 from .mounted import MountedModel
 from .proof.cache import cache_key, config_state
 from .proof.load import VERIFY_MODES, load_provenance
+from .quantization import Quantization, declared, detected, refuse_unavailable, signature
 from .quiet import kernel_notices_filtered
 from .versions import untested_transformers
+
+
+def _kind(quantization: Quantization | None) -> tuple:
+    """What must agree between the proof's and the model's quantization: method, scheme and dtype."""
+    return (None, "", torch.float32) if quantization is None else (
+        quantization.method, quantization.scheme, quantization.dtype)
+
+
+def _unreplaced(quantization: Quantization | None) -> bool:
+    """Whether a float32 model without quantized layers is what ``quantization`` loads: its quantizer replaced none
+    of the model's layers (transformers' bitsandbytes replaces ``nn.Linear`` itself only, not Falcon's subclass),
+    as it replaced none of the twin's."""
+    return quantization is not None and quantization.method is not None and quantization.dtype == torch.float32
+
+
+def _named(quantization: Quantization | None) -> str:
+    return "in float32, unquantized" if quantization is None else f"quantized or cast as {quantization.describe()}"
+
+
+def _layers(found: tuple) -> str:
+    classes, dtype = found
+    return ", ".join(f"{count} {name}" for name, count in classes) + f"; {str(dtype).removeprefix('torch.')}"
 
 
 class StandardizedTransformer(MountedModel):
@@ -72,6 +96,8 @@ class StandardizedTransformer(MountedModel):
             raise InvalidArgument(f"verify={verify!r} is not one of {', '.join(map(repr, VERIFY_MODES))}: "
                                   "'auto' (prove on a twin unless the cache has the proof), 'always', or 'never'")
         config = causal_lm_config(_readable_config(model, kwargs))
+        quantization = declared(config, kwargs, model if isinstance(model, torch.nn.Module) else None)
+        refuse_unavailable(quantization, kwargs)  # (before any weight is loaded)
         inferred = None
         if family is None:
             family, inferred = family_for_load(config, model, kwargs)
@@ -96,16 +122,55 @@ class StandardizedTransformer(MountedModel):
             note_transformers_error(error, config)
             raise
         self._inferred = inferred
+        self._quantization = quantization
+        self._signature: tuple | None = None  # the proof's model as its layers hold it (`quantization.signature`)
         self._provenance = self._prove(verify, self._unserved)
         self._proved_config = _config_seen(self)
+        self._check_unchanged()  # (a model passed built, or dispatched: its layers as proved)
 
     def _prove(self, verify: str, unserved: list | None = None) -> Any:
         """Prove this model's values on a twin of its config (see ``verify``); decline what fails.
         ``unserved``: what `mount` returned."""
         with kernel_notices_filtered():
             if self._inferred is None:
-                return load_provenance(self, self._module.config, verify, unserved)
+                return load_provenance(self, self._module.config, verify, unserved, self._quantization)
             return inferred_provenance(self, verify, unserved)
+
+    @property
+    def quantization(self) -> Quantization | None:
+        """How the model is quantized or cast, as the proof's twin was (`nncanon.quantization.Quantization`:
+        ``bitsandbytes nf4, compute float32``...); ``None`` for a float32 model."""
+        return self._quantization
+
+    def interleave(self, *args: Any, **kwargs: Any) -> Any:
+        """Run a trace, first checking that the model is still the one its proof was made for (`ModelChanged`)."""
+        self._check_unchanged()
+        return super().interleave(*args, **kwargs)
+
+    def _check_unchanged(self) -> None:
+        """Raise `ModelChanged` where the model's linear layers or dtype changed since the proof (a layer swapped
+        for a quantized one, a cast): taken at the first trace of the loaded weights, compared at every later one."""
+        if self.__dict__.get("_provenance") is None or getattr(self._module, "device", None) == torch.device("meta"):
+            return
+        now = signature(self._module)
+        if self._signature is None:
+            self._signature = now
+            self.guard_quantized_weights()
+            found = detected(self._module)
+            if _kind(found) == _kind(self._quantization) or (found is None and _unreplaced(self._quantization)):
+                return
+            self._signature = None
+            raise ModelChanged(
+                f"the model is {_named(found)} but its proof was made for a model {_named(self._quantization)}: "
+                "it was quantized or cast after the load. Load it as it is now (StandardizedTransformer(model, ...), "
+                "or quantization_config=/dtype= at the load), so that the proof's twin is made like it."
+            )
+        if now != self._signature:
+            raise ModelChanged(
+                "the model changed since its proof: its linear layers or dtype are not those it was proved with "
+                f"(now {_layers(now)}; proved with {_layers(self._signature)}): a layer was swapped (quantized) or "
+                "the model cast after the load. Load it again as it is now, so that the proof's twin is made like it."
+            )
 
     @property
     def inferred(self) -> Any:
@@ -131,6 +196,7 @@ class StandardizedTransformer(MountedModel):
             if unreadable is None:
                 raise
             raise unreadable from error
+        self._check_unchanged()  # the loaded layers are those the proof was made for (and their weights guarded)
 
     def trace(self, *inputs: Any, **kwargs: Any) -> Any:
         """nnsight's trace (see `MountedModel.trace`), refused where the config changed since the load-time proof in
@@ -234,7 +300,9 @@ def _check_config(model: StandardizedTransformer) -> None:
     state = config_state(config)
     if state is not None and state == seen[0]:
         return
-    if cache_key(config, model.family, type(model._module)) == proof.key and proof.stands_for(config):
+    quantization = model.__dict__.get("_quantization")
+    key = cache_key(config, model.family, type(model._module), None if quantization is None else quantization.key())
+    if key == proof.key and proof.stands_for(config):
         model.__dict__["_proved_config"] = (state, _entries(config))
         return
     changed = _changes(seen[1], _entries(config))

@@ -20,6 +20,7 @@ from .families import Family
 from .gradients import forward_guard
 from .inputs import check_batch, refuse_no_prompt
 from .mounting import mount
+from .quantization import float_dtype, head_dtype, is_quantized
 from .quiet import wrapping_quietly
 from .served import check_write, model_value, served_as_stacked
 from .skipping import (
@@ -54,6 +55,44 @@ def apply_logit_steps(logits: torch.Tensor, family: Family, config: Any) -> torc
         else:  # pragma: no cover - a family definition error
             raise ValueError(f"unknown logit step {step.op!r}")
     return logits
+
+
+def _weight_refusal(envoy: Any) -> str:
+    module = envoy._module
+    holder = type(module.weight).__name__
+    return (f"{envoy.path}.weight is held quantized ({type(module).__name__} holding a {holder}): nncanon serves no "
+            "read or write of it through the surface (its storage is packed, so its shape and values are not the "
+            "layer's, and a write would corrupt it). Read it dequantized with "
+            "nncanon.quantization.dense_weight(<envoy>._module), [out_features, in_features]; to change the layer, "
+            "load the model unquantized.")
+
+
+class _QuantizedWeight:
+    """Mixed into the envoy of a layer holding its weight quantized: ``.weight`` refuses a read and a write."""
+
+    @property
+    def weight(self) -> Any:
+        raise ValueNotAvailable(_weight_refusal(self))
+
+    @weight.setter
+    def weight(self, value: Any) -> None:
+        raise InvalidWrite(_weight_refusal(self))
+
+    def __getattr__(self, name: str) -> Any:
+        # The property's ValueNotAvailable is an AttributeError, which lands here: raise it, not the module's weight.
+        if name == "weight":
+            raise ValueNotAvailable(_weight_refusal(self))
+        return super().__getattr__(name)
+
+
+#: The guarded envoy class of each envoy class (`MountedModel.guard_quantized_weights`).
+_GUARDED: dict[type, type] = {}
+
+
+def _guarded(cls: type) -> type:
+    if cls not in _GUARDED:
+        _GUARDED[cls] = type(cls.__name__, (_QuantizedWeight, cls), {"__module__": cls.__module__})
+    return _GUARDED[cls]
 
 
 class MountedModel(TransformersModel):
@@ -377,9 +416,9 @@ class MountedModel(TransformersModel):
         if plain and hidden.shape[-1] != self.hidden_size:
             return (f"shape {tuple(hidden.shape)}: its last axis is the residual stream's, {self.hidden_size} wide "
                     f"(a layer_input or layer_output), not {hidden.shape[-1]}.")
-        weight = getattr(self.lm_head._module, "weight", None)
-        if isinstance(weight, torch.Tensor) and hidden.dtype != weight.dtype:
-            return f"dtype {hidden.dtype}; the model runs in {weight.dtype}: pass hidden.to({weight.dtype})."
+        dtype = float_dtype(self._module)  # (not the head's weight: a quantized head holds integers)
+        if hidden.dtype != dtype:
+            return f"dtype {hidden.dtype}; the model runs in {dtype}: pass hidden.to({dtype})."
         return None
 
     def _project(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -399,6 +438,8 @@ class MountedModel(TransformersModel):
         input_divisor = self._family.step_factor("divide_input", self._text_config)
         if input_divisor is not None:
             x = x / input_divisor
+        if self._family.casts_head_input:  # as the model does: lm_head(h.to(lm_head.weight.dtype))
+            x = x.to(head_dtype(self.lm_head._module, x.dtype))
         return apply_logit_steps(self.lm_head(x), self._family, self._text_config)
 
     def skip_layers(self, start: int, end: int | None = None, skip_with: torch.Tensor | None = None) -> None:
@@ -452,6 +493,15 @@ class MountedModel(TransformersModel):
             tupled = extras or self._family.block_tuple
             self.layers[index].skip((replacement, *extras) if tupled else replacement)
 
+
+    def guard_quantized_weights(self) -> None:
+        """Make ``.weight`` of every layer that holds its weight quantized refuse, through the surface, a read (its
+        storage is packed: its shape and values mislead) and a write (it would corrupt the packed storage), naming
+        `nncanon.quantization.dense_weight` for a read. Called once the model's weights are loaded."""
+        for envoy in self.modules():
+            module = envoy.__dict__.get("_module")
+            if module is not None and is_quantized(module) and not isinstance(envoy, _QuantizedWeight):
+                envoy.__class__ = _guarded(type(envoy))
 
     # -- support -------------------------------------------------------------
 

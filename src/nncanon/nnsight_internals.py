@@ -124,6 +124,10 @@ IMPORTS: tuple[Internal, ...] = (
              "a block's input replaced in its hook arguments", "replace_first_input(args, kwargs, value)"),
     Internal("nnsight.intervention.backward", "import",
              "the module whose _grad_property nncanon wraps (see OVERRIDES)", "it defines _grad_property"),
+    Internal("nnsight.modeling.quantization.resolve_load_kwargs", "import",
+             "nnsight's dtype shorthand (dtype=\"nf4\", \"int8\") read as the quantization_config nnsight loads with, "
+             "so the proof's twin is quantized the same way",
+             "resolve_load_kwargs({'dtype': 'nf4'}) gives a 4-bit NF4 BitsAndBytesConfig and a float dtype"),
     Internal("nnsight.tracing.tracer.WithBlockNotFoundError", "import",
              "generate outside a with block runs at once (see OVERRIDES)", "raised by Tracer.capture()"),
 )

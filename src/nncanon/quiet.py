@@ -27,6 +27,8 @@ KERNEL_NOTICE = "is falling back to its reference PyTorch implementation"
 #: The transformers logger of the notice that a class cannot switch its attention implementation, and its words.
 SWITCH_LOGGER = "transformers.modeling_utils"
 SWITCH_NOTICE = "does not support setting its attention implementation dynamically"
+#: bitsandbytes' logger, whose int8 layers log "inputs will be cast ... to float16" at every call.
+BNB_LOGGER = "bitsandbytes"
 #: nnsight's warning for a submodule named like an Envoy attribute (RWKV's ``attention.output``).
 SUBMODULE_WARNING = r"Module '.*' has a submodule named '.*', which nnsight already serves on every module"
 
@@ -46,8 +48,8 @@ class _NoticeFilter(logging.Filter):
 
 @contextmanager
 def kernel_notices_filtered() -> Iterator[None]:
-    """Drop transformers' kernel fallback notices, and its notices that a class cannot switch its attention
-    implementation, logged inside the block.
+    """Drop transformers' kernel fallback notices, its notices that a class cannot switch its attention
+    implementation, and bitsandbytes' warnings (a quantized twin's), logged inside the block.
 
     transformers logs each fallback notice once per process (``warning_once``); one dropped here is
     forgotten on exit, so the user's own forward still shows it.
@@ -56,11 +58,15 @@ def kernel_notices_filtered() -> Iterator[None]:
     notices, switch_notices = _NoticeFilter(KERNEL_NOTICE), _NoticeFilter(SWITCH_NOTICE)
     logger.addFilter(notices)
     switches.addFilter(switch_notices)
+    casts = logging.getLogger(BNB_LOGGER)  # (a quantized twin's int8 layers log a cast at every call)
+    level = casts.level
+    casts.setLevel(logging.ERROR)
     try:
         yield
     finally:
         logger.removeFilter(notices)
         switches.removeFilter(switch_notices)
+        casts.setLevel(level)
         if notices.dropped:
             from transformers.utils import logging as transformers_logging
 

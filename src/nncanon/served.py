@@ -363,7 +363,10 @@ def check_write(value: Any, current: torch.Tensor, what: str) -> None:
     problems = []
     if not fits:
         problems.append(f"shape {tuple(value.shape)} does not broadcast to {tuple(current.shape)}")
-    if value.dtype != current.dtype:
+    if value.dtype != current.dtype and not (value.is_floating_point() or value.is_complex()):
+        problems.append(f"dtype {value.dtype} is an integer or boolean dtype: the value holds {current.dtype} "
+                        "numbers, and integers would be rounded into them (write a float tensor of that dtype)")
+    elif value.dtype != current.dtype:  # one rule: the value's own dtype, never a silent cast (docs/quantization.md)
         problems.append(f"dtype {value.dtype} is not {current.dtype} (use .to({current.dtype}))")
     if value.device != current.device:
         problems.append(f"device {value.device} is not {current.device} (use .to('{current.device}'))")

@@ -100,6 +100,8 @@ class Family:
             execution order, so a reader of several components follows it (Falcon-H1 runs its Mamba
             mixer before its attention).
         logit_steps: The model's logit post-processing, in order.
+        casts_head_input: The model casts the head's input to the head's dtype (Mamba's, xLSTM's and HY-V4's
+            ``lm_head(h.to(lm_head.weight.dtype))``: a bf16 model whose stream is kept in fp32).
         residual: The block's residual equation, for the docs and ``support()``.
         declines: Values a configuration cannot serve exactly, with the reason.
         kv_heads: The number of key/value heads, where ``config.num_key_value_heads`` does not say it.
@@ -169,6 +171,7 @@ class Family:
     passes_state: bool | str = False
     component_order: tuple[str, ...] = ("self_attn", "linear_attn", "mlp")
     logit_steps: tuple[LogitStep, ...] = ()
+    casts_head_input: bool = False
     residual: str = "h = x + attn(norm1(x)); y = h + mlp(norm2(h))"
     declines: Declines | None = field(default=None, compare=False)
     kv_heads: Callable[[Any], int] | None = field(default=None, compare=False)

@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from ..quantization import dense_weight
 from ..served import Site
 from .base import Family
 from .moe import DEEPSEEK_MOE, _mlp_layer_types
@@ -53,6 +54,7 @@ _SHARED_TOPK = (
 HY_V4 = Family(
     name="hy_v4",
     model_types=("hy_v4",),
+    casts_head_input=True,
     norm="model.hc_head",
     before_head=("model.norm",),
     attention_output=Site(op="residual_float_0", weighted=("unsqueeze_0", "unsqueeze_1"), merge=True),
@@ -85,8 +87,9 @@ def _grouped_head_totals(model: Any, layer: int, heads: torch.Tensor, inputs: di
     finally:
         hook.remove()
     groups, (b, s, count, width) = attention.config.o_groups, heads.shape
-    first = attention.o_a_proj.weight.view(groups, -1, count // groups, width)  # [G, r, heads per group, hd]
-    second = attention.o_b_proj.weight.view(attention.o_b_proj.weight.shape[0], groups, -1)  # [d, G, r]
+    first = dense_weight(attention.o_a_proj).reshape(groups, -1, count // groups, width)  # [G, r, heads/group, hd]
+    second = dense_weight(attention.o_b_proj)
+    second = second.reshape(second.shape[0], groups, -1)  # [d, G, r]
     with torch.no_grad():
         per_head = torch.einsum("bsgjh,grjh->bsgjr", heads.view(b, s, groups, -1, width), first)
         total = torch.einsum("bsgjr,dgr->bsgjd", per_head, second).sum(dim=(2, 3))

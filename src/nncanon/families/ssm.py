@@ -23,6 +23,7 @@ _SSM = dict(
     mlp=None,
     mlp_output=None,
     residual="y = x + mixer(norm(x)) (x upcast to fp32 first when residual_in_fp32)",
+    casts_head_input=True,
 )
 
 MAMBA = Family(name="mamba", model_types=("mamba", "falcon_mamba"), **_SSM)

@@ -15,6 +15,7 @@ from .base import Family, LogitStep
 XLSTM = Family(
     name="xlstm",
     model_types=("xlstm",),
+    casts_head_input=True,
     layers="backbone.blocks",
     embed_tokens="backbone.embeddings",
     norm="backbone.out_norm",

@@ -58,7 +58,7 @@ def inferred_provenance(model: Any, verify: str, unserved: list | None = None) -
     # The proof cache keys nncanon's code, not a custom-code model's own: such a model is proved afresh.
     custom = not type(model._module).__module__.startswith("transformers.")
     provenance = load_provenance(model, model._module.config, "always" if verify == "always" or custom else "auto",
-                                 unserved)
+                                 unserved, getattr(model, "quantization", None))
     if provenance.kind != "proved":
         return replace(provenance, text=f"inferred, and not proved: {provenance.text}")
     return replace(provenance, text=f"inferred and {provenance.text}")

@@ -37,6 +37,7 @@ _VOLATILE = {
     "transformers_version", "_name_or_path", "architectures", "dtype", "torch_dtype", "use_cache",
     "output_hidden_states", "output_attentions", "return_dict", "id2label", "label2id", "tokenizer_class",
     "_commit_hash", "problem_type", "_attn_implementation_autoset", "auto_map", "chunk_size_feed_forward",
+    "quantization_config",  # (keyed on its own: `cache_key`'s ``quantization``, as the model is quantized)
 }
 
 
@@ -258,14 +259,16 @@ def config_digest(config: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def cache_key(config: Any, family: Any, model_class: type) -> str:
-    """The cache key of a proof of ``config``: the versions, the checks run, the family record, the class
-    and the fingerprint."""
+def cache_key(config: Any, family: Any, model_class: type, quantization: dict | None = None) -> str:
+    """The cache key of a proof of ``config``: the versions, the checks run, the family record, the class,
+    the fingerprint, and how the model is quantized or cast (``quantization``: `nncanon.quantization.Quantization.key`;
+    ``None``: a float32 model)."""
     versions = current_versions()
-    parts = (tuple(versions.values()), digest_of(verdict.CHECKS), fingerprint(config, family, model_class))
+    quantized = "" if quantization is None else json.dumps(quantization, sort_keys=True, default=str)
+    parts = (tuple(versions.values()), digest_of(verdict.CHECKS), fingerprint(config, family, model_class), quantized)
     key = _KEYS.get(parts)
     if key is None:
-        text = f"{json.dumps(versions, sort_keys=True)}|{parts[1]}|{parts[2]}"
+        text = f"{json.dumps(versions, sort_keys=True)}|{parts[1]}|{parts[2]}" + (f"|{quantized}" if quantized else "")
         key = _KEYS[parts] = hashlib.sha256(text.encode()).hexdigest()[:32]
     return key
 

@@ -29,9 +29,10 @@ from typing import Any
 
 import torch
 
+from ..quantization import Quantization
 from .prompts import PROMPTS, tiny_tokenizer
 from .shrink import TABLE, Shrink, TwinError, widest_factor
-from .twin import Twin, TwinTooLarge, build_twin, model_class_for
+from .twin import Twin, TwinTooLarge, build_twin, model_class_for, quantized_twin
 
 #: No step builds a twin of more parameters than this (400 MB of fp32 weights; the checks hold a few copies).
 MAX_PARAMETERS = 100_000_000
@@ -133,9 +134,11 @@ def _error_text(error: Exception) -> str:
 
 
 def running_twin(config: Any, model_class: type | None = None, blocks: str | None = None, seed: int = 0,
-                 tokenizer: Any = None) -> TwinRun:
+                 tokenizer: Any = None, quantization: Quantization | None = None) -> TwinRun:
     """The twin of ``config`` the proof runs on: the first step of the ladder (`steps`) whose twin runs
-    (`plain_run`), within `MAX_PARAMETERS` and `SECONDS`.
+    (`plain_run`), within `MAX_PARAMETERS` and `SECONDS`. With ``quantization``, each step's twin is quantized (or
+    cast) as the model is (`quantized_twin`) before it runs: a step whose quantized twin does not run (a width the
+    method's kernel does not take) gives way to the next.
 
     Raises:
         NoTwinRuns: no step's twin runs; the message names transformers' error on the least-shrunk twin.
@@ -158,6 +161,13 @@ def running_twin(config: Any, model_class: type | None = None, blocks: str | Non
         except TwinError as error:
             attempts.append(Attempt(number, shrink, str(error)))
             continue
+        if quantization is not None:
+            try:
+                twin.model = quantized_twin(twin.model, quantization)
+            except Exception as error:
+                attempts.append(Attempt(number, shrink, f"it cannot be {quantization.provenance()[7:]}: "
+                                                        f"{_error_text(error)}"))
+                continue
         forward_error, generate_error = plain_run(twin.model, tokenizer)
         if forward_error is None and generate_error is None:
             return TwinRun(twin, number, attempts)

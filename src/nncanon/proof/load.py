@@ -24,6 +24,7 @@ import torch
 from ..components.kernel import RECOMPUTED
 from ..mounted import MountedModel
 from ..mounting import decline, decline_gradient
+from ..quantization import Quantization
 from ..support import COMPONENTS, LAYER_VALUES, layer_states, value_reason
 from .cache import Proof, cache_key, config_digest, current_versions, read_cached, write_cached
 from .checks.base import GRADIENT_VALUES
@@ -36,12 +37,14 @@ from .verdict import Verdict, verify
 VERIFY_MODES = ("auto", "always", "never")
 
 
-def prove(config: Any, family: Any, model_class: type, mode: str = "auto") -> Proof:
+def prove(config: Any, family: Any, model_class: type, mode: str = "auto",
+          quantization: Quantization | None = None) -> Proof:
     """The proof of ``config`` served by ``family`` with ``model_class``: from the cache (``mode="auto"``)
-    or made now on the first twin of the ladder that runs (`nncanon.proof.ladder.running_twin`). Where no
+    or made now on the first twin of the ladder that runs (`nncanon.proof.ladder.running_twin`), quantized or
+    cast as ``quantization`` says (`nncanon.quantization.Quantization`; ``None``: float32). Where no
     twin runs (or none can be built: `TwinError`), the proof's ``no_twin`` is the one reason every value
     is declined."""
-    key = cache_key(config, family, model_class)
+    key = cache_key(config, family, model_class, None if quantization is None else quantization.key())
     if mode == "auto":
         cached = read_cached(key, config)
         if cached is not None:
@@ -50,7 +53,7 @@ def prove(config: Any, family: Any, model_class: type, mode: str = "auto") -> Pr
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a twin's matrices are small: one thread is fastest, and spares the user's
     try:
-        run = running_twin(config, model_class=model_class, blocks=family.layers)
+        run = running_twin(config, model_class=model_class, blocks=family.layers, quantization=quantization)
         verdict = verify(mounted_twin(run.twin.model, family))
     except TwinError as error:  # (NoTwinRuns, or a config with no causal LM or no list of blocks)
         run, verdict = None, Verdict([])
@@ -93,7 +96,8 @@ class Provenance:
     cause: str | None = None
 
 
-def apply_proof(model: Any, proof: Proof, unserved: list[frozenset[str] | None] | None = None) -> Provenance:
+def apply_proof(model: Any, proof: Proof, unserved: list[frozenset[str] | None] | None = None,
+                quantization: Quantization | None = None) -> Provenance:
     """Decline on ``model`` every value its proof does not prove, and the gradient of every served value
     whose gradient it does not prove; return the served values' provenance.
 
@@ -121,9 +125,12 @@ def apply_proof(model: Any, proof: Proof, unserved: list[frozenset[str] | None] 
             (decline_gradient if gradient else decline)(layer, value, reason)
     for value, reason, _ in _unproved(proof, "model"):
         model._model_declines[value] = reason
+    text = proof.describe()
+    if quantization is not None:  # the twin was quantized (or cast) as the model is: say so
+        text = text.replace("a twin of this config", f"{quantization.provenance()} of this config", 1)
     if proof.no_twin is not None:
-        return Provenance("declined", proof.describe(), proof, no_twin_reason(proof))
-    return Provenance("proved", proof.describe(), proof)
+        return Provenance("declined", text, proof, no_twin_reason(proof))
+    return Provenance("proved", text, proof)
 
 
 def no_twin_reason(proof: Proof) -> str:
@@ -193,18 +200,18 @@ def _not_proved(proof: Proof, twin: int | None, value: str, block: str | None, m
     return f"not proved on a twin of this config{where}: {proof.verdict.why_not(layer, value, gradient)}"
 
 
-def load_provenance(model: Any, config: Any, mode: str, unserved: list[frozenset[str] | None] | None = None
-                    ) -> Provenance:
-    """Prove ``model``'s values as ``mode`` says (`VERIFY_MODES`) and apply the proof (`apply_proof`, with
-    ``unserved``); the provenance."""
+def load_provenance(model: Any, config: Any, mode: str, unserved: list[frozenset[str] | None] | None = None,
+                    quantization: Quantization | None = None) -> Provenance:
+    """Prove ``model``'s values as ``mode`` says (`VERIFY_MODES`) on a twin quantized or cast as ``quantization``
+    says, and apply the proof (`apply_proof`, with ``unserved``); the provenance."""
     if mode not in VERIFY_MODES:
         raise ValueError(f"verify={mode!r} is not one of {', '.join(map(repr, VERIFY_MODES))}")
     if mode == "never":
         return Provenance("unproved", "unproved: loaded with verify='never' (no check ran on this config)")
-    proof = prove(config, model.family, type(model._module), mode)
+    proof = prove(config, model.family, type(model._module), mode, quantization)
     if proof.no_twin is not None:
         warnings.warn(
             f"nncanon declines every value of this {config.model_type} model: the load-time proof could not run on "
             f"any twin of its config: {proof.no_twin}. model.support() says the same.", stacklevel=4,
         )
-    return apply_proof(model, proof, unserved)
+    return apply_proof(model, proof, unserved, quantization)

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from ..quantization import Quantization
+from ..quiet import progress_bars_hidden
 from .shrink import (
     HEAD_WIDTH_NAMES,
     LAYER_LIMIT,
@@ -123,8 +125,13 @@ def model_class_for(config: Any) -> type:
         raise TwinError(f"transformers has no causal LM for {type(config).__name__}") from error
 
 
+#: Config entries a twin is built without: the twin is built in float32 and unquantized, then quantized or cast as
+#: the model is (`quantized_twin`).
+_NOT_BUILT = ("transformers_version", "_name_or_path", "quantization_config")
+
+
 def _config_from(template: Any, values: dict) -> Any:
-    values = {k: v for k, v in values.items() if k not in ("transformers_version", "_name_or_path")}
+    values = {k: v for k, v in values.items() if k not in _NOT_BUILT}
     built = type(template).from_dict(copy.deepcopy(values))
     built._attn_implementation = "eager"
     return built
@@ -366,6 +373,24 @@ def _real(cls: type, config: Any, seed: int) -> torch.nn.Module:
         model = _build(cls, config, "cpu").float().eval()
         perturb(model)
     return model
+
+
+def quantized_twin(model: torch.nn.Module, quantization: Quantization | None) -> torch.nn.Module:
+    """``model`` (a float32 twin) quantized or cast as ``quantization`` says: loaded by transformers'
+    ``from_pretrained`` from its own weights with the model's ``quantization_config`` and ``dtype``, as the user's
+    model was (the same quantizer, the same layers replaced, the same compute dtype); only cast where the model is
+    only cast. ``None``: ``model`` itself. Raises what transformers or the quantizer raise."""
+    if quantization is None:
+        return model
+    if quantization.method is None:
+        return model.to(quantization.dtype)
+    config = copy.deepcopy(model.config)
+    with progress_bars_hidden():
+        built = type(model).from_pretrained(
+            None, config=config, state_dict=model.state_dict(), quantization_config=copy.deepcopy(quantization.config),
+            dtype=quantization.dtype, device_map="cpu", attn_implementation=config._attn_implementation,
+        )
+    return built.eval()
 
 
 def perturb(model: torch.nn.Module) -> None:

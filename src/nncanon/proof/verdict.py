@@ -6,8 +6,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..quantization import precision
 from .checks import CHECKS
-from .checks.base import Check, CheckResult, raised
+from .checks.base import PRECISION, Check, CheckResult, raised
 from .checks.references import shared_copies
 
 
@@ -114,11 +115,15 @@ def verify(model: Any, checks: Sequence[Check] | None = None) -> Verdict:
         >>> print(verdict.table())      # one line per check, with the measured error
     """
     results: list[CheckResult] = []
-    with shared_copies():
-        for check in checks if checks is not None else CHECKS:
-            try:
-                found = check.run(model)
-            except Exception as error:  # a check that cannot run proves nothing: its values are declined
-                found = raised(model, check.name, error)
-            results += [replace(result, gradient=True) for result in found] if check.gradient else found
+    token = PRECISION.set(precision(model._module))  # every bar scales with the model's format (one rule)
+    try:
+        with shared_copies():
+            for check in checks if checks is not None else CHECKS:
+                try:
+                    found = check.run(model)
+                except Exception as error:  # a check that cannot run proves nothing: its values are declined
+                    found = raised(model, check.name, error)
+                results += [replace(result, gradient=True) for result in found] if check.gradient else found
+    finally:
+        PRECISION.reset(token)
     return Verdict(results)

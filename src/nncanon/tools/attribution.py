@@ -42,6 +42,7 @@ import torch
 
 from ..errors import ValueNotAvailable
 from ..inputs import prompt_list
+from ..quantization import head_dtype
 from ..reading import CONTRIBUTIONS, in_execution_order, read
 from .heads import projection_input, projection_path, projection_weights
 
@@ -136,6 +137,8 @@ def _head(model: Any, z: torch.Tensor) -> torch.Tensor:
     divisor = model.family.step_factor("divide_input", model._module.config.get_text_config())
     if divisor is not None:
         z = z / divisor
+    if model.family.casts_head_input:  # as the model does: lm_head(h.to(lm_head.weight.dtype))
+        z = z.to(head_dtype(model.lm_head._module, z.dtype))
     return model.lm_head._module(z)
 
 

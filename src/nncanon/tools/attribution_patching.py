@@ -27,6 +27,7 @@ import torch
 
 from ..errors import GradientNotAvailable, InvalidInput
 from ..inputs import prompt_list
+from ..quantization import is_quantized
 from ..reading import in_execution_order, read
 from ..resuming import next_token_only as next_token_kwargs
 from ._common import check_pair, none_serves
@@ -106,9 +107,10 @@ def _no_weight_gradients(model: Any) -> Iterator[None]:
 
 
 def _linear_head(model: Any) -> torch.nn.Linear | None:
-    """The model's ``lm_head`` where it is a plain `torch.nn.Linear` (``None`` otherwise)."""
+    """The model's ``lm_head`` where it is a plain `torch.nn.Linear` with a float weight (``None`` otherwise: a
+    quantized head takes its own backward)."""
     module = getattr(model.lm_head, "_module", None) if model.lm_head is not None else None
-    return module if type(module) is torch.nn.Linear else None
+    return module if type(module) is torch.nn.Linear and not is_quantized(module) else None
 
 
 def _through_head(loss: torch.Tensor, values: list[torch.Tensor], entering: torch.Tensor, leaving: torch.Tensor,

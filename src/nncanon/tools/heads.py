@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from ..errors import ValueNotAvailable
+from ..quantization import dense_weight
 from ..reading import head_count
 
 
@@ -53,14 +54,13 @@ def projection_input(model: Any, layer: int, heads: torch.Tensor) -> torch.Tenso
 def projection_weights(model: Any, layer: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The output projection of block ``layer`` per head: ``(W [heads, head_dim, hidden], bias [hidden] | None)``.
 
-    Handles ``nn.Linear`` (weight ``[out, in]``) and GPT-2's ``Conv1D`` (weight ``[in, out]``).
+    Handles ``nn.Linear`` (weight ``[out, in]``), GPT-2's ``Conv1D`` (weight ``[in, out]``) and quantized layers
+    (bitsandbytes, torchao, quanto: dequantized, `nncanon.quantization.dense_weight`). The split reads the
+    layer's declared width and the head count of the config, never the weight's storage shape (a packed 4-bit
+    weight is ``[in·out/2, 1]``).
     """
     module = output_projection(model, layer)
-    weight = module.weight
-    if type(module).__name__ == "Conv1D":  # transformers' GPT-2 style: y = x @ W + b, W [in, out]
-        by_input = weight
-    else:  # nn.Linear and its subclasses: y = x @ W.T + b, W [out, in]
-        by_input = weight.T
+    by_input = dense_weight(module).T  # [in, out]: y = x @ W.T + b
     heads = head_count(model, layer)
     return by_input.reshape(heads, -1, by_input.shape[-1]), getattr(module, "bias", None)
 

@@ -20,7 +20,7 @@ One module per kind of equality, each stating the equalities it asserts, with th
 - `routing`: ``routing`` (valid, distinct experts; masking one reroutes exactly its tokens);
 - `skips`: ``skip`` (skipped blocks pass the stream), ``resume`` (a resumed forward is the forward);
 - `gradients` (`Check.gradient`: they prove ``value.grad`` apart from the value): ``gradients``,
-  ``gradient_writes``.
+  ``gradient_writes``; `quantized`: ``quantized_gradients`` (every quantized layer passes its gradient on).
 
 `base` has the result record, the comparison and the bars; `CHECKS` is the one table `verify` runs.
 """
@@ -31,6 +31,7 @@ from .base import Check, check
 from .gradients import check_gradient_writes, check_gradients
 from .heads import check_heads, check_probabilities
 from .kernel import check_kernel, check_recomputed
+from .quantized import check_quantized_gradients
 from .routing import check_routing
 from .skips import check_resume, check_skip
 from .stream import check_ablation, check_identity, check_lens, check_read
@@ -42,5 +43,6 @@ CHECKS: tuple[Check, ...] = (
         check_read, check_identity, check_ablation, check_invokes, check_locality, check_heads,
         check_probabilities, check_kernel, check_recomputed, check_routing, check_lens, check_skip, check_resume,
     )),
-    *(check(function, gradient=True) for function in (check_gradients, check_gradient_writes)),
+    *(check(function, gradient=True) for function in (check_gradients, check_gradient_writes,
+                                                      check_quantized_gradients)),
 )

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,22 @@ from ...support import COMPONENTS, LAYER_VALUES
 #: Sums of fp32 tensors computed in another order than the model's (a parallel block adds its
 #: sublayers in one expression) agree to about 1e-8; this is the bar, relative and absolute.
 TOLERANCE = 1e-5
+
+
+#: The one rule by which every bar scales with the format a model computes in: a nonzero bar (relative or
+#: absolute) is at least this many units of roundoff of that format (`nncanon.quantization.precision`: float32
+#: 1.2e-7, so its bars stay as written; float16 9.8e-4 and bfloat16 7.8e-3, so at least 7.8e-3 and 6.3e-2;
+#: bitsandbytes' int8 matmul 2^-7). A bit-for-bit check (bar 0) stays bit for bit in every format.
+ROUNDOFFS = 8
+
+
+#: The unit roundoff of the format the model being verified computes in (`verify` sets it per model).
+PRECISION: ContextVar[float] = ContextVar("nncanon_precision", default=float(torch.finfo(torch.float32).eps))
+
+
+def scaled(bar: float) -> float:
+    """``bar`` under the one rule (`ROUNDOFFS`): ``max(bar, ROUNDOFFS × PRECISION)``; 0 stays 0."""
+    return max(bar, ROUNDOFFS * PRECISION.get()) if bar else 0.0
 
 
 #: Per-head values.
@@ -116,7 +133,10 @@ def compare(check: str, layer: int | None, values: Sequence[str], actual: torch.
              magnitude: torch.Tensor | None = None) -> CheckResult:
     """``actual`` against ``expected``: max absolute difference within ``absolute`` (default ``tolerance``)
     plus ``tolerance`` relative to ``expected``, or to ``magnitude`` where larger (``actual`` a difference of
-    tensors of that size, whose rounding is relative to them, not to the difference)."""
+    tensors of that size, whose rounding is relative to them, not to the difference). Both bars scale with the
+    model's format by the one rule (`scaled`)."""
+    tolerance = scaled(tolerance)
+    absolute = None if absolute is None else scaled(absolute)
     if actual.shape != expected.shape:
         return CheckResult(check, layer, tuple(values), False, None, tolerance,
                            f"shape {tuple(actual.shape)} where {tuple(expected.shape)} was expected")

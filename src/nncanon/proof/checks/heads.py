@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ...quantization import dense_weight
 from ...reading import head_count, host
 from ..prompts import PROMPTS
 from .base import HEAD_VALUES, TOLERANCE, CheckResult, compare, guarded
@@ -55,7 +56,7 @@ def _heads(model: Any, index: int, name: str) -> CheckResult:
     weight, bias = _projection(projection)
     per_head = weight.view(weight.shape[0], heads.shape[-2], -1)  # [out, H, head_dim]
     with torch.no_grad():
-        total = torch.einsum("bshd,ohd->bso", heads, per_head)
+        total = torch.einsum("bshd,ohd->bso", heads, per_head.to(heads.dtype))
         if bias is not None:
             total = total + bias
     return compare("heads", index, (name,), total, seen["out"].view_as(total), TOLERANCE,
@@ -63,11 +64,9 @@ def _heads(model: Any, index: int, name: str) -> CheckResult:
 
 
 def _projection(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(W as [out, in], bias) of a linear output projection (``nn.Linear`` or GPT-2's ``Conv1D``)."""
-    weight = module.weight
-    if type(module).__name__ == "Conv1D":
-        weight = weight.T
-    return weight, module.bias
+    """(W as [out, in], bias) of a linear output projection (``nn.Linear``, GPT-2's ``Conv1D``, or a quantized
+    layer, dequantized: `nncanon.quantization.dense_weight`)."""
+    return dense_weight(module), module.bias
 
 
 def check_probabilities(model: Any) -> list[CheckResult]:

@@ -16,6 +16,7 @@ from nnsight.intervention.util import first_input
 from ...components.kernel import Kernel
 from ...components.kernel import implementation as kernel_implementation
 from ...mounted import MountedModel
+from ...quantization import copied_tensor
 from ...reading import CONTRIBUTIONS, host, in_execution_order
 from ...served import _pick, operation_name, stacked_as_served
 from ...support import COMPONENT_OF
@@ -210,12 +211,12 @@ def plain_copy(model: Any) -> Any:
     from nnsight import NNsight
 
     def make() -> tuple:
-        return model._module, NNsight(_fresh_copy(model._module))  # (the module is kept, so its id stays its own)
+        return model._module, NNsight(fresh_copy(model._module))  # (the module is kept, so its id stays its own)
 
     return _shared(("plain", id(model._module)), make)
 
 
-def _fresh_copy(module: torch.nn.Module) -> torch.nn.Module:
+def fresh_copy(module: torch.nn.Module) -> torch.nn.Module:
     """A deep copy of ``module``; tensors a gradient-tracking forward left on its modules (RecurrentGemma's
     cached states, not leaves: torch cannot deep-copy them) are copied detached. The original is untouched."""
     memo: dict = {}
@@ -223,6 +224,10 @@ def _fresh_copy(module: torch.nn.Module) -> torch.nn.Module:
         for value in vars(sub).values():
             if isinstance(value, torch.Tensor) and not value.is_leaf:
                 memo[id(value)] = value.detach().clone()
+        for parameter in sub.parameters(recurse=False):  # quantized weights torch cannot deep-copy (quanto's)
+            copied = None if id(parameter) in memo else copied_tensor(parameter)
+            if copied is not None:
+                memo[id(parameter)] = copied
     return copy.deepcopy(module, memo)
 
 
@@ -268,7 +273,7 @@ def implementation_copy(model: Any, implementation: str) -> Any:
 
 
 def _make_implementation_copy(model: Any, implementation: str) -> Any:
-    module = _fresh_copy(model._module)
+    module = fresh_copy(model._module)
     try:
         module.set_attn_implementation(implementation)
     except (ValueError, ImportError):

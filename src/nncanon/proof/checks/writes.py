@@ -12,10 +12,11 @@ from typing import Any
 import torch
 
 from ...mounted import MountedModel
+from ...quantization import detected
 from ...reading import CONTRIBUTIONS, host
 from ..prompts import PROMPTS
 from .base import HEAD_VALUES, KERNEL_INPUTS, CheckResult, guarded
-from .references import served, whole_layers
+from .references import encode, fresh_copy, served, whole_layers
 
 
 def check_invokes(model: Any) -> list[CheckResult]:
@@ -64,7 +65,8 @@ def _invokes(model: Any, index: int, name: str, clean: list) -> CheckResult:
 def check_locality(model: Any) -> list[CheckResult]:
     """In bf16, a write at one position of a contribution leaves every other position of the layer's
     output bit-identical (the earlier ones only where a later sublayer reads the previous token:
-    the family's ``token_shift_after``)."""
+    the family's ``token_shift_after``); a half-precision model, or a quantized one whose layers take no bf16, in
+    its own format."""
     token_shift_after = model.family.token_shift_after
     bf16 = _bf16_copy(model)
     results = []
@@ -77,8 +79,32 @@ def check_locality(model: Any) -> list[CheckResult]:
 
 
 def _bf16_copy(model: Any) -> Any:
-    module = copy.deepcopy(model._module).to(torch.bfloat16)
+    """A bf16 copy of a float32 model; a half-precision model itself. A quantized model's copy has its floating
+    tensors cast by torch (transformers refuses to cast a quantized model), its quantized weights as they are;
+    where its quantized layers do not take bf16 inputs (quanto's), the model itself, in its own format."""
+    found = detected(model._module)
+    if found is not None and found.method is None:
+        return model
+    if found is None:
+        module = copy.deepcopy(model._module).to(torch.bfloat16)
+    else:
+        module = fresh_copy(model._module)._apply(_to_bf16)
+        try:
+            with torch.no_grad():
+                module(**encode(model))
+        except Exception:
+            return model
     return MountedModel(module, family=model.family, tokenizer=model.tokenizer)
+
+
+def _to_bf16(tensor: torch.Tensor) -> torch.Tensor:
+    """A floating tensor in bf16; one whose dtype cannot change (quanto's weights), and any other, as it is."""
+    if not tensor.is_floating_point():
+        return tensor
+    try:
+        return tensor.to(torch.bfloat16)
+    except (ValueError, RuntimeError, TypeError):
+        return tensor
 
 
 def _locality(model: Any, index: int, name: str, shifted: bool, clean: dict) -> CheckResult:
