@@ -37,7 +37,7 @@ from .loading import (
 from .mounted import MountedModel
 from .proof.cache import cache_key, config_state
 from .proof.load import VERIFY_MODES, load_provenance
-from .quantization import Quantization, declared, detected, refuse_unavailable, signature
+from .quantization import Quantization, declared, detected, holds_quantized, refuse_unavailable, signature
 from .quiet import kernel_notices_filtered
 from .versions import untested_transformers
 
@@ -126,7 +126,8 @@ class StandardizedTransformer(MountedModel):
         self._signature: tuple | None = None  # the proof's model as its layers hold it (`quantization.signature`)
         self._provenance = self._prove(verify, self._unserved)
         self._proved_config = _config_seen(self)
-        self._check_unchanged()  # (a model passed built, or dispatched: its layers as proved)
+        if quantization is not None:  # its quantized weights guarded from the load (a float32 one's first trace checks)
+            self._check_unchanged()
 
     def _prove(self, verify: str, unserved: list | None = None) -> Any:
         """Prove this model's values on a twin of its config (see ``verify``); decline what fails.
@@ -155,8 +156,9 @@ class StandardizedTransformer(MountedModel):
         now = signature(self._module)
         if self._signature is None:
             self._signature = now
-            self.guard_quantized_weights()
-            found = detected(self._module)
+            if holds_quantized(now):
+                self.guard_quantized_weights()
+            found = detected(self._module, now)
             if _kind(found) == _kind(self._quantization) or (found is None and _unreplaced(self._quantization)):
                 return
             self._signature = None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import torch
@@ -254,11 +255,21 @@ def _environment_problem(quantization: Quantization, kwargs: dict) -> str | None
 def is_quantized(module: torch.nn.Module) -> bool:
     """Whether ``module`` (a linear layer) holds its weight quantized: a bitsandbytes, quanto or HQQ layer, or a
     torchao tensor subclass."""
-    weight = getattr(module, "weight", None)
-    if type(module).__module__.split(".")[0] in ("bitsandbytes", "optimum", "hqq"):
+    if type(module).__module__.startswith(_QUANTIZED_PACKAGES):
         return True
+    weight = module._parameters.get("weight")  # (not module.weight: nn.Module's __getattr__ is slow on a miss)
+    if weight is None:
+        weight = module._buffers.get("weight")
+    if type(weight) in _PLAIN_TENSORS:
+        return not weight.is_floating_point()
     return isinstance(weight, torch.Tensor) and (type(weight.data) is not torch.Tensor
                                                  or not weight.is_floating_point())
+
+
+#: Packages whose layers hold their weights quantized (their modules' names start so).
+_QUANTIZED_PACKAGES = ("bitsandbytes.", "optimum.", "hqq.")
+#: Weight types that hold a plain tensor (a tensor subclass may hold a quantized one: torchao's).
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def dense_weight(module: torch.nn.Module) -> torch.Tensor:
@@ -290,8 +301,10 @@ def _features(module: torch.nn.Module) -> tuple[int, int]:
 
 def float_dtype(module: torch.nn.Module) -> torch.dtype:
     """The dtype of ``module``'s first floating parameter or buffer (float32 where it has none)."""
-    floats = [t.dtype for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()]
-    return floats[0] if floats else torch.float32
+    for tensor in chain(module.parameters(), module.buffers()):
+        if tensor.is_floating_point():
+            return tensor.dtype
+    return torch.float32
 
 
 def _dequantized(module: torch.nn.Module, weight: torch.Tensor) -> torch.Tensor:
@@ -349,9 +362,12 @@ def precision(module: torch.nn.Module, quantization: Quantization | None = None)
     return torch.finfo(float_dtype(module)).eps
 
 
-def detected(module: torch.nn.Module) -> Quantization | None:
+def detected(module: torch.nn.Module, layers: tuple | None = None) -> Quantization | None:
     """The quantization of a built model as its modules hold it (``config.quantization_config`` for the method
-    and scheme where the layers are quantized), ``None`` for a float32 model."""
+    and scheme where the layers are quantized), ``None`` for a float32 model. ``layers``: the model's `signature`,
+    where the caller has it (a model without quantized layers is then not walked again)."""
+    if layers is not None and not holds_quantized(layers):
+        return None if layers[1] == torch.float32 else Quantization(None, "", layers[1])
     config = getattr(getattr(module, "config", None), "quantization_config", None)
     layers = [m for m in _linears(module) if is_quantized(m)]
     dtype = float_dtype(module)
@@ -375,8 +391,13 @@ def signature(module: torch.nn.Module) -> tuple:
     or a cast, changes it)."""
     classes: dict[str, int] = {}
     for sub in module.modules():
-        if isinstance(sub, torch.nn.Linear) or type(sub).__module__.split(".")[0] in ("bitsandbytes", "optimum",
-                                                                                      "hqq"):
-            name = type(sub).__name__ + ("/" + type(sub.weight).__name__ if is_quantized(sub) else "")
+        quantized = is_quantized(sub)
+        if quantized or isinstance(sub, torch.nn.Linear):
+            name = type(sub).__name__ + ("/" + type(sub.weight).__name__ if quantized else "")
             classes[name] = classes.get(name, 0) + 1
     return tuple(sorted(classes.items())), float_dtype(module)
+
+
+def holds_quantized(layers: tuple) -> bool:
+    """Whether a model's `signature` counts linear layers that hold their weights quantized."""
+    return any("/" in name for name, _ in layers[0])
