@@ -422,3 +422,20 @@ def test_a_read_before_a_skip_it_was_made_after_names_the_skip(llama):
 def test_the_errors_are_exported():
     for name in ("ConfigChanged", "InvalidArgument", "InvalidCheckpoint", "NotInTrace"):
         assert issubclass(getattr(nncanon, name), nncanon.NncanonError)
+
+
+@pytest.mark.parametrize("edit", ["copy_", "add_", "mul_"])
+def test_an_in_place_method_of_the_wrong_shape_is_an_invalid_write_naming_the_value(llama, edit):
+    """``value.copy_(t)`` and the other in-place methods, as ``value[...] = t``: was torch's RuntimeError."""
+    clean = _logits(llama)
+    with pytest.raises(InvalidWrite, match=rf"the in-place write at .*\(`output\.{edit}\(torch\.ones\(3\)\)`\) failed: "
+                                           r".*`output` is layers\[0\]\.mlp\.mlp_output \[1, \d+, 32\] float32\."):
+        with llama.trace(PROMPTS[0]):
+            output = llama.layers[0].mlp.mlp_output
+            if edit == "copy_":
+                output.copy_(torch.ones(3))
+            elif edit == "add_":
+                output.add_(torch.ones(3))
+            else:
+                output.mul_(torch.ones(3))
+    assert torch.equal(_logits(llama), clean)

@@ -8,15 +8,16 @@ data, ``.save()``, indexing, arithmetic, a torch function) raises `NotInTrace`. 
 `NotInTrace` at once; so does a read inside a trace that runs nothing (no input and no invoke).
 
 A trace's code that fails inside torch is renamed where nncanon can say what the user did (`renamed`): an in-place
-write (``value[...] = t``, ``value += t``) torch refuses becomes `InvalidWrite` naming the line; ``with
-loss.backward():`` (or ``loss.backward()``) in a trace under ``torch.no_grad()`` or ``torch.inference_mode()``
-becomes `GradientNotAvailable`.
+write (``value[...] = t``, ``value += t``, ``value.copy_(t)``) torch refuses becomes `InvalidWrite` naming the line
+and the served values written there; ``with loss.backward():`` (or ``loss.backward()``) in a trace under
+``torch.no_grad()`` or ``torch.inference_mode()`` becomes `GradientNotAvailable`.
 """
 
 from __future__ import annotations
 
 import dis
 import linecache
+import re
 from types import TracebackType
 from typing import Any, NoReturn
 
@@ -24,6 +25,7 @@ import torch
 from nnsight.intervention.interleaver import Mediator
 
 from .errors import GradientNotAvailable, InvalidWrite, NncanonError, NotInTrace
+from .gradients import MARK
 from .threads import trace_lock
 
 #: What to do instead, in every message about a value outside a trace.
@@ -113,19 +115,22 @@ def renamed(error: BaseException) -> Exception | None:
                 f"no graph to run it on. Open the trace without {mode} (`with model.trace(prompt):`), read the "
                 f"values there, and ask `with loss.backward(): grad = value.grad.save()`."
             )
-    line = _failed_in_place_write(error.__traceback__)
-    if line is not None:
+    failed = _failed_in_place_write(error.__traceback__)
+    if failed is not None:
+        line, targets = failed
         return InvalidWrite(
-            f"the in-place write {line} failed: {text.splitlines()[0] if text else type(error).__name__}. A write in "
-            "place takes a tensor that broadcasts to the elements it selects (the values' shapes: docs/surface.md); "
-            "assign the whole value (`component.value = tensor`) to have it checked against what it expects."
+            f"the in-place write {line} failed: {text.splitlines()[0] if text else type(error).__name__}.{targets} A "
+            "write in place takes a tensor that broadcasts to the elements it selects (the values' shapes: "
+            "docs/surface.md); assign the whole value (`component.value = tensor`) to have it checked against what it "
+            "expects."
         )
     return None
 
 
-def _failed_in_place_write(traceback: TracebackType | None) -> str | None:
-    """``at file:line (`source`)`` where the innermost frame of ``traceback`` failed on a subscript store or an
-    augmented assignment (``x[...] = t``, ``x += t``), else ``None``."""
+def _failed_in_place_write(traceback: TracebackType | None) -> tuple[str, str] | None:
+    """``(at file:line (`source`), what the served values written there are)`` where the innermost frame of
+    ``traceback`` failed on a subscript store, an augmented assignment or an in-place method (``x[...] = t``,
+    ``x += t``, ``x.copy_(t)``), else ``None``."""
     if traceback is None:
         return None
     while traceback.tb_next is not None:
@@ -134,9 +139,25 @@ def _failed_in_place_write(traceback: TracebackType | None) -> str | None:
     instruction = next((i for i in dis.get_instructions(code) if i.offset == traceback.tb_lasti), None)
     if instruction is None:
         return None
+    source = linecache.getline(code.co_filename, traceback.tb_lineno).strip()
     augmented = instruction.opname.startswith("INPLACE_") or (
         instruction.opname == "BINARY_OP" and instruction.argrepr.endswith("="))
-    if instruction.opname not in ("STORE_SUBSCR", "STORE_SLICE") and not augmented:
+    method = instruction.opname.startswith(("CALL", "PRECALL")) and _IN_PLACE_METHOD.search(source) is not None
+    if instruction.opname not in ("STORE_SUBSCR", "STORE_SLICE") and not augmented and not method:
         return None
-    source = linecache.getline(code.co_filename, traceback.tb_lineno).strip()
-    return f"at {code.co_filename}:{traceback.tb_lineno}" + (f" (`{source}`)" if source else "")
+    line = f"at {code.co_filename}:{traceback.tb_lineno}" + (f" (`{source}`)" if source else "")
+    return line, _served_in(traceback.tb_frame.f_locals, source)
+
+
+#: An in-place tensor method called on a line (``.copy_(``, ``.add_(``, ``torch.nn.init.zeros_(``).
+_IN_PLACE_METHOD = re.compile(r"\.[a-z][a-z0-9_]*_\(")
+
+
+def _served_in(names: dict, source: str) -> str:
+    """`` x is layers[0].mlp.mlp_output [1, 10, 32] float32.`` for each local named on ``source`` that holds a
+    served value (empty where none does)."""
+    named = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", source))
+    found = [f" `{name}` is {getattr(value, MARK)} {list(value.shape)} {str(value.dtype).removeprefix('torch.')}."
+             for name, value in names.items()
+             if name in named and isinstance(value, torch.Tensor) and getattr(value, MARK, None) is not None]
+    return "".join(found)
