@@ -407,6 +407,25 @@ def test_a_weight_file_that_cannot_be_read_is_named(tmp_path):
         StandardizedTransformer(str(tmp_path), verify="never", dispatch=True)
 
 
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_a_pytorch_weight_file_that_cannot_be_read_is_named(tmp_path, cut):
+    """A ``pytorch_model.bin`` that is garbage, or a real one cut short: was torch's ``UnpicklingError`` advising
+    ``weights_only=False`` (arbitrary code execution), naming no file."""
+    model = tiny_hf_model("llama")
+    model.save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    weights = tmp_path / "pytorch_model.bin"
+    torch.save(model.state_dict(), weights)
+    weights.write_bytes(weights.read_bytes()[:1000] if cut else b"garbage" * 100)
+    named = re.escape(f"the weight file {weights} cannot be read (neither a zip archive")
+    with pytest.raises(InvalidCheckpoint, match=named):
+        StandardizedTransformer(str(tmp_path), verify="never", dispatch=True)
+    loaded = StandardizedTransformer(str(tmp_path), verify="never")
+    with pytest.raises(InvalidCheckpoint, match=named), loaded.trace(PROMPTS[0]):
+        loaded.logits.save()
+
 # -- 13. an out-of-order read the skip made --------------------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+import zipfile
 from typing import Any
 
 import torch
@@ -242,18 +243,32 @@ def _unreadable_weights(model: Any, error: Exception) -> InvalidCheckpoint | Non
         return None
     folder = os.path.expanduser(os.fspath(model))
     for name in sorted(os.listdir(folder)):
-        if not name.endswith(".safetensors"):
-            continue
-        try:
-            with safe_open(os.path.join(folder, name), framework="pt"):
-                pass
-        except Exception as failure:
-            return InvalidCheckpoint(
-                f"the weight file {os.path.join(folder, name)} cannot be read ({type(failure).__name__}: {failure}): "
-                "it is cut short or is not a safetensors file. Save the model again (model.save_pretrained(folder)) "
-                f"or download it again. (transformers raised {type(error).__name__}: {str(error)[:200]})"
-            )
-    return None
+        path = os.path.join(folder, name)
+        if name.endswith(".safetensors"):
+            try:
+                with safe_open(path, framework="pt"):
+                    pass
+            except Exception as failure:
+                problem = f"({type(failure).__name__}: {failure}): it is cut short or is not a safetensors file"
+                break
+        elif name.endswith((".bin", ".pt", ".pth")) and not _torch_checkpoint(path):
+            problem = ("(neither a zip archive, as torch.save writes, nor a pickle): it is cut short or is not a "
+                       "PyTorch checkpoint")
+            break
+    else:
+        return None
+    return InvalidCheckpoint(
+        f"the weight file {path} cannot be read {problem}. Save the model again (model.save_pretrained(folder)) "
+        f"or download it again. (transformers raised {type(error).__name__}: {str(error)[:200]})"
+    )
+
+
+def _torch_checkpoint(path: str) -> bool:
+    """Whether ``path`` can be a file of ``torch.save``: a whole zip archive (its directory at the end: a cut file
+    has none), or a legacy pickle (not checked further)."""
+    with open(path, "rb") as file:
+        legacy = file.read(1) == b"\x80"
+    return legacy or zipfile.is_zipfile(path)
 
 
 def _refuse_without_head_or_tokenizer(module: torch.nn.Module, family: Family, tokenizer: Any) -> None:
