@@ -308,3 +308,66 @@ def test_other_methods_that_run_here(folder, method):
     reference = _hooked(model, PROMPTS[0])
     assert torch.equal(mlp, reference["mlp_output"]) and torch.equal(logits, reference["logits"])
     assert is_quantized(model._module.model.layers[0].mlp.down_proj)
+
+
+def _three_invokes(model, outlier: bool) -> list[torch.Tensor]:
+    """The logits of three invokes; with ``outlier``, the middle one's stream after block 0 given a feature far past
+    LLM.int8's threshold (6.0)."""
+    logits = []
+    with torch.no_grad(), model.trace() as tracer:
+        for index, prompt in enumerate((PROMPTS[0], PROMPTS[0], PROMPTS[1])):
+            with tracer.invoke(prompt):
+                if outlier and index == 1:
+                    model.layers[0].layer_output[..., 3] = 100.0
+                logits.append(model.logits.save())
+    return logits
+
+
+@pytest.mark.parametrize("threshold", [6.0, 0.0])
+def test_llm_int8_outlier_columns_couple_a_batch_and_the_model_says_so(folder, threshold):
+    """LLM.int8 takes an input column out of the int8 product for every row when one row exceeds the threshold: an
+    outlier in one invoke moves the others (a property of the model: plain hooks on the unwrapped model show it
+    too). ``support().batch`` says so, the first batched trace warns once, and with ``llm_int8_threshold=0.0`` the
+    invokes are independent again, bit for bit."""
+    model = nncanon.StandardizedTransformer(folder, device_map="cpu", dispatch=True, quantization_config=(
+        BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=threshold)))
+    coupled = threshold > 0
+    assert (model.support().batch is not None) == coupled
+    assert ("batch rows computed together: bitsandbytes LLM.int8" in str(model.support())) == coupled
+    with pytest.warns(nncanon.BatchCoupledWarning, match="llm_int8_threshold=0.0") if coupled else _no_warning():
+        clean = _three_invokes(model, outlier=False)
+    edited = _three_invokes(model, outlier=True)
+    moved = max(float((edited[i] - clean[i]).abs().max()) for i in (0, 2))
+    assert (moved > 0) == coupled
+    assert not torch.equal(edited[1], clean[1])
+    # The same with plain hooks on the unwrapped model: block 0's output row 1 given the outlier.
+    hf = model._module
+    batch = model.tokenizer([PROMPTS[0], PROMPTS[0], PROMPTS[1]], return_tensors="pt", padding=True)
+
+    def outlier(module, args, output):
+        hidden = (output[0] if isinstance(output, tuple) else output).clone()
+        hidden[1, :, 3] = 100.0
+        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+    with torch.no_grad():
+        plain_clean = hf(**batch).logits
+        handle = hf.model.layers[0].register_forward_hook(outlier)
+        try:
+            plain_edited = hf(**batch).logits
+        finally:
+            handle.remove()
+    assert (float((plain_edited[[0, 2]] - plain_clean[[0, 2]]).abs().max()) > 0) == coupled
+    with _no_warning():  # (once per model)
+        _three_invokes(model, outlier=False)
+
+
+class _no_warning:
+    def __enter__(self):
+        import warnings
+
+        self._catch = warnings.catch_warnings()
+        self._catch.__enter__()
+        warnings.simplefilter("error", nncanon.BatchCoupledWarning)
+
+    def __exit__(self, *exc):
+        return self._catch.__exit__(*exc)

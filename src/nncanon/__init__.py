@@ -4,6 +4,7 @@ import nnsight
 
 from .demo import demo_dictionary, demo_model
 from .errors import (
+    BatchCoupledWarning,
     ConfigChanged,
     DictionaryMismatch,
     GradientNotAvailable,
@@ -40,6 +41,7 @@ from .versions import __version__ as __version__
 nnsight.register(__name__)
 
 __all__ = [
+    "BatchCoupledWarning",
     "ConfigChanged",
     "DictionaryMismatch",
     "GradientNotAvailable",

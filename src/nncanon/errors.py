@@ -84,6 +84,11 @@ class UntestedTransformersWarning(UserWarning):
     """The installed transformers minor is outside the range nncanon was tested on (`nncanon.versions`)."""
 
 
+class BatchCoupledWarning(UserWarning):
+    """The model computes the rows of a batch together (bitsandbytes LLM.int8's outlier columns), so what one prompt
+    or invoke holds moves the others' results: warned once per model, at its first trace of several rows."""
+
+
 class TokenizerNotFound(NncanonError, FileNotFoundError):
     """No tokenizer to load: a local folder given as the model has no tokenizer files, or a built model that
     names no checkpoint was passed, and no ``tokenizer=`` was given."""

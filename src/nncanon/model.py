@@ -16,6 +16,7 @@ import torch
 from safetensors import safe_open
 
 from .errors import (
+    BatchCoupledWarning,
     ConfigChanged,
     InvalidArgument,
     InvalidCheckpoint,
@@ -38,7 +39,15 @@ from .loading import (
 from .mounted import MountedModel
 from .proof.cache import cache_key, config_state
 from .proof.load import VERIFY_MODES, load_provenance
-from .quantization import Quantization, declared, detected, holds_quantized, refuse_unavailable, signature
+from .quantization import (
+    Quantization,
+    batch_coupling,
+    declared,
+    detected,
+    holds_quantized,
+    refuse_unavailable,
+    signature,
+)
 from .quiet import kernel_notices_filtered
 from .versions import untested_transformers
 
@@ -145,9 +154,35 @@ class StandardizedTransformer(MountedModel):
         return self._quantization
 
     def interleave(self, *args: Any, **kwargs: Any) -> Any:
-        """Run a trace, first checking that the model is still the one its proof was made for (`ModelChanged`)."""
+        """Run a trace, first checking that the model is still the one its proof was made for (`ModelChanged`), and
+        warning once where the model couples the rows of the batch it runs (`BatchCoupledWarning`)."""
         self._check_unchanged()
+        self.__dict__["_trace_rows"] = _rows(args, kwargs)
+        self._warn_if_coupled()  # (a model on meta warns once its weights are loaded: `dispatch`)
         return super().interleave(*args, **kwargs)
+
+    def _warn_if_coupled(self) -> None:
+        """Warn `BatchCoupledWarning` once, at the first trace of several rows of a loaded model that couples them."""
+        if (self._quantization is None or "_coupling_warned" in self.__dict__ or self.__dict__.get("_trace_rows", 1) < 2
+                or getattr(self._module, "device", None) == torch.device("meta")):
+            return
+        coupling = self._batch_coupling()
+        if coupling is not None:
+            self.__dict__["_coupling_warned"] = True
+            warnings.warn(f"this model computes the rows of a batch together: {coupling}.", BatchCoupledWarning,
+                          stacklevel=3)
+
+    def _batch_coupling(self) -> str | None:
+        """Why this model does not compute the rows of a batch independently (`nncanon.quantization.batch_coupling`),
+        ``None`` where it does."""
+        if "_coupling" in self.__dict__:
+            return self.__dict__["_coupling"]
+        if self._quantization is None:
+            return None
+        coupling = batch_coupling(self._module)
+        if coupling is not None or getattr(self._module, "device", None) != torch.device("meta"):
+            self.__dict__["_coupling"] = coupling  # (on meta, before the load, the quantizer has replaced no layer)
+        return coupling
 
     def _check_unchanged(self) -> None:
         """Raise `ModelChanged` where the model's linear layers or dtype changed since the proof (a layer swapped
@@ -200,6 +235,7 @@ class StandardizedTransformer(MountedModel):
                 raise
             raise unreadable from error
         self._check_unchanged()  # the loaded layers are those the proof was made for (and their weights guarded)
+        self._warn_if_coupled()
 
     def trace(self, *inputs: Any, **kwargs: Any) -> Any:
         """nnsight's trace (see `MountedModel.trace`), refused where the config changed since the load-time proof in
@@ -235,6 +271,20 @@ def _readable_config(model: Any, kwargs: dict) -> Any:
             ) from error
         error.add_note(f"(raised reading the config file {path}: check that file, or save the model again)")
         raise
+
+def _rows(args: tuple, kwargs: dict) -> int:
+    """The rows of a trace's batched input: its batcher's total (nnsight's), else its first tensor's first dimension;
+    1 where it has none."""
+    total = getattr(kwargs.get("batcher"), "total", None)
+    if isinstance(total, int):
+        return total
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, dict):
+            value = next((v for v in value.values() if isinstance(v, torch.Tensor)), None)
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            return int(value.shape[0])
+    return 1
+
 
 def _unreadable_weights(model: Any, error: Exception) -> InvalidCheckpoint | None:
     """`InvalidCheckpoint` naming the weight file of the local folder ``model`` that cannot be read, where one

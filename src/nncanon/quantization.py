@@ -398,6 +398,23 @@ def signature(module: torch.nn.Module) -> tuple:
     return tuple(sorted(classes.items())), float_dtype(module)
 
 
+def batch_coupling(module: torch.nn.Module) -> str | None:
+    """Why the rows of a batch are not computed independently by ``module`` (a model), ``None`` where they are.
+
+    bitsandbytes' LLM.int8 (``llm_int8_threshold`` > 0, 6.0 by default) takes the input columns where any row of the
+    batch exceeds the threshold out of the int8 product and computes them in 16-bit for every row: a prompt with an
+    outlier (or an edit that makes one) changes how the other prompts' products are rounded."""
+    for sub in module.modules():
+        threshold = getattr(getattr(sub, "state", None), "threshold", 0.0) or 0.0
+        if type(sub).__name__ == "Linear8bitLt" and threshold > 0:
+            return (f"bitsandbytes LLM.int8 (llm_int8_threshold={threshold:g}) picks its outlier feature columns over "
+                    "the whole batch and computes them in 16-bit for every row, so what one prompt or invoke holds "
+                    "moves the others' results by a few units of int8's precision. For rows computed independently, "
+                    "load with BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=0.0), or run each prompt in "
+                    "its own trace")
+    return None
+
+
 def holds_quantized(layers: tuple) -> bool:
     """Whether a model's `signature` counts linear layers that hold their weights quantized."""
     return any("/" in name for name, _ in layers[0])

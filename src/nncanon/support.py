@@ -109,7 +109,7 @@ class SupportReport:
 
     def __init__(self, layers: list[LayerSupport], model_type: str, family: str, provenance: str = "",
                  model_declines: dict | None = None, cause: str | None = None,
-                 attached: list[str] | None = None) -> None:
+                 attached: list[str] | None = None, batch: str | None = None) -> None:
         self.layers = layers
         self.model_type = model_type
         self.family = family
@@ -123,6 +123,9 @@ class SupportReport:
         self.cause = cause
         #: What is attached to the model beside its values (a dictionary of `nncanon.sae`), one line each.
         self.attached = list(attached or [])
+        #: Why the model does not compute the rows of a batch independently (bitsandbytes LLM.int8's outlier
+        #: columns: an edit in one invoke moves the others), ``None`` where it does.
+        self.batch = batch
 
     @classmethod
     def of(cls, model: Any) -> SupportReport:
@@ -143,7 +146,8 @@ class SupportReport:
         provenance = model.__dict__.get("_provenance")
         return cls(rows, model._text_config.model_type, model.family.name,
                    provenance.text if provenance is not None else "", model.__dict__.get("_model_declines"),
-                   getattr(provenance, "cause", None), attached_lines(model))
+                   getattr(provenance, "cause", None), attached_lines(model),
+                   model._batch_coupling() if hasattr(model, "_batch_coupling") else None)
 
     def _row(self, layer: int) -> LayerSupport:
         return self.layers[layer_index(layer, len(self.layers), "support()")]
@@ -213,6 +217,7 @@ class SupportReport:
             "cause": self.cause,
             "model_declines": dict(self.model_declines),
             "attached": list(self.attached),
+            "batch": self.batch,
             "layers": [
                 {"layer": row.index, "block_type": row.block_type, "values": dict(row.reasons),
                  "gradients_declined": dict(row.gradient_reasons)}
@@ -233,6 +238,7 @@ class SupportReport:
             f"support of {self.model_type} (family {self.family})",
             *([f"values served: none, {self.cause.removeprefix('not proved: ')}"] if self.cause else
               [f"values served: {self.provenance}"] if self.provenance else []),
+            *([f"batch rows computed together: {self.batch}"] if self.batch else []),
             *([f"{', '.join(f'model.{name}' for name in by_cause)} not served: [*]"] if by_cause else []),
             *(f"model.{name} not served: {reason}" for name, reason in self.model_declines.items()
               if name not in by_cause),

@@ -1,6 +1,7 @@
 """Writes.
 
-- ``invokes``: a write in one invoke leaves the batch's other invokes bit-identical, and reaches its own.
+- ``invokes``: a write in one invoke leaves the batch's other invokes bit-identical, and reaches its own (on a model
+  that computes a batch's rows together, bitsandbytes LLM.int8, only that it reaches its own).
 - ``locality``: in bf16, a write at one position leaves every other position bit-identical.
 """
 
@@ -12,7 +13,7 @@ from typing import Any
 import torch
 
 from ...mounted import MountedModel
-from ...quantization import detected
+from ...quantization import batch_coupling, detected
 from ...reading import CONTRIBUTIONS, host
 from ..prompts import PROMPTS
 from .base import HEAD_VALUES, KERNEL_INPUTS, CheckResult, guarded
@@ -20,7 +21,8 @@ from .references import encode, fresh_copy, served, whole_layers
 
 
 def check_invokes(model: Any) -> list[CheckResult]:
-    """A write in the middle invoke of three leaves the other two bit-identical and reaches its own."""
+    """A write in the middle invoke of three leaves the other two bit-identical and reaches its own (a model that
+    computes a batch's rows together, bitsandbytes LLM.int8: reaches its own)."""
     results = []
     writable = KERNEL_INPUTS + HEAD_VALUES + CONTRIBUTIONS
     clean: list = []  # the three invokes' logits with no write: one run for every value
@@ -38,8 +40,9 @@ def _three_invokes(model: Any, write: tuple[int, str] | None) -> tuple[torch.Ten
         with tracer.invoke(PROMPTS[0]):
             first = model.logits.save()
         with tracer.invoke(PROMPTS[0]):
-            if write is not None:
-                getattr(host(model, *write), write[1])[:, 1:] = 0
+            if write is not None:  # (large, and never 0: an edit that a quantized model's rounding cannot absorb)
+                value = getattr(host(model, *write), write[1])
+                value[:, 1:] = value[:, 1:] * 3 + 1
             middle = model.logits.save()
         with tracer.invoke(PROMPTS[1]):
             last = model.logits.save()
@@ -57,8 +60,13 @@ def _invokes(model: Any, index: int, name: str, clean: list) -> CheckResult:
     tolerance = 1e-6 if moe else 0.0
     moved = max(float((runs[True][i] - runs[False][i]).abs().max()) for i in (0, 2))
     reached = not torch.equal(runs[True][1], runs[False][1])
-    passed = moved <= tolerance and reached
-    note = "the other invokes' logits" + ("" if reached else "; the write did not reach its own invoke")
+    # A model that computes a batch's rows together (LLM.int8's outlier columns) moves the other invokes whatever
+    # is served: a property of the model (`support().batch`, a warning at its first batched trace), not a leak.
+    coupled = batch_coupling(model._module)
+    passed = reached and (moved <= tolerance or coupled is not None)
+    note = "the other invokes' logits" + ("" if reached else "; the write did not reach its own invoke") + (
+        f"; not asserted: the model computes a batch's rows together ({coupled.split(' (')[0]})"
+        if coupled is not None and moved > tolerance else "")
     return CheckResult("invokes", index, (name,), passed, moved, tolerance, note)
 
 
