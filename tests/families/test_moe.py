@@ -2,15 +2,20 @@
 
 - the routing values have the documented shapes and agree with each other;
 - a router logit set to -inf removes that expert from exactly the tokens routed to it, and
-  leaves every other token's choice of experts unchanged (a write changes the routing);
+  leaves every other token's choice of experts unchanged (a write changes the routing); on a router that
+  chooses by more than the logits (a selection bias, groups), the masked expert carries weight 0 wherever it
+  keeps a slot, shown with its bias raised as a trained checkpoint's can be;
 - ``mlp_output`` equals the routed experts run independently on the MLP's input with the served
   indices and weights, plus the shared expert's output.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
+from nncanon.proof.checks.routing import SELECTION_BIASES, check_routing, choice_beyond_logits
 from nncanon.testing import PROMPTS
 
 from ..conftest import hf_block, upstream_failures
@@ -58,19 +63,73 @@ def test_routing_values_agree(model):
         assert all(len(set(row.tolist())) == len(row) for row in indices.reshape(-1, indices.shape[-1]))
 
 
-def test_masking_an_expert_reroutes_exactly_its_tokens(model):
+def _selection_biases(model, index: int) -> list[torch.Tensor]:
+    """The tensors block ``index``'s router adds to its scores for the choice alone."""
+    block = hf_block(model, index)
+    named = [*block.named_buffers(), *block.named_parameters()]
+    return [tensor for name, tensor in named if name.rsplit(".", 1)[-1] in SELECTION_BIASES]
+
+
+@contextmanager
+def _raised(biases: list[torch.Tensor], expert: int):
+    """``expert``'s selection bias raised far above every score (as a trained checkpoint's can be), then restored."""
+    kept = [bias.detach().clone() for bias in biases]
+    try:
+        with torch.no_grad():
+            for bias in biases:
+                bias[..., expert] += 100.0
+        yield
+    finally:
+        with torch.no_grad():
+            for bias, value in zip(biases, kept, strict=True):
+                bias.copy_(value)
+
+
+def test_masking_an_expert_takes_its_output_out_of_every_token(model):
+    """A plain top-k router: the masked expert is chosen by no token and the others keep their experts. A router
+    that chooses by more than the logits (a selection bias, groups): wherever the masked expert keeps a slot, its
+    weight is 0, shown with its selection bias raised so that it keeps one on every token."""
+    report = model.support()
     for index in _moe_layers(model):
         mlp = model.layers[index].mlp
         with torch.no_grad(), model.trace(PROMPTS[0]):
             before = mlp.expert_indices.save()
         expert = int(before.flatten()[0])
-        with torch.no_grad(), model.trace(PROMPTS[0]):
+        routed = (before == expert).any(-1)
+        assert routed.any()
+        beyond = choice_beyond_logits(model, index)
+        biases = _selection_biases(model, index)
+        weights = None
+        with _raised(biases, expert), torch.no_grad(), model.trace(PROMPTS[0]):
             mlp.router_logits[..., expert] = float("-inf")
             after = mlp.expert_indices.save()
-        routed = (before == expert).any(-1)
-        assert not (after == expert).any(), "the masked expert is chosen by no token"
-        assert torch.equal(after[~routed], before[~routed]), "tokens not routed to it keep their experts"
-        assert routed.any()
+            if report.available("expert_weights", layer=index):
+                weights = mlp.expert_weights.save()
+        kept = after == expert
+        if beyond is None:
+            assert not kept.any(), "the masked expert is chosen by no token"
+            assert torch.equal(after[~routed], before[~routed]), "tokens not routed to it keep their experts"
+            continue
+        assert weights is not None, f"{beyond}: the weights show that a kept expert carries nothing"
+        assert torch.equal(weights[kept], torch.zeros_like(weights[kept])), f"{beyond}: a kept slot weighs 0"
+        if biases:
+            assert kept.any(-1).all(), f"{beyond} raised: the masked expert keeps a slot on every token"
+
+
+def test_the_routing_check_holds_where_a_trained_checkpoints_bias_keeps_a_masked_expert(model):
+    """The load-time check proves what holds on a trained checkpoint, not what a twin's small random biases show
+    (transformers 5.21's default ERNIE-4.5-MoE twin kept a masked expert, and the check made for plain routers
+    declined its routing)."""
+    for index in _moe_layers(model):
+        biases = _selection_biases(model, index)
+        if not biases:
+            continue
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            chosen = model.layers[index].mlp.expert_indices.save()
+        expert = int(chosen.flatten()[0])
+        with _raised(biases, expert):
+            results = [result for result in check_routing(model) if result.layer == index]
+        assert results and all(result.passed for result in results), [result.note for result in results]
 
 
 def _default_routed(moe, hidden, indices, weights, logits, config):

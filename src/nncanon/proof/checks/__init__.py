@@ -17,7 +17,7 @@ One module per kind of equality, each stating the equalities it asserts, with th
   (zeroing a head's probabilities equals zeroing its output);
 - `kernel`: ``kernel`` (the kernel's inputs reproduce its probabilities and output), ``recomputed`` (sdpa's
   recomputed probabilities equal eager's);
-- `routing`: ``routing`` (valid, distinct experts; masking one reroutes exactly its tokens);
+- `routing`: ``routing`` (valid, distinct experts; masking one takes its output out of every token);
 - `skips`: ``skip`` (skipped blocks pass the stream), ``resume`` (a resumed forward is the forward);
 - `gradients` (`Check.gradient`: they prove ``value.grad`` apart from the value): ``gradients``,
   ``gradient_writes``; `quantized`: ``quantized_gradients`` (every quantized layer passes its gradient on).
