@@ -371,3 +371,25 @@ class _no_warning:
 
     def __exit__(self, *exc):
         return self._catch.__exit__(*exc)
+
+
+@pytest.mark.parametrize("nested", [False, True])  # (transformers' default: bnb_4bit_use_double_quant=False)
+@pytest.mark.parametrize("in_features", [64, 128, 320])
+def test_dense_weight_is_what_a_repacked_4bit_layer_computes_with(in_features, nested):
+    """bitsandbytes repacks a 4-bit weight for an AVX512-BF16 CPU at its first forward without gradients; its own
+    inverse leaves the scales of an unnested layer wider than one block (64) transposed (a weight read back 40% off on
+    gemma4's 128-wide o_proj). `dense_weight` is what the layer computes with, at any width."""
+    torch.manual_seed(0)
+    layer = bnb.nn.Linear4bit(in_features, 64, bias=False, compute_dtype=torch.float32, quant_type="nf4")
+    layer.weight = bnb.nn.Params4bit(torch.randn(64, in_features) * 0.05, requires_grad=False, quant_type="nf4",
+                                     compress_statistics=nested)
+    layer = layer.to("cpu").eval()
+    x = torch.randn(2, 5, in_features)
+    with torch.no_grad():
+        layer(x)  # (repacks, where this CPU has AVX512-BF16)
+        out = layer(x)
+        weight = dense_weight(layer)
+        terms = x.abs() @ weight.abs().T
+    assert getattr(layer.weight.quant_state, "packing_format_for_cpu", False) == _cpu_packs()
+    assert weight.shape == (64, in_features)
+    assert bool(((out - x @ weight.T).abs() <= 8 * 2.0 ** -8 * terms).all())  # bfloat16 accumulation at most

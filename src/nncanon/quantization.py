@@ -318,7 +318,10 @@ def _dequantized(module: torch.nn.Module, weight: torch.Tensor) -> torch.Tensor:
         if getattr(state, "packing_format_for_cpu", False):  # repacked for the CPU: back to the stored layout
             from bitsandbytes.functional import _convert_weight_packed_for_cpu_inverse
 
+            nested = getattr(state, "original_nested", False)
             data, state = _convert_weight_packed_for_cpu_inverse(data, copy.deepcopy(state))
+            if not nested:  # (bitsandbytes 0.50's inverse puts back the absmax layout of a nested state only)
+                state.absmax = state.absmax.T.reshape(-1).float()
         return bnb.dequantize_4bit(data, state).float()
     if kind == "Int8Params":
         scale = weight.SCB if getattr(weight, "SCB", None) is not None else module.state.SCB
