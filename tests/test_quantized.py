@@ -327,13 +327,13 @@ def _three_invokes(model, outlier: bool) -> list[torch.Tensor]:
 def test_llm_int8_outlier_columns_couple_a_batch_and_the_model_says_so(folder, threshold):
     """LLM.int8 takes an input column out of the int8 product for every row when one row exceeds the threshold: an
     outlier in one invoke moves the others (a property of the model: plain hooks on the unwrapped model show it
-    too). ``support().batch`` says so, the first batched trace warns once, and with ``llm_int8_threshold=0.0`` the
-    invokes are independent again, bit for bit."""
+    too). ``support().batch`` says so, the first trace warns once, and with ``llm_int8_threshold=0.0`` the invokes
+    are independent again, bit for bit."""
     model = nncanon.StandardizedTransformer(folder, device_map="cpu", dispatch=True, quantization_config=(
         BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=threshold)))
     coupled = threshold > 0
     assert (model.support().batch is not None) == coupled
-    assert ("batch rows computed together: bitsandbytes LLM.int8" in str(model.support())) == coupled
+    assert ("batch tokens computed together: bitsandbytes LLM.int8" in str(model.support())) == coupled
     with pytest.warns(nncanon.BatchCoupledWarning, match="llm_int8_threshold=0.0") if coupled else _no_warning():
         clean = _three_invokes(model, outlier=False)
     edited = _three_invokes(model, outlier=True)

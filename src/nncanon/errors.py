@@ -85,8 +85,8 @@ class UntestedTransformersWarning(UserWarning):
 
 
 class BatchCoupledWarning(UserWarning):
-    """The model computes the rows of a batch together (bitsandbytes LLM.int8's outlier columns), so what one prompt
-    or invoke holds moves the others' results: warned once per model, at its first trace of several rows."""
+    """The model computes the tokens of a batch together (bitsandbytes LLM.int8's outlier columns), so an edit at one
+    token or in one invoke moves the others' values: warned once per model, at its first trace."""
 
 
 class TokenizerNotFound(NncanonError, FileNotFoundError):

@@ -155,25 +155,24 @@ class StandardizedTransformer(MountedModel):
 
     def interleave(self, *args: Any, **kwargs: Any) -> Any:
         """Run a trace, first checking that the model is still the one its proof was made for (`ModelChanged`), and
-        warning once where the model couples the rows of the batch it runs (`BatchCoupledWarning`)."""
+        warning once where the model couples the tokens of a batch (`BatchCoupledWarning`)."""
         self._check_unchanged()
-        self.__dict__["_trace_rows"] = _rows(args, kwargs)
         self._warn_if_coupled()  # (a model on meta warns once its weights are loaded: `dispatch`)
         return super().interleave(*args, **kwargs)
 
     def _warn_if_coupled(self) -> None:
-        """Warn `BatchCoupledWarning` once, at the first trace of several rows of a loaded model that couples them."""
-        if (self._quantization is None or "_coupling_warned" in self.__dict__ or self.__dict__.get("_trace_rows", 1) < 2
+        """Warn `BatchCoupledWarning` once, at the first trace of a loaded model that couples a batch's tokens."""
+        if (self._quantization is None or "_coupling_warned" in self.__dict__
                 or getattr(self._module, "device", None) == torch.device("meta")):
             return
         coupling = self._batch_coupling()
         if coupling is not None:
             self.__dict__["_coupling_warned"] = True
-            warnings.warn(f"this model computes the rows of a batch together: {coupling}.", BatchCoupledWarning,
+            warnings.warn(f"this model computes the tokens of a batch together: {coupling}.", BatchCoupledWarning,
                           stacklevel=3)
 
     def _batch_coupling(self) -> str | None:
-        """Why this model does not compute the rows of a batch independently (`nncanon.quantization.batch_coupling`),
+        """Why this model does not compute the tokens of a batch independently (`nncanon.quantization.batch_coupling`),
         ``None`` where it does."""
         if "_coupling" in self.__dict__:
             return self.__dict__["_coupling"]
@@ -271,20 +270,6 @@ def _readable_config(model: Any, kwargs: dict) -> Any:
             ) from error
         error.add_note(f"(raised reading the config file {path}: check that file, or save the model again)")
         raise
-
-def _rows(args: tuple, kwargs: dict) -> int:
-    """The rows of a trace's batched input: its batcher's total (nnsight's), else its first tensor's first dimension;
-    1 where it has none."""
-    total = getattr(kwargs.get("batcher"), "total", None)
-    if isinstance(total, int):
-        return total
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, dict):
-            value = next((v for v in value.values() if isinstance(v, torch.Tensor)), None)
-        if isinstance(value, torch.Tensor) and value.dim() > 0:
-            return int(value.shape[0])
-    return 1
-
 
 def _unreadable_weights(model: Any, error: Exception) -> InvalidCheckpoint | None:
     """`InvalidCheckpoint` naming the weight file of the local folder ``model`` that cannot be read, where one

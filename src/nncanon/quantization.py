@@ -402,19 +402,20 @@ def signature(module: torch.nn.Module) -> tuple:
 
 
 def batch_coupling(module: torch.nn.Module) -> str | None:
-    """Why the rows of a batch are not computed independently by ``module`` (a model), ``None`` where they are.
+    """Why the tokens of a batch are not computed independently by ``module`` (a model), ``None`` where they are.
 
-    bitsandbytes' LLM.int8 (``llm_int8_threshold`` > 0, 6.0 by default) takes the input columns where any row of the
-    batch exceeds the threshold out of the int8 product and computes them in 16-bit for every row: a prompt with an
-    outlier (or an edit that makes one) changes how the other prompts' products are rounded."""
+    bitsandbytes' LLM.int8 (``llm_int8_threshold`` > 0, 6.0 by default) takes the input columns where any token of
+    the batch exceeds the threshold out of the int8 product and computes them in 16-bit for every token: a token with
+    an outlier (or an edit that makes one) changes how every other token's products are rounded, in its prompt and
+    in the others."""
     for sub in module.modules():
         threshold = getattr(getattr(sub, "state", None), "threshold", 0.0) or 0.0
         if type(sub).__name__ == "Linear8bitLt" and threshold > 0:
             return (f"bitsandbytes LLM.int8 (llm_int8_threshold={threshold:g}) picks its outlier feature columns over "
-                    "the whole batch and computes them in 16-bit for every row, so what one prompt or invoke holds "
-                    "moves the others' results by a few units of int8's precision. For rows computed independently, "
-                    "load with BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=0.0), or run each prompt in "
-                    "its own trace")
+                    "every token of the batch and computes them in 16-bit for all of them, so an edit at one token "
+                    "(or in one invoke) moves the other tokens' values, earlier positions and other prompts included, "
+                    "by a few units of int8's precision. For tokens computed independently, load with "
+                    "BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=0.0)")
     return None
 
 

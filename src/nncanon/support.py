@@ -123,8 +123,8 @@ class SupportReport:
         self.cause = cause
         #: What is attached to the model beside its values (a dictionary of `nncanon.sae`), one line each.
         self.attached = list(attached or [])
-        #: Why the model does not compute the rows of a batch independently (bitsandbytes LLM.int8's outlier
-        #: columns: an edit in one invoke moves the others), ``None`` where it does.
+        #: Why the model does not compute the tokens of a batch independently (bitsandbytes LLM.int8's outlier
+        #: columns: an edit at one token or in one invoke moves the others), ``None`` where it does.
         self.batch = batch
 
     @classmethod
@@ -238,7 +238,7 @@ class SupportReport:
             f"support of {self.model_type} (family {self.family})",
             *([f"values served: none, {self.cause.removeprefix('not proved: ')}"] if self.cause else
               [f"values served: {self.provenance}"] if self.provenance else []),
-            *([f"batch rows computed together: {self.batch}"] if self.batch else []),
+            *([f"batch tokens computed together: {self.batch}"] if self.batch else []),
             *([f"{', '.join(f'model.{name}' for name in by_cause)} not served: [*]"] if by_cause else []),
             *(f"model.{name} not served: {reason}" for name, reason in self.model_declines.items()
               if name not in by_cause),
