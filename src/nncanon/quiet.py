@@ -46,8 +46,11 @@ class _NoticeFilter(logging.Filter):
         return True
 
 
-def _below_error(record: logging.LogRecord) -> bool:
-    return record.levelno >= logging.ERROR
+class _BelowError(logging.Filter):
+    """Drops records below ERROR (one per block: a nested block's exit removes its own only)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
 
 
 @contextmanager
@@ -63,13 +66,14 @@ def kernel_notices_filtered() -> Iterator[None]:
     logger.addFilter(notices)
     switches.addFilter(switch_notices)
     casts = logging.getLogger(BNB_LOGGER)  # (a quantized twin's int8 layers log a cast at every call)
-    casts.addFilter(_below_error)  # (a filter, not setLevel: that clears every logger's cache, 0.05 ms a load)
+    below_error = _BelowError()  # (a filter, not setLevel: that clears every logger's cache, 0.05 ms a load)
+    casts.addFilter(below_error)
     try:
         yield
     finally:
         logger.removeFilter(notices)
         switches.removeFilter(switch_notices)
-        casts.removeFilter(_below_error)
+        casts.removeFilter(below_error)
         if notices.dropped:
             from transformers.utils import logging as transformers_logging
 
