@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import warnings
 import zipfile
 from typing import Any
@@ -334,7 +335,24 @@ def _config_seen(model: StandardizedTransformer) -> tuple[bytes | None, dict | N
     if proof is None:
         return None
     config = model._module.config
-    return config_state(config), _entries(config)
+    return _seen(config)
+
+
+def _seen(config: Any) -> tuple[bytes | None, dict | None]:
+    """``(state, entries)``: the entries taken now only where the state cannot be (they are read back from it)."""
+    state = config_state(config)
+    return state, _entries(config) if state is None else None
+
+
+def _entries_seen(seen: tuple[bytes | None, dict | None]) -> dict | None:
+    """The entries of the config as `_seen` took it: its own, or read back from its state (nncanon's own pickle)."""
+    state, entries = seen
+    if entries is not None or state is None:
+        return entries
+    cls, attributes = pickle.loads(state)
+    config = cls.__new__(cls)
+    config.__dict__.update(attributes)
+    return _entries(config)
 
 
 def _check_config(model: StandardizedTransformer) -> None:
@@ -355,9 +373,9 @@ def _check_config(model: StandardizedTransformer) -> None:
     quantization = model.__dict__.get("_quantization")
     key = cache_key(config, model.family, type(model._module), None if quantization is None else quantization.key())
     if key == proof.key and proof.stands_for(config):
-        model.__dict__["_proved_config"] = (state, _entries(config))
+        model.__dict__["_proved_config"] = _seen(config)
         return
-    changed = _changes(seen[1], _entries(config))
+    changed = _changes(_entries_seen(seen), _entries(config))
     raise ConfigChanged(
         f"this model's config changed after its load-time proof ({changed}): the values nncanon serves were proved "
         "for the config as loaded, and the model now computes with another. Load the model again after changing "
