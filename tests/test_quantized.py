@@ -393,3 +393,19 @@ def test_dense_weight_is_what_a_repacked_4bit_layer_computes_with(in_features, n
     assert getattr(layer.weight.quant_state, "packing_format_for_cpu", False) == _cpu_packs()
     assert weight.shape == (64, in_features)
     assert bool(((out - x @ weight.T).abs() <= 8 * 2.0 ** -8 * terms).all())  # bfloat16 accumulation at most
+
+
+def test_a_family_that_computes_the_lens_itself_uses_the_quantized_layers_own_kernel(tmp_path):
+    """Gemma-3n's lens runs its AltUp unembedding projections: through the layer's own forward (its int8 kernel),
+    not a float matmul with the dequantized weight, which was 2.8e-3 off the logits under LLM.int8."""
+    hf = tiny_hf_model("gemma3n_text")
+    hf.save_pretrained(tmp_path)
+    tiny_tokenizer(hf.config.vocab_size).save_pretrained(tmp_path)
+    model = nncanon.StandardizedTransformer(str(tmp_path), device_map="cpu", dispatch=True, **LOADS["int8"])
+    assert is_quantized(model._module.model.altup_unembed_projections[0])
+    declines = model.support().model_declines
+    assert "project_on_vocab" not in declines and "skip_layers" not in declines
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        lens = model.project_on_vocab(model.layers[-1].layer_output).save()
+        logits = model.logits.save()
+    assert torch.equal(lens, logits)

@@ -39,9 +39,7 @@ from functools import partial
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from ..quantization import dense_weight
 from ..served import Site
 from ..versions import transformers_minor
 from .base import Family, LogitStep, stranded_readers
@@ -55,7 +53,9 @@ def _collapse(text_model: str, model: torch.nn.Module, stream: torch.Tensor) -> 
     target = torch.mean(first**2, dim=-1, keepdim=True) ** 0.5
     parts = [first]
     for index, projection in enumerate(text.altup_unembed_projections, start=1):
-        current = F.linear(streams[..., index, :].contiguous(), dense_weight(projection), projection.bias)
+        # (the layer's own computation, a quantized one's kernel included, without the module's hooks: the model
+        # has run past it in the trace)
+        current = type(projection).forward(projection, streams[..., index, :].contiguous()).to(first.dtype)
         magnitude = torch.sqrt(torch.mean(current**2, dim=-1, keepdim=True).clamp(min=1e-5))
         parts.append(current * target / magnitude)
     return torch.mean(torch.stack(parts), dim=0)
