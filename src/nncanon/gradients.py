@@ -62,6 +62,20 @@ class Through(torch.autograd.Function):
         return (grad if ctx.factor == 1.0 else grad / ctx.factor), None, None
 
 
+@contextlib.contextmanager
+def no_weight_gradients(model: Any) -> Iterator[None]:
+    """The model's parameters take no gradient for the duration (restored after): a backward computes the served
+    values' gradients only, never the weights'."""
+    parameters = [p for p in model._module.parameters() if p.requires_grad]
+    for parameter in parameters:
+        parameter.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for parameter in parameters:
+            parameter.requires_grad_(True)
+
+
 def tracks(tensor: Any) -> bool:
     """Whether a gradient can reach ``tensor`` (the trace tracks gradients and it is in the graph)."""
     return isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled()

@@ -10,14 +10,14 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..errors import GradientNotAvailable, InvalidInput
+from ..gradients import no_weight_gradients
 from ..inputs import prompt_list
 from ..tools._common import Positions, check_indices, checked_positions
 from .splice import AttachedDictionary, execution_rank
@@ -55,18 +55,6 @@ def steer_features(attached: AttachedDictionary, features: int | Sequence[int] |
     index = _feature_index(attached, features)
     current = attached.features
     current[:, _select(current, positions), index] += amount
-
-
-@contextlib.contextmanager
-def _no_weight_gradients(model: Any) -> Iterator[None]:
-    parameters = [p for p in model._module.parameters() if p.requires_grad]
-    for parameter in parameters:
-        parameter.requires_grad_(False)
-    try:
-        yield
-    finally:
-        for parameter in parameters:
-            parameter.requires_grad_(True)
 
 
 def _checked_metric(value: Any, batch: int) -> torch.Tensor:
@@ -111,7 +99,7 @@ def feature_attribution(
     batch = prompt_list(prompts)
     points = sorted(range(len(items)), key=lambda i: execution_rank(items[i].point_out))
     found: dict = {}
-    with torch.enable_grad(), _no_weight_gradients(model), model.trace(batch, use_cache=False):
+    with torch.enable_grad(), no_weight_gradients(model), model.trace(batch, use_cache=False):
         features = [items[i].features for i in points]
         value = _checked_metric(metric(model.logits), len(batch))
         grads = torch.autograd.grad(value.sum(), features, allow_unused=True)

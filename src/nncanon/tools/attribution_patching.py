@@ -18,14 +18,14 @@ the ``[vocab, hidden]`` matrix.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..errors import GradientNotAvailable, InvalidInput
+from ..gradients import no_weight_gradients
 from ..inputs import prompt_list
 from ..quantization import is_quantized
 from ..reading import in_execution_order, read
@@ -91,19 +91,6 @@ def _plan(model: Any, over: Sequence[str]) -> dict[int, dict[str, str]]:
             chosen[item] = value
         plan[layer] = chosen
     return plan
-
-
-@contextlib.contextmanager
-def _no_weight_gradients(model: Any) -> Iterator[None]:
-    """The model's parameters take no gradient for the duration (restored after)."""
-    parameters = [p for p in model._module.parameters() if p.requires_grad]
-    for parameter in parameters:
-        parameter.requires_grad_(False)
-    try:
-        yield
-    finally:
-        for parameter in parameters:
-            parameter.requires_grad_(True)
 
 
 def _linear_head(model: Any) -> torch.nn.Linear | None:
@@ -177,7 +164,7 @@ def _estimates(model: Any, prompts: list[str], patched: dict | None, order: list
     ``[batch]`` for a contribution; ``patched``: the corrupted values (``None``: zero)."""
     estimates: dict = {}  # bound outside the trace, filled inside
     # No cache: a recurrent model that updates its cached state in place (RWKV) has no backward then.
-    with torch.enable_grad(), _no_weight_gradients(model), model.trace(prompts, use_cache=False, **keep):
+    with torch.enable_grad(), no_weight_gradients(model), model.trace(prompts, use_cache=False, **keep):
         stream = model.layers[0].layer_input
         # The backward starts here: a leaf with the stream's data (the weights take no gradient).
         model.layers[0].layer_input = stream.detach().requires_grad_(True)
