@@ -22,6 +22,8 @@ from nncanon.proof.checks.references import encode, hf_block
 from nncanon.sae import Dictionary, attach, attached
 from nncanon.testing import PROMPTS, tiny_model
 
+from . import block_output_and_gradient
+
 LAYER, FEATURES = 1, 16
 
 
@@ -158,21 +160,7 @@ def test_writes_are_checked_and_a_failed_trace_leaves_the_next_clean(model):
 def test_feature_gradient_is_the_decoder_times_the_value_gradient_and_the_rest_is_clean(model):
     sae = _sae(model)
     token = 5
-    stream = {}
-
-    def keep(module, args, output):
-        tensor = output[0] if isinstance(output, tuple) else output
-        tensor.retain_grad()
-        stream["x"] = tensor
-
-    handle = hf_block(model, LAYER).register_forward_hook(keep)
-    try:
-        logits = model._module(**encode(model)).logits
-        logits[0, -1, token].backward()
-    finally:
-        handle.remove()
-        model._module.zero_grad(set_to_none=True)
-    value_grad = stream["x"].grad
+    _, value_grad = block_output_and_gradient(model, LAYER, token)
     with attach(model, sae) as item, model.trace(PROMPTS[0]):
         entering = model.layers[0].layer_input
         features = item.features

@@ -17,6 +17,8 @@ from nncanon.sae.evaluation import evaluate
 from nncanon.sae.tools import ablate_features, feature_attribution, steer_features, top_activating_contexts
 from nncanon.testing import PROMPTS, tiny_model
 
+from . import block_output_and_gradient
+
 LAYER = 1
 TEXTS = ["The Eiffel Tower is in the city of", "Berlin is the capital of", "Madrid", "Rome lies on the river",
          "a b c d e f", "The capital of Japan is Tokyo and the capital of Kenya is"]
@@ -70,22 +72,8 @@ def test_ablate_and_steer_move_the_value_by_the_decoder_rows(model, sae):
 
 def test_feature_attribution_is_minus_features_times_the_decoder_projected_gradient(model, sae):
     token = 7
-    stream = {}
-
-    def keep(module, args, output):
-        tensor = output[0] if isinstance(output, tuple) else output
-        tensor.retain_grad()
-        stream["x"] = tensor
-
-    handle = hf_block(model, LAYER).register_forward_hook(keep)
-    try:
-        logits = model._module(**encode(model)).logits
-        logits[0, -1, token].backward()
-    finally:
-        handle.remove()
-        model._module.zero_grad(set_to_none=True)
-    x = stream["x"].detach()
-    expected = -(sae.encode(x) * (stream["x"].grad @ sae.W_dec.T)).sum(dim=1)[0]
+    x, value_grad = block_output_and_gradient(model, LAYER, token)
+    expected = -(sae.encode(x) * (value_grad @ sae.W_dec.T)).sum(dim=1)[0]
     with attach(model, sae) as item:
         found = feature_attribution(model, item, PROMPTS[0], lambda logits: logits[:, -1, token])
         batched = feature_attribution(model, [item], PROMPTS[:2], lambda logits: logits[:, -1, token])
