@@ -5,6 +5,9 @@ never skip."""
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+
 import bitsandbytes as bnb
 import pytest
 import torch
@@ -361,16 +364,12 @@ def test_llm_int8_outlier_columns_couple_a_batch_and_the_model_says_so(folder, t
         _three_invokes(model, outlier=False)
 
 
-class _no_warning:
-    def __enter__(self):
-        import warnings
-
-        self._catch = warnings.catch_warnings()
-        self._catch.__enter__()
+@contextlib.contextmanager
+def _no_warning():
+    """`BatchCoupledWarning` raised, so a block that warns fails."""
+    with warnings.catch_warnings():
         warnings.simplefilter("error", nncanon.BatchCoupledWarning)
-
-    def __exit__(self, *exc):
-        return self._catch.__exit__(*exc)
+        yield
 
 
 @pytest.mark.parametrize("nested", [False, True])  # (transformers' default: bnb_4bit_use_double_quant=False)

@@ -11,11 +11,11 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import torch
 
-from nncanon.proof.checks.routing import SELECTION_BIASES, check_routing, choice_beyond_logits
+from nncanon.proof.checks.routing import check_routing, choice_beyond_logits, selection_biases
 from nncanon.testing import PROMPTS
 
 from ..conftest import hf_block, upstream_failures
@@ -63,13 +63,6 @@ def test_routing_values_agree(model):
         assert all(len(set(row.tolist())) == len(row) for row in indices.reshape(-1, indices.shape[-1]))
 
 
-def _selection_biases(model, index: int) -> list[torch.Tensor]:
-    """The tensors block ``index``'s router adds to its scores for the choice alone."""
-    block = hf_block(model, index)
-    named = [*block.named_buffers(), *block.named_parameters()]
-    return [tensor for name, tensor in named if name.rsplit(".", 1)[-1] in SELECTION_BIASES]
-
-
 @contextmanager
 def _raised(biases: list[torch.Tensor], expert: int):
     """``expert``'s selection bias raised far above every score (as a trained checkpoint's can be), then restored."""
@@ -98,7 +91,7 @@ def test_masking_an_expert_takes_its_output_out_of_every_token(model):
         routed = (before == expert).any(-1)
         assert routed.any()
         beyond = choice_beyond_logits(model, index)
-        biases = _selection_biases(model, index)
+        biases = list(selection_biases(model, index).values())
         weights = None
         with _raised(biases, expert), torch.no_grad(), model.trace(PROMPTS[0]):
             mlp.router_logits[..., expert] = float("-inf")
@@ -120,16 +113,17 @@ def test_the_routing_check_holds_where_a_trained_checkpoints_bias_keeps_a_masked
     """The load-time check proves what holds on a trained checkpoint, not what a twin's small random biases show
     (transformers 5.21's default ERNIE-4.5-MoE twin kept a masked expert, and the check made for plain routers
     declined its routing)."""
-    for index in _moe_layers(model):
-        biases = _selection_biases(model, index)
-        if not biases:
-            continue
-        with torch.no_grad(), model.trace(PROMPTS[0]):
-            chosen = model.layers[index].mlp.expert_indices.save()
-        expert = int(chosen.flatten()[0])
-        with _raised(biases, expert):
-            results = [result for result in check_routing(model) if result.layer == index]
-        assert results and all(result.passed for result in results), [result.note for result in results]
+    biased = {index: list(selection_biases(model, index).values()) for index in _moe_layers(model)}
+    biased = {index: biases for index, biases in biased.items() if biases}
+    chosen = {}
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        for index in biased:
+            chosen[index] = model.layers[index].mlp.expert_indices.save()
+    with ExitStack() as raised:  # (every biased layer's first chosen expert at once: one run of the check)
+        for index, biases in biased.items():
+            raised.enter_context(_raised(biases, int(chosen[index].flatten()[0])))
+        results = [result for result in check_routing(model) if result.layer in biased]
+    assert bool(results) == bool(biased) and all(result.passed for result in results), [r.note for r in results]
 
 
 def _default_routed(moe, hidden, indices, weights, logits, config):

@@ -42,13 +42,18 @@ def check_routing(model: Any) -> list[CheckResult]:
     return results
 
 
+def selection_biases(model: Any, layer: int) -> dict[str, torch.Tensor]:
+    """The tensors block ``layer``'s router adds to its scores for the choice alone, by their names in the block."""
+    block = hf_block(model, layer)
+    return {name: tensor for name, tensor in [*block.named_buffers(), *block.named_parameters()]
+            if name.rsplit(".", 1)[-1] in SELECTION_BIASES}
+
+
 def choice_beyond_logits(model: Any, layer: int) -> str | None:
     """Why block ``layer``'s router chooses by more than each expert's own logit (a selection bias, group-limited
     routing), or ``None`` for a plain top-k router."""
-    block = hf_block(model, layer)
-    for name, _ in [*block.named_buffers(), *block.named_parameters()]:
-        if name.rsplit(".", 1)[-1] in SELECTION_BIASES:
-            return f"a selection bias ({name})"
+    for name in selection_biases(model, layer):
+        return f"a selection bias ({name})"
     config = model._module.config.get_text_config()
     groups, picked = getattr(config, "n_group", None) or 1, getattr(config, "topk_group", None)
     if groups > 1 and picked is not None and picked < groups and getattr(config, "topk_method", None) != "greedy":

@@ -27,10 +27,11 @@ def check_invokes(model: Any) -> list[CheckResult]:
     results = []
     writable = KERNEL_INPUTS + HEAD_VALUES + CONTRIBUTIONS
     clean: list = []  # the three invokes' logits with no write: one run for every value
+    coupled = batch_coupling(model._module)
     for index in range(model.num_layers):
         for name in served(model, index, writable):
             results += guarded("invokes", index, (name,), lambda index=index, name=name: [
-                _invokes(model, index, name, clean)])
+                _invokes(model, index, name, clean, coupled)])
     return results
 
 
@@ -50,7 +51,7 @@ def _three_invokes(model: Any, write: tuple[int, str] | None) -> tuple[torch.Ten
     return first, middle, last
 
 
-def _invokes(model: Any, index: int, name: str, clean: list) -> CheckResult:
+def _invokes(model: Any, index: int, name: str, clean: list, coupled: str | None) -> CheckResult:
     if not clean:
         clean.append(_three_invokes(model, None))
     runs = {False: clean[0], True: _three_invokes(model, (index, name))}
@@ -62,8 +63,7 @@ def _invokes(model: Any, index: int, name: str, clean: list) -> CheckResult:
     moved = max(float((runs[True][i] - runs[False][i]).abs().max()) for i in (0, 2))
     reached = not torch.equal(runs[True][1], runs[False][1])
     # A model that computes a batch's tokens together (LLM.int8's outlier columns) moves the other invokes whatever
-    # is served: a property of the model (`support().batch`, a warning at its first batched trace), not a leak.
-    coupled = batch_coupling(model._module)
+    # is served: a property of the model (`support().batch`, a warning at its first trace), not a leak.
     passed = reached and (moved <= tolerance or coupled is not None)
     note = "the other invokes' logits" + ("" if reached else "; the write did not reach its own invoke") + (
         f"; not asserted: the model computes a batch's tokens together ({coupled.split(' (')[0]})"
@@ -80,10 +80,11 @@ def check_locality(model: Any) -> list[CheckResult]:
     bf16 = _bf16_copy(model)
     results = []
     clean: dict = {}  # every block's layer_output with no write: one run for all of them
+    coupled = batch_coupling(bf16._module)  # (LLM.int8's outlier columns are picked over every token of the batch)
     for index in whole_layers(bf16):
         for name in served(bf16, index):
             results += guarded("locality", index, (name,), lambda index=index, name=name: [
-                _locality(bf16, index, name, name in token_shift_after, clean)])
+                _locality(bf16, index, name, name in token_shift_after, clean, coupled)])
     return results
 
 
@@ -116,7 +117,7 @@ def _to_bf16(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
 
 
-def _locality(model: Any, index: int, name: str, shifted: bool, clean: dict) -> CheckResult:
+def _locality(model: Any, index: int, name: str, shifted: bool, clean: dict, coupled: str | None) -> CheckResult:
     position = 2
     layer = model.layers[index]
     if not clean:
@@ -130,7 +131,6 @@ def _locality(model: Any, index: int, name: str, shifted: bool, clean: dict) -> 
     others = [*range(position), *later]
     moved = float((written[:, others].float() - clean[index][:, others].float()).abs().max())
     reached = not torch.equal(written[:, position], clean[index][:, position])
-    coupled = batch_coupling(model._module)  # (LLM.int8's outlier columns are picked over every token of the batch)
     note = "other positions of layer_output, bf16" + ("" if reached else "; the write did not reach the stream") + (
         f"; not asserted: the model computes a batch's tokens together ({coupled.split(' (')[0]})"
         if coupled is not None and moved > 0 else "")
