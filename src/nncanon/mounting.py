@@ -14,6 +14,7 @@ nnsight built.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from nnsight.intervention.envoy import Envoy
@@ -27,6 +28,7 @@ from .components import (
     MLPEnvoy,
     VirtualMLP,
 )
+from .components.anatomy import NEURON_VALUES, discover, neuron_sites
 from .components.kernel import (
     RECOMPUTED,
     STATES,
@@ -37,7 +39,7 @@ from .components.kernel import (
 )
 from .components.kernel import implementation as kernel_implementation
 from .errors import ValueNotAvailable
-from .families import Family
+from .families import Family, MLPAnatomy
 from .order import block_order
 from .served import Binding, Site, operation_name
 from .support import COMPONENT_OF
@@ -200,6 +202,15 @@ def _label(index: int, kind: str | None, layer: Envoy) -> str:
 _ROUTING = ("router_logits", "expert_weights", "expert_indices")
 
 
+def _stream_width(config: Any) -> int:
+    """The width of the stream a block's MLP reads and writes (``hidden_size``, GPT-2's ``n_embd``)."""
+    for attribute in ("hidden_size", "n_embd", "d_model"):
+        value = getattr(config, attribute, None)
+        if isinstance(value, int):
+            return value
+    raise AttributeError(f"{type(config).__name__} names no hidden size")
+
+
 def _block_sites(tupled: bool, stacked: bool, merged: bool) -> tuple[Site, Site]:
     """The sites every block has: its input, and its output (a tensor, or a tuple's first element).
 
@@ -230,10 +241,12 @@ class _Shape:
         self.kernel = spec.kernel(config) if callable(spec.kernel) else spec.kernel
         present = {"self_attn": spec.attention, "linear_attn": spec.mixer, "mlp": spec.mlp_output}
         self.components = [c for c in spec.component_order if present.get(c) is not None]
-        self.attention = (("attention_head_outputs", spec.head_outputs, heads),
+        self.attention_input = ("attention_input", Site(spec.attention, key="input"), None) if spec.attention else None
+        self.attention = (self.attention_input, ("attention_head_outputs", spec.head_outputs, heads),
                           ("attention_output", spec.attention_output, None))
         self.with_kernel: dict[int, tuple] = {}  # the attention's sites after its kernel inputs, by their sites' id
-        self.mixer = (("linear_attention_output", spec.mixer_output, None),)
+        self.mixer = (("linear_attention_output", spec.mixer_output, None),
+                      ("linear_attention_input", Site(spec.mixer, key="input"), None) if spec.mixer else None)
         if spec.mixer is not None and spec.mixer_head_outputs is not None:
             heads_of_mixer = getattr(config, spec.mixer_heads)
             self.mixer += (("linear_attention_head_outputs", spec.mixer_head_outputs, heads_of_mixer),)
@@ -243,6 +256,11 @@ class _Shape:
         # What an MLP of this layout does not have, with the reason after the block's label.
         self.mlp_absent = {name: ": its MLP is dense, not a mixture of experts: it has no router" if name in _ROUTING
                            else ": its MLP has no shared expert" for name, site in sites if site is None}
+        self.moe = spec.router_logits is not None or spec.expert_indices is not None
+        self.neurons: tuple | None = None  # the neuron sites, or the reason there are none: at the first block
+        self.neuron_reasons: dict[str, str] = {}
+        self.neuron_absent: set[str] = set()
+        self.anatomy: MLPAnatomy | None = None
         bound = [*self.layer, *(self.attention if spec.attention else ()), *(self.mixer if spec.mixer else ()),
                  *(self.mlp if spec.mlp_output else ())]
         # Bindings are made at their first use (`ComponentState.deferred`), unless one installs operation
@@ -256,18 +274,51 @@ class _Shape:
         # The values no block of this layout serves, whatever is declined later: `apply_proof` passes them.
         missing = {component for component, name in present.items() if name is None}
         self.unserved = frozenset({*missing, *(v for v, c in COMPONENT_OF.items() if c in missing), *self.mlp_absent,
-                                   *(["linear_attention_head_outputs"] if len(self.mixer) == 1 and spec.mixer else [])})
+                                   *(["linear_attention_head_outputs"] if len(self.mixer) == 2 and spec.mixer else [])})
+
+    def neuron_sites(self, layer: Envoy, config: Any) -> tuple:
+        """The MLP's neuron sites (`nncanon.components.anatomy`) on blocks of this layout, found on the first one;
+        what it does not serve is in ``neuron_reasons`` (declined: the MLP has them) and ``neuron_absent`` (it has
+        no such value: the linear path of an MLP without a gate)."""
+        if self.neurons is not None:
+            return self.neurons
+        spec = self.spec
+        anatomy = spec.mlp_anatomy
+        if isinstance(anatomy, str) and anatomy == "auto":
+            if self.moe:
+                anatomy = ("its MLP is a mixture of experts: each token's neurons are those of the experts it is "
+                           "routed to, computed inside the experts' fused module on the tokens routed to each, so "
+                           "no one [b, s, d_mlp] tensor holds them")
+            else:
+                mlp = layer._module if spec.mlp is None else layer._module.get_submodule(spec.mlp)
+                anatomy = discover(mlp, spec.mlp or "", _stream_width(config))
+                if isinstance(anatomy, MLPAnatomy) and spec.mlp is None and spec.mlp_output is not None:
+                    anatomy = replace(anatomy, flat=spec.mlp_output.flat)
+        if isinstance(anatomy, str):
+            self.neuron_reasons = dict.fromkeys(NEURON_VALUES, anatomy)
+            self.neurons = ()
+        else:
+            found = neuron_sites(anatomy)
+            self.neuron_absent = {name for name in NEURON_VALUES if name not in found}
+            self.neuron_reasons = dict.fromkeys(
+                self.neuron_absent, "its MLP has no linear path (it is not gated): activation(pre) is its neurons")
+            self.anatomy = anatomy
+            self.neurons = tuple((name, site, None) for name, site in found.items())
+            for name in self.neurons:
+                _child(layer, name[1].module)  # fail at load if a family's path is wrong
+        self.unserved = self.unserved | frozenset(self.neuron_reasons)
+        return self.neurons
 
     def state(self, layer: Envoy, config: Any, where: str, order: str, sites: tuple, reasons: dict,
               absent: set[str] | None = None, probabilities: tuple[str, ...] | None = None,
-              kernel: Any = None) -> ComponentState:
+              kernel: Any = None, anatomy: Any = None) -> ComponentState:
         """The state of one component of block ``layer``, its bindings made now or at their first use."""
         absent = set() if absent is None else absent
         if self.deferred:
             return ComponentState.deferred(where, (_made, (layer, config, where, order, sites)), reasons, absent,
-                                           probabilities, kernel)
+                                           probabilities, kernel, anatomy)
         return ComponentState(where, _made(layer, config, where, order, sites), reasons, absent, probabilities,
-                              kernel=kernel)
+                              kernel=kernel, anatomy=anatomy)
 
 
 def mount(model: Any, family: Family, config: Any) -> list[frozenset[str] | None]:
@@ -298,7 +349,6 @@ def mount(model: Any, family: Family, config: Any) -> list[frozenset[str] | None
         shape = shapes.get(id(spec))
         if shape is None or shape.spec is not spec:
             shape = shapes[id(spec)] = _Shape(spec, config, heads)
-        unserved.append(shape.unserved)
         where = f"layers[{index}]"
         label = _label(index, kind, layer)
         order = block_order(shape.components, index, count, model_type)
@@ -315,7 +365,8 @@ def mount(model: Any, family: Family, config: Any) -> list[frozenset[str] | None
             _route(layer, "self_attn", spec.attention, attention, hidden)
             sites = shape.attention
             if spec.head_shape is not None:
-                sites = (("attention_head_outputs", spec.head_outputs, spec.head_shape(config, index)[0]), sites[1])
+                sites = (sites[0], ("attention_head_outputs", spec.head_outputs, spec.head_shape(config, index)[0]),
+                         sites[2])
             known = _kernel_sites(attention, spec.attention, shape.kernel)
             if isinstance(known, str):
                 kernel = known
@@ -358,9 +409,11 @@ def mount(model: Any, family: Family, config: Any) -> list[frozenset[str] | None
             state.reasons["linear_attn"] = f"{label}: it has no linear-attention or state-space mixer{note}"
 
         if spec.mlp_output is not None:
-            mlp_state = shape.state(layer, config, f"{where}.mlp", order, shape.mlp,
-                                    {name: label + reason for name, reason in shape.mlp_absent.items()},
-                                    set(shape.mlp_absent))
+            neuron_sites = shape.neuron_sites(layer, config)
+            mlp_state = shape.state(layer, config, f"{where}.mlp", order, (*shape.mlp, *neuron_sites),
+                                    {**{name: label + reason for name, reason in shape.mlp_absent.items()},
+                                     **{name: f"{label}: {reason}" for name, reason in shape.neuron_reasons.items()}},
+                                    {*shape.mlp_absent, *shape.neuron_absent}, anatomy=shape.anatomy)
             if spec.mlp is None:
                 object.__setattr__(layer, "mlp", VirtualMLP(mlp_state))
             else:
@@ -374,6 +427,7 @@ def mount(model: Any, family: Family, config: Any) -> list[frozenset[str] | None
 
         for name, reason in spec.declined(config, index).items():
             decline(layer, name, reason)
+        unserved.append(shape.unserved)
     return unserved
 
 

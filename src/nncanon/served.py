@@ -81,6 +81,9 @@ class Site:
             returned is the cache's own tensor, or a view of it): at the first read the call is handed a
             copy in its place, and the value served is a view of that copy, so a write reaches the call
             and not what the cache keeps for later steps.
+        part: ``(i, n)``: the value is part ``i`` of ``n`` equal parts of the tensor's last axis (a fused
+            projection, Phi-3's ``gate_up_proj``, whose output the MLP chunks into its gate and linear paths),
+            served as a view of that slice.
     """
 
     module: str = ""
@@ -98,6 +101,7 @@ class Site:
     heads_first: bool = False
     transposed: bool = False
     private: bool = False
+    part: tuple[int, int] | None = None
 
     def factor(self, config: Any) -> float:
         """The scale factor for ``config`` (``1.0`` where the site has none)."""
@@ -142,6 +146,13 @@ def operation_name(names: Any, op: str) -> str | None:
         return op
     found = [name for name in names if name.startswith(op[:-1])]
     return found[-1] if found else None
+
+
+def _part(tensor: torch.Tensor, part: tuple[int, int]) -> torch.Tensor:
+    """Part ``i`` of ``n`` equal parts of ``tensor``'s last axis (`Site.part`), a view."""
+    index, count = part
+    width = tensor.shape[-1] // count
+    return tensor.narrow(-1, index * width, width)
 
 
 def _pick(raw: Any, site: Site) -> torch.Tensor:
@@ -235,6 +246,8 @@ class Binding:
             tensor = self._unflatten(tensor, mediator)
         if self.site.merge:
             tensor = tensor.flatten(-2)
+        if self.site.part is not None:
+            tensor = _part(tensor, self.site.part)
         if self.heads is not None:
             tensor = tensor.unflatten(-1, (self.heads, -1))
         if self.site.transposed:
@@ -288,6 +301,10 @@ class Binding:
             value = value.transpose(-1, -2)
         if self.heads is not None:
             value = value.flatten(-2)
+        if self.site.part is not None:  # the other parts as the model computed them
+            whole = tensor.clone()
+            _part(whole, self.site.part).copy_(value)
+            value = whole
         if self.site.merge:
             value = value.unflatten(-1, tensor.shape[-2:])
         if self.site.stacked:

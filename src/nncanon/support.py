@@ -13,6 +13,7 @@ LAYER_VALUES = (
     "layer_input",
     "layer_output",
     "self_attn",
+    "attention_input",
     "query_states",
     "key_states",
     "value_states",
@@ -20,6 +21,7 @@ LAYER_VALUES = (
     "attention_head_outputs",
     "attention_output",
     "linear_attn",
+    "linear_attention_input",
     "linear_attention_head_outputs",
     "linear_attention_output",
     "mlp",
@@ -27,23 +29,31 @@ LAYER_VALUES = (
     "expert_weights",
     "expert_indices",
     "shared_expert_output",
+    "pre_activations",
+    "linear_activations",
+    "neurons",
     "mlp_output",
 )
 
 #: The component each value is served on.
 COMPONENT_OF = {
+    "attention_input": "self_attn",
     "query_states": "self_attn",
     "key_states": "self_attn",
     "value_states": "self_attn",
     "attention_probabilities": "self_attn",
     "attention_head_outputs": "self_attn",
     "attention_output": "self_attn",
+    "linear_attention_input": "linear_attn",
     "linear_attention_head_outputs": "linear_attn",
     "linear_attention_output": "linear_attn",
     "router_logits": "mlp",
     "expert_weights": "mlp",
     "expert_indices": "mlp",
     "shared_expert_output": "mlp",
+    "pre_activations": "mlp",
+    "linear_activations": "mlp",
+    "neurons": "mlp",
     "mlp_output": "mlp",
 }
 COMPONENTS = ("self_attn", "linear_attn", "mlp")

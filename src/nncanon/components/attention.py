@@ -37,6 +37,8 @@ class AttentionEnvoy(Component, Envoy):
 
     Values, in the order the forward produces them:
 
+    - ``attention_input`` ``[batch, seq, hidden]``: what the attention module receives (the stream after the
+      block's norm, with the norm's weight).
     - ``query_states``, ``key_states``, ``value_states`` ``[batch, seq, heads, head_dim]`` (key/value
       heads for keys and values): what the attention kernel receives, queries and keys after rotary
       (keys and values with the cache's earlier positions when generating).
@@ -51,10 +53,17 @@ class AttentionEnvoy(Component, Envoy):
 
     role = "self_attn"
     standard_values = (
-        "query_states", "key_states", "value_states", "attention_probabilities", "attention_head_outputs",
-        "attention_output",
+        "attention_input", "query_states", "key_states", "value_states", "attention_probabilities",
+        "attention_head_outputs", "attention_output",
     )
 
+    attention_input = served(
+        "attention_input",
+        "what the attention module receives: the normed stream [b, s, d]",
+        "The attention module's input, ``[batch, seq, hidden]``: the stream after the block's norm, with the norm's "
+        "weight (TransformerLens ``ln1.hook_normalized`` before its weight is folded). Writable: a write reaches "
+        "the query, key and value projections.",
+    )
     query_states = served(
         "query_states",
         "per-head queries the attention kernel receives, after rotary [b, s, H, head_dim]",

@@ -27,6 +27,7 @@ class ComponentState:
             (``None``: found through transformers' attention interface).
         gradient_reasons: Values it serves whose gradient (``value.grad``) it does not, with the reason.
         kernel: For attention, its kernel call (`nncanon.components.kernel.Kernel`), or why it has none.
+        anatomy: For a dense MLP, where it keeps its neurons (`nncanon.families.MLPAnatomy`), ``None`` elsewhere.
     """
 
     where: str
@@ -36,6 +37,7 @@ class ComponentState:
     probabilities: tuple[str, ...] | None = None
     gradient_reasons: dict[str, Reason] = field(default_factory=dict)
     kernel: Any = None
+    anatomy: Any = None
 
     def reason(self, name: str) -> str | None:
         """Why ``name`` is not served here, or ``None`` when it is."""
@@ -54,7 +56,7 @@ class ComponentState:
     @classmethod
     def deferred(cls, where: str, make: tuple[Callable[..., dict[str, Binding]], tuple], reasons: dict[str, Reason],
                  absent: set[str], probabilities: tuple[str, ...] | None = None,
-                 kernel: Any = None) -> ComponentState:
+                 kernel: Any = None, anatomy: Any = None) -> ComponentState:
         """A state whose ``bindings`` are made at their first use, by ``make[0](*make[1])``.
 
         A load mounts ~10 bindings a block and a script reads a few: `nncanon.mounting.mount` defers
@@ -64,7 +66,7 @@ class ComponentState:
         """
         state = cls.__new__(cls)
         state.__dict__.update(where=where, reasons=reasons, absent=absent, probabilities=probabilities,
-                              gradient_reasons={}, kernel=kernel, _make=make)
+                              gradient_reasons={}, kernel=kernel, anatomy=anatomy, _make=make)
         return state
 
     def __getattr__(self, name: str) -> Any:

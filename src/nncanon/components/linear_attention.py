@@ -11,6 +11,7 @@ from .base import Component
 class LinearAttentionEnvoy(Component, Envoy):
     """A block's linear-attention or state-space mixer: ``model.layers[i].linear_attn``.
 
+    - ``linear_attention_input`` ``[batch, seq, hidden]``: what the mixer module receives (the normed stream).
     - ``linear_attention_head_outputs`` ``[batch, seq, heads, head_dim]``: each head's output before
       the mixer's output projection, where the mixer has per-head structure there.
     - ``linear_attention_output`` ``[batch, seq, hidden]``: exactly what the mixer adds to the
@@ -18,8 +19,14 @@ class LinearAttentionEnvoy(Component, Envoy):
     """
 
     role = "linear_attn"
-    standard_values = ("linear_attention_head_outputs", "linear_attention_output")
+    standard_values = ("linear_attention_input", "linear_attention_head_outputs", "linear_attention_output")
 
+    linear_attention_input = served(
+        "linear_attention_input",
+        "what the mixer module receives: the normed stream [b, s, d]",
+        "The linear-attention / state-space mixer's input, ``[batch, seq, hidden]``: the stream after the block's "
+        "norm, with the norm's weight. Writable.",
+    )
     linear_attention_head_outputs = served(
         "linear_attention_head_outputs",
         "per-head outputs before the mixer's output projection [b, s, H, head_dim]",

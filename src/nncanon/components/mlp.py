@@ -14,7 +14,8 @@ class MLPValues(Component):
     """The values of a block's MLP; on a mixture of experts also the router's."""
 
     role = "mlp"
-    standard_values = ("router_logits", "expert_weights", "expert_indices", "shared_expert_output", "mlp_output")
+    standard_values = ("router_logits", "expert_weights", "expert_indices", "shared_expert_output", "pre_activations",
+                       "linear_activations", "neurons", "mlp_output")
 
     router_logits = served(
         "router_logits",
@@ -37,6 +38,25 @@ class MLPValues(Component):
         "what the shared expert adds [b, s, d]",
         "The shared expert's part of the MLP output (after its gate, where it has one), ``[batch, seq, hidden]``.",
     )
+    pre_activations = served(
+        "pre_activations",
+        "the MLP's pre-activations [b, s, d_mlp]",
+        "What the MLP's activation function receives, ``[batch, seq, d_mlp]`` (TransformerLens ``mlp.hook_pre``; the "
+        "gate path of a gated MLP). Writable: a write reaches the activation.",
+    )
+    linear_activations = served(
+        "linear_activations",
+        "the linear path of a gated MLP [b, s, d_mlp]",
+        "The linear path a gated MLP multiplies the activation by, ``[batch, seq, d_mlp]`` (TransformerLens "
+        "``mlp.hook_pre_linear``). Writable.",
+    )
+    neurons = served(
+        "neurons",
+        "the MLP's neurons: what its down projection receives [b, s, d_mlp]",
+        "The MLP's hidden activations, exactly what its down projection receives, ``[batch, seq, d_mlp]`` "
+        "(TransformerLens ``mlp.hook_post``): ``activation(pre_activations) · linear_activations``. Writable: "
+        "``neurons[..., n] = 0`` ablates neuron ``n``.",
+    )
     mlp_output = served(
         "mlp_output",
         "what the MLP adds to the residual stream [b, s, d]",
@@ -53,7 +73,7 @@ class MLPEnvoy(MLPValues, Envoy):
 class VirtualMLP(MLPValues):
     """``model.layers[i].mlp`` for a family whose MLP is not a module of its own (OPT).
 
-    It serves ``mlp_output`` from the modules the block runs inline; everything else about
+    It serves ``mlp_output`` and the neurons from the modules the block runs inline; everything else about
     those modules is on the block (``model.layers[i].fc1``, ``.fc2``).
     """
 
@@ -65,8 +85,9 @@ class VirtualMLP(MLPValues):
             self._nncanon_binding(name)
         raise AttributeError(
             f"{self._nncanon.where} is the MLP of a block that runs it inline, not a module: "
-            f"it serves mlp_output only; the block's own modules hold the rest."
+            f"it serves its standard values only ({', '.join(type(self).standard_values)}); the block's own modules "
+            "hold the rest."
         )
 
     def __repr__(self) -> str:
-        return f"VirtualMLP({self._nncanon.where}: mlp_output)"
+        return f"VirtualMLP({self._nncanon.where}: {', '.join(sorted(self._nncanon.bindings))})"

@@ -38,6 +38,39 @@ class LogitStep:
 
 
 @dataclass(frozen=True)
+class MLPAnatomy:
+    """Where a dense MLP keeps its hidden activations (the neurons), by module paths relative to the block.
+
+    ``down(hidden_norm(activation(pre) · linear))`` is what the MLP computes (``activation(pre)`` where it has no
+    linear path); nncanon finds this in the module's structure (`nncanon.components.anatomy.discover`) where a
+    family leaves `Family.mlp_anatomy` at ``"auto"``, and the load-time proof checks it (``neurons``).
+
+    Attributes:
+        down: The down projection: its input is the neurons (``mlp.hook_post``), ``[b, s, d_mlp]``.
+        pre: The projection whose output is the pre-activation (``mlp.hook_pre``: the gate path of a gated MLP).
+        linear: The projection whose output is the linear path of a gated MLP (``mlp.hook_pre_linear``);
+            ``None`` for an MLP without one.
+        fused: Where ``pre`` and ``linear`` are one projection (Phi-3's ``gate_up_proj``): its output holds
+            ``pre`` then ``linear`` as two halves of its last axis (``fused_order`` says where they differ).
+        fused_order: ``(i, j)``: ``pre`` is half ``i`` and ``linear`` half ``j`` of a fused output.
+        activation: The activation: a module path, or the name of one of transformers' activations (``"silu"``)
+            for a forward that calls it inline.
+        hidden_norm: A norm applied to ``activation(pre) · linear`` before the down projection (BitNet's
+            ``ffn_sub_norm``), relative to the block: the neurons are its output.
+        flat: The projections run on a flattened ``(b·s, ...)`` tensor (OPT's ``fc1``/``fc2``).
+    """
+
+    down: str
+    pre: str | None = None
+    linear: str | None = None
+    fused: str | None = None
+    fused_order: tuple[int, int] = (0, 1)
+    activation: str | None = None
+    hidden_norm: str | None = None
+    flat: bool = False
+
+
+@dataclass(frozen=True)
 class Family:
     """How one architecture family lays out the standard values.
 
@@ -139,6 +172,9 @@ class Family:
             ``None``: the final norm takes the stream as it is.
         refuse_skip: ``(config, start, end) -> reason or None``: skips of blocks ``start..end`` the model
             cannot run (Gemma-3n: a skipped block that stores keys/values a later block reuses).
+        mlp_anatomy: Where the MLP keeps its neurons (`MLPAnatomy`); ``"auto"``: found in the MLP module's
+            structure at load (`nncanon.components.anatomy.discover`); a string other than ``"auto"``: why the
+            neurons are not served, a property of the family (a mixture of experts' experts run fused).
     """
 
     name: str
@@ -186,6 +222,7 @@ class Family:
     merged_streams: bool = False
     collapse: Callable[[Any, Any], Any] | None = field(default=None, compare=False)
     refuse_skip: Callable[[Any, int, int], str | None] | None = field(default=None, compare=False)
+    mlp_anatomy: MLPAnatomy | str = "auto"
 
     def for_layer(self, config: Any, layer: int) -> tuple[Family, str | None]:
         """The layout of block ``layer`` (this record with its kind's fields), and the kind's name."""

@@ -17,6 +17,8 @@ One module per kind of equality, each stating the equalities it asserts, with th
   (zeroing a head's probabilities equals zeroing its output);
 - `kernel`: ``kernel`` (the kernel's inputs reproduce its probabilities and output), ``recomputed`` (sdpa's
   recomputed probabilities equal eager's);
+- `neurons`: ``neurons`` (activation(pre) · linear is the neurons; the neurons through the down projection's weight
+  are its output; a neuron zeroed by its value is one zeroed by a plain pre-hook);
 - `routing`: ``routing`` (valid, distinct experts; masking one takes its output out of every token);
 - `skips`: ``skip`` (skipped blocks pass the stream), ``resume`` (a resumed forward is the forward);
 - `gradients` (`Check.gradient`: they prove ``value.grad`` apart from the value): ``gradients``,
@@ -31,6 +33,7 @@ from .base import Check, check
 from .gradients import check_gradient_writes, check_gradients
 from .heads import check_heads, check_probabilities
 from .kernel import check_kernel, check_recomputed
+from .neurons import check_neurons
 from .quantized import check_quantized_gradients
 from .routing import check_routing
 from .skips import check_resume, check_skip
@@ -41,7 +44,8 @@ from .writes import check_invokes, check_locality
 CHECKS: tuple[Check, ...] = (
     *(check(function) for function in (
         check_read, check_identity, check_ablation, check_invokes, check_locality, check_heads,
-        check_probabilities, check_kernel, check_recomputed, check_routing, check_lens, check_skip, check_resume,
+        check_probabilities, check_kernel, check_recomputed, check_neurons, check_routing, check_lens, check_skip,
+        check_resume,
     )),
     *(check(function, gradient=True) for function in (check_gradients, check_gradient_writes,
                                                       check_quantized_gradients)),

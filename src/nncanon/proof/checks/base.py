@@ -38,6 +38,10 @@ def scaled(bar: float) -> float:
 HEAD_VALUES = ("attention_head_outputs", "linear_attention_head_outputs")
 
 
+#: What a block's token mixers receive (the stream after the block's norm).
+INPUT_VALUES = ("attention_input", "linear_attention_input")
+
+
 #: The attention kernel's per-head inputs.
 KERNEL_INPUTS = tuple(STATES)
 

@@ -18,7 +18,7 @@ from ...components.kernel import implementation as kernel_implementation
 from ...mounted import MountedModel
 from ...quantization import copied_tensor
 from ...reading import CONTRIBUTIONS, host, in_execution_order
-from ...served import _pick, operation_name, stacked_as_served
+from ...served import _part, _pick, operation_name, stacked_as_served
 from ...support import COMPONENT_OF
 from ..prompts import PROMPTS
 
@@ -242,6 +242,8 @@ def finish(tensor: torch.Tensor, binding: Any, inputs: dict, divide: bool = Fals
         tensor = tensor.flatten(-2)
     if site.stacked:
         tensor = stacked_as_served(tensor)
+    if site.part is not None:
+        tensor = _part(tensor, site.part)
     if binding.heads is not None:
         tensor = tensor.view(batch, seq, binding.heads, -1)
     if site.transposed:

@@ -14,12 +14,24 @@ from typing import Any
 
 import torch
 
+from ...components.anatomy import NEURON_VALUES
 from ...reading import CONTRIBUTIONS, host
 from ..prompts import PROMPTS
-from .base import HEAD_VALUES, KERNEL_INPUTS, ROUTING, TOLERANCE, CheckResult, compare, guarded, raised_or
+from .base import (
+    HEAD_VALUES,
+    INPUT_VALUES,
+    KERNEL_INPUTS,
+    ROUTING,
+    TOLERANCE,
+    CheckResult,
+    compare,
+    guarded,
+    raised_or,
+)
 from .references import block_streams, encode, served, site_references, stream_block, whole_layers
 
-_READ_VALUES = (*KERNEL_INPUTS, *HEAD_VALUES, *CONTRIBUTIONS, *ROUTING, "shared_expert_output")
+_READ_VALUES = (*INPUT_VALUES, *KERNEL_INPUTS, *HEAD_VALUES, *CONTRIBUTIONS, *ROUTING, "shared_expert_output",
+                *NEURON_VALUES)
 
 
 def check_read(model: Any) -> list[CheckResult]:

@@ -13,11 +13,12 @@ from typing import Any
 
 import torch
 
+from ...components.anatomy import NEURON_VALUES
 from ...mounted import MountedModel
 from ...quantization import batch_coupling, detected
 from ...reading import CONTRIBUTIONS, host
 from ..prompts import PROMPTS
-from .base import HEAD_VALUES, KERNEL_INPUTS, CheckResult, guarded
+from .base import HEAD_VALUES, INPUT_VALUES, KERNEL_INPUTS, CheckResult, guarded
 from .references import encode, fresh_copy, served, whole_layers
 
 
@@ -25,7 +26,7 @@ def check_invokes(model: Any) -> list[CheckResult]:
     """A write in the middle invoke of three leaves the other two bit-identical and reaches its own (a model that
     computes a batch's tokens together, bitsandbytes LLM.int8: reaches its own)."""
     results = []
-    writable = KERNEL_INPUTS + HEAD_VALUES + CONTRIBUTIONS
+    writable = INPUT_VALUES + KERNEL_INPUTS + HEAD_VALUES + NEURON_VALUES + CONTRIBUTIONS
     clean: list = []  # the three invokes' logits with no write: one run for every value
     coupled = batch_coupling(model._module)
     for index in range(model.num_layers):
