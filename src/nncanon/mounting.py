@@ -241,12 +241,16 @@ class _Shape:
         self.kernel = spec.kernel(config) if callable(spec.kernel) else spec.kernel
         present = {"self_attn": spec.attention, "linear_attn": spec.mixer, "mlp": spec.mlp_output}
         self.components = [c for c in spec.component_order if present.get(c) is not None]
-        self.attention_input = ("attention_input", Site(spec.attention, key="input"), None) if spec.attention else None
+        # The mixers' inputs are handed to the mixer as a copy at the first read (`Site.private`): on a parallel
+        # block the MLP reads the same normed tensor, which a write to attention's input must leave as it is.
+        self.attention_input = (("attention_input", Site(spec.attention, key="input", private=True), None)
+                                if spec.attention else None)
         self.attention = (self.attention_input, ("attention_head_outputs", spec.head_outputs, heads),
                           ("attention_output", spec.attention_output, None))
         self.with_kernel: dict[int, tuple] = {}  # the attention's sites after its kernel inputs, by their sites' id
         self.mixer = (("linear_attention_output", spec.mixer_output, None),
-                      ("linear_attention_input", Site(spec.mixer, key="input"), None) if spec.mixer else None)
+                      ("linear_attention_input", Site(spec.mixer, key="input", private=True), None) if spec.mixer
+                      else None)
         if spec.mixer is not None and spec.mixer_head_outputs is not None:
             heads_of_mixer = getattr(config, spec.mixer_heads)
             self.mixer += (("linear_attention_head_outputs", spec.mixer_head_outputs, heads_of_mixer),)
@@ -298,7 +302,7 @@ class _Shape:
             self.neuron_reasons = dict.fromkeys(NEURON_VALUES, anatomy)
             self.neurons = ()
         else:
-            found = neuron_sites(anatomy)
+            found = neuron_sites(anatomy, layer._module)
             self.neuron_absent = {name for name in NEURON_VALUES if name not in found}
             self.neuron_reasons = dict.fromkeys(
                 self.neuron_absent, "its MLP has no linear path (it is not gated): activation(pre) is its neurons")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,31 @@ COMPONENTS = ("self_attn", "linear_attn", "mlp")
 
 
 _ANY_LAYER = re.compile(r"layers\[\d+\]")
+
+#: The column headings of ``print(model.support())``: short names, each spelled out in the table's legend.
+SHORT = {
+    "layer_input": "layer_input", "layer_output": "layer_output", "self_attn": "attn", "attention_input": "attn_in",
+    "query_states": "q", "key_states": "k", "value_states": "v", "attention_probabilities": "probs",
+    "attention_head_outputs": "heads", "attention_output": "attn_out", "linear_attn": "mixer",
+    "linear_attention_input": "mixer_in", "linear_attention_head_outputs": "mixer_heads",
+    "linear_attention_output": "mixer_out", "mlp": "mlp", "router_logits": "router", "expert_weights": "weights",
+    "expert_indices": "experts", "shared_expert_output": "shared", "pre_activations": "pre",
+    "linear_activations": "linear", "neurons": "neurons", "mlp_output": "mlp_out",
+}
+
+#: The width ``print(model.support())`` keeps to.
+WIDTH = 120
+
+
+def _wrapped(text: str, indent: str = "  ") -> list[str]:
+    """``text`` as lines of at most `WIDTH` characters, the later ones indented."""
+    return textwrap.wrap(text, WIDTH, subsequent_indent=indent, break_on_hyphens=False) or [text]
+
+
+def _follows(rows: list, value: str, component: str) -> bool:
+    """Whether ``value`` is served, with its gradient, on exactly the layers that have ``component``."""
+    return all((row.reasons[value] is None) == (row.reasons[component] is None) and value not in row.gradient_reasons
+               for row in rows)
 
 
 def layer_states(layer: Any) -> dict[str, Any]:
@@ -236,15 +262,20 @@ class SupportReport:
         }
 
     def __str__(self) -> str:
-        """A table: one row per layer, one column per value served on some layer; reasons below. A value
-        served without its gradient reads ``yes, no .grad [n]``."""
-        columns = [v for v in LAYER_VALUES if any(row.reasons[v] is None for row in self.layers)]
-        absent = [v for v in LAYER_VALUES if v not in columns]
-        width = max([len("block"), *(len(row.block_type) for row in self.layers)])
-        refused = {v for row in self.layers for v in row.gradient_reasons}
-        widths = [max(len(v), 17 if v in refused else 6) for v in columns]
+        """A table that fits a 120-column terminal: values served on every layer are listed once above it; a
+        value served exactly where its component is folds into the component's column; one row per run of
+        layers whose cells are the same, one column per value left; reasons below. A value served without
+        its gradient reads ``yes, no .grad [n]``."""
+        shown = [v for v in LAYER_VALUES if any(row.reasons[v] is None for row in self.layers)]
+        absent = [v for v in LAYER_VALUES if v not in shown]
+        everywhere = [v for v in shown if all(row.reasons[v] is None and v not in row.gradient_reasons
+                                              for row in self.layers)]
+        folded = {component: [v for v in shown if COMPONENT_OF.get(v) == component and v not in everywhere
+                              and _follows(self.layers, v, component)] for component in COMPONENTS}
+        hidden = {*everywhere, *(v for values in folded.values() for v in values)}
+        columns = [v for v in shown if v not in hidden]
         by_cause = [name for name, reason in self.model_declines.items() if reason == self.cause]
-        lines = [
+        head = [
             f"support of {self.model_type} (family {self.family})",
             *([f"values served: none, {self.cause.removeprefix('not proved: ')}"] if self.cause else
               [f"values served: {self.provenance}"] if self.provenance else []),
@@ -252,27 +283,48 @@ class SupportReport:
             *([f"{', '.join(f'model.{name}' for name in by_cause)} not served: [*]"] if by_cause else []),
             *(f"model.{name} not served: {reason}" for name, reason in self.model_declines.items()
               if name not in by_cause),
-            f"{'layer':>5}  {'block':<{width}}  "
-            + "  ".join(f"{v:<{w}}" for v, w in zip(columns, widths, strict=True)),
         ]
+        lines = [line for text in head for line in _wrapped(text)]
+        if everywhere:
+            lines += _wrapped("served on every layer: " + ", ".join(everywhere))
+        for component, values in folded.items():
+            if values:
+                lines += _wrapped(f"served wherever {SHORT[component]} is: " + ", ".join(values))
         notes: dict[str, int | str] = {self.cause: "*"} if self.cause else {}
         numbered = 0 if self.cause is None else -1  # (the cause is no numbered note)
+        rows: list[tuple[str, str, list[str]]] = []
         for row in self.layers:
             cells = []
-            for value, cell_width in zip(columns, widths, strict=True):
+            for value in columns:
                 reason = row.reasons[value]
                 refusal = row.gradient_reasons.get(value)
+                # (one note for a reason that differs from layer to layer by the layer's index alone)
                 if reason is None and refusal is not None:
-                    mark = notes.setdefault(f".grad not served: {refusal}", len(notes) + 1 + numbered)
-                    cells.append(f"{'yes, no .grad [' + str(mark) + ']':<{cell_width}}")
+                    note = _ANY_LAYER.sub("layers[i]", f".grad not served: {refusal}")
+                    cells.append(f"yes, no .grad [{notes.setdefault(note, len(notes) + 1 + numbered)}]")
                 elif reason is None:
-                    cells.append(f"{'yes':<{cell_width}}")
+                    cells.append("yes")
                 else:
-                    mark = notes.setdefault(reason, len(notes) + 1 + numbered)
-                    cells.append(f"{'no [' + str(mark) + ']':<{cell_width}}")
-            lines.append(f"{row.index:>5}  {row.block_type:<{width}}  " + "  ".join(cells))
+                    note = reason if reason == self.cause else _ANY_LAYER.sub("layers[i]", reason)
+                    cells.append(f"no [{notes.setdefault(note, len(notes) + 1 + numbered)}]")
+            last = rows[-1] if rows else None
+            if last is not None and last[1] == row.block_type and last[2] == cells and last[0][1] == row.index - 1:
+                rows[-1] = ((last[0][0], row.index), row.block_type, cells)
+            else:
+                rows.append(((row.index, row.index), row.block_type, cells))
+        if columns:
+            lines += _wrapped("columns: " + ", ".join(f"{SHORT[v]} = {v}" for v in columns if SHORT[v] != v))
+            spans = [f"{a}" if a == b else f"{a}-{b}" for (a, b), _, _ in rows]
+            first = max(len("layers"), *(len(span) for span in spans))
+            width = max([len("block"), *(len(block) for _, block, _ in rows)])
+            widths = [max(len(SHORT[v]), *(len(cells[i]) for _, _, cells in rows)) for i, v in enumerate(columns)]
+            lines.append(f"{'layers':>{first}}  {'block':<{width}}  "
+                         + "  ".join(f"{SHORT[v]:<{w}}" for v, w in zip(columns, widths, strict=True)))
+            for span, (_, block, cells) in zip(spans, rows, strict=True):
+                lines.append(f"{span:>{first}}  {block:<{width}}  "
+                             + "  ".join(f"{c:<{w}}" for c, w in zip(cells, widths, strict=True)))
         for reason, mark in notes.items():
-            lines.append("[*] the cause above" if mark == "*" else f"[{mark}] {reason}")
+            lines += ["[*] the cause above"] if mark == "*" else _wrapped(f"[{mark}] {reason}")
         if absent:
             lines.append("not served on any layer:")
             grouped: dict[str, list[str]] = {}
@@ -281,7 +333,7 @@ class SupportReport:
                                         _ANY_LAYER.sub("layers[i]", row.reasons[value]) for row in self.layers)
                 grouped.setdefault(" / ".join(reasons), []).append(value)
             for reason, values in grouped.items():
-                lines.append(f"  {', '.join(values)}: {reason}")
+                lines += _wrapped(f"  {', '.join(values)}: {reason}", indent="    ")
         if self.attached:
             lines.append("attached:")
             lines.extend(f"  {line}" for line in self.attached)

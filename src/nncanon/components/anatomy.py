@@ -79,18 +79,35 @@ def discover(mlp: torch.nn.Module, prefix: str, hidden: int) -> MLPAnatomy | str
             f"to {2 * width}: no one gate and linear path")
 
 
-def neuron_sites(anatomy: MLPAnatomy) -> dict[str, Site]:
-    """The sites of `NEURON_VALUES` an anatomy serves (no ``linear_activations`` for an MLP without a linear path)."""
+def neuron_sites(anatomy: MLPAnatomy, block: torch.nn.Module) -> dict[str, Site]:
+    """The sites of `NEURON_VALUES` an anatomy of ``block``'s MLP serves (no ``linear_activations`` for an MLP
+    without a linear path).
+
+    The pre-activation is what the activation module receives where the MLP calls one (after whatever the MLP does
+    to the projection's output first: Falcon-H1's ``gate_multiplier``, Gemma-3n's activation sparsity), else the
+    projection's output.
+    """
     sites = {"neurons": Site(anatomy.down, key="input", flat=anatomy.flat)}
+    activation = anatomy.activation if anatomy.activation is not None and _has(block, anatomy.activation) else None
+    if activation is not None:
+        sites["pre_activations"] = Site(activation, key="input", flat=anatomy.flat)
     if anatomy.fused is not None:
         first, second = anatomy.fused_order
-        sites["pre_activations"] = Site(anatomy.fused, part=(first, 2))
+        sites.setdefault("pre_activations", Site(anatomy.fused, part=(first, 2)))
         sites["linear_activations"] = Site(anatomy.fused, part=(second, 2))
     else:
-        sites["pre_activations"] = Site(anatomy.pre, flat=anatomy.flat)
+        sites.setdefault("pre_activations", Site(anatomy.pre, flat=anatomy.flat))
         if anatomy.linear is not None:
             sites["linear_activations"] = Site(anatomy.linear, flat=anatomy.flat)
     return {name: sites[name] for name in NEURON_VALUES if name in sites}
+
+
+def _has(block: torch.nn.Module, path: str) -> bool:
+    try:
+        block.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
 
 
 def activation_of(block: torch.nn.Module, anatomy: MLPAnatomy, config: Any) -> Any:

@@ -18,6 +18,10 @@ TransformerLens                    nncanon
 ``blocks.L.hook_mlp_out``          ``mlp.mlp_output``
 ``blocks.L.hook_mlp_in``           what the MLP's norm reads: ``hook_resid_mid``, on a parallel block ``layer_input``
 ``blocks.L.ln2.hook_normalized``   ``mlp_input``: the MLP module's input (its norm applied, with the norm's weights)
+``blocks.L.ln1.hook_normalized``   ``self_attn.attention_input`` (a hybrid's linear mixer: ``linear_attention_input``)
+``blocks.L.mlp.hook_pre``          ``mlp.pre_activations`` (the gate path of a gated MLP)
+``blocks.L.mlp.hook_pre_linear``   ``mlp.linear_activations`` (a gated MLP's linear path)
+``blocks.L.mlp.hook_post``         ``mlp.neurons``: what the down projection receives
 ``blocks.L.attn.hook_z``           ``self_attn.attention_head_outputs`` ``[b, s, H, head_dim]``
 ``blocks.L.attn.hook_q/k/v``       ``query_states`` / ``key_states`` / ``value_states`` (no rotary embedding)
 ``blocks.L.attn.hook_rot_q/k``     ``query_states`` / ``key_states`` (after a rotary embedding)
@@ -54,6 +58,10 @@ TRANSFORMER_LENS = {
     "hook_mlp_out": "mlp_output",
     "hook_mlp_in": "mlp_in",
     "ln2.hook_normalized": "mlp_input",
+    "ln1.hook_normalized": "mixer_input",
+    "mlp.hook_pre": "pre_activations",
+    "mlp.hook_pre_linear": "linear_activations",
+    "mlp.hook_post": "neurons",
     "attn.hook_z": "attention_head_outputs",
     "attn.hook_q": "q",
     "attn.hook_k": "k",
@@ -63,6 +71,9 @@ TRANSFORMER_LENS = {
     "attn.hook_pattern": "attention_probabilities",
 }
 
+_PER_HEAD_INPUT = ("TransformerLens copies attention's input once per head (use_split_qkv_input): nncanon serves the "
+                   "one input every head reads, self_attn.attention_input (ln1.hook_normalized)")
+
 #: TransformerLens hook names nncanon does not serve, with the reason and what to read instead.
 UNSERVED = {
     "attn.hook_attn_scores": "the scores before the softmax are not a standard value; attention_probabilities "
@@ -70,18 +81,12 @@ UNSERVED = {
     "attn.hook_result": "each head's output after its slice of the output projection is not a standard value (it "
                         "would be a [b, s, H, d] tensor per block); nncanon.tools.attention_head_contributions "
                         "computes it from attention_head_outputs (attn.hook_z)",
-    "mlp.hook_pre": "the MLP's hidden activations are not a standard value; mlp_output (hook_mlp_out) and the MLP's "
-                    "input (ln2.hook_normalized) are",
-    "mlp.hook_post": "the MLP's hidden activations are not a standard value; mlp_output (hook_mlp_out) and the "
-                     "MLP's input (ln2.hook_normalized) are",
-    "mlp.hook_pre_linear": "the MLP's hidden activations are not a standard value",
-    "ln1.hook_normalized": "attention's normalised input is not a standard value; layer_input (hook_resid_pre) is",
     "ln1.hook_scale": "a norm's scale is not a standard value",
     "ln2.hook_scale": "a norm's scale is not a standard value",
-    "hook_attn_in": "attention's input copies per head are not a standard value; layer_input (hook_resid_pre) is",
-    "hook_q_input": "attention's input copies per head are not a standard value; layer_input (hook_resid_pre) is",
-    "hook_k_input": "attention's input copies per head are not a standard value; layer_input (hook_resid_pre) is",
-    "hook_v_input": "attention's input copies per head are not a standard value; layer_input (hook_resid_pre) is",
+    "hook_attn_in": _PER_HEAD_INPUT,
+    "hook_q_input": _PER_HEAD_INPUT,
+    "hook_k_input": _PER_HEAD_INPUT,
+    "hook_v_input": _PER_HEAD_INPUT,
 }
 
 #: TransformerLens hook names outside the blocks.
@@ -189,11 +194,12 @@ def _transformer_lens(model: Any, layer: int, suffix: str, name: str) -> str:
         raise UnknownHookName(f"{name!r}: blocks.L.{suffix} is not a TransformerLens hook name nncanon knows; it knows "
                               f"{', '.join(f'blocks.L.{s}' for s in TRANSFORMER_LENS)}")
     report = model.support()
-    if marker == "mixer_output":
+    if marker in ("mixer_output", "mixer_input"):
+        suffix = marker.removeprefix("mixer_")
         if report.available("self_attn", layer=layer):
-            return "attention_output"
+            return f"attention_{suffix}"
         if report.available("linear_attn", layer=layer):
-            return "linear_attention_output"
+            return f"linear_attention_{suffix}"
         raise ValueNotAvailable(f"{name} is not available: {report.reason('self_attn', layer=layer)}")
     if marker == "mlp_in":
         return "resid_mid" if _sequential_or_reason(model, layer) is None else "layer_input"

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ...reading import host
-from ...served import _pick, operation_name
+from ...served import _pick, _put, operation_name
 from .base import GRADIENT_TOKEN, NO_CACHE
 from .references import encode, finish, implementation_copy, plain_copy, site_module
 
@@ -111,7 +111,11 @@ def _module_gradients(model: Any, sites: dict, attentions: list[int], inputs: di
     handles = []
     for key, site in sites.items():
         module = site_module(model, *key)
-        if site.key == "input":
+        if site.key == "input" and site.private:  # the module is handed a copy of its own (`Site.private`)
+            handles.append(module.register_forward_pre_hook(
+                lambda mod, args, kwargs, key=key, site=site: _kept_copy(keep, key, site, args, kwargs),
+                with_kwargs=True))
+        elif site.key == "input":
             handles.append(module.register_forward_pre_hook(
                 lambda mod, args, kwargs, key=key, site=site: keep(key, _pick((args, kwargs), site)),
                 with_kwargs=True))
@@ -127,6 +131,14 @@ def _module_gradients(model: Any, sites: dict, attentions: list[int], inputs: di
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _kept_copy(keep: _Kept, key: tuple[int, str], site: Any, args: tuple, kwargs: dict) -> tuple:
+    """The module's inputs with the site's tensor replaced by a copy, whose gradient edge is kept: the gradient of
+    what this module reads alone (a tensor the block hands to other modules too has their gradients summed in)."""
+    copy = _pick((args, kwargs), site).clone()
+    keep(key, copy)
+    return _put((args, kwargs), site, copy)
 
 
 def _attentions_of(model: Any, attentions: Sequence[Any], layer: int) -> torch.Tensor:

@@ -15,7 +15,7 @@ from nnsight.intervention.util import first_input
 
 from ...errors import GradientNotAvailable
 from ...reading import host
-from ...served import _pick, _put
+from ...served import _part, _pick, _put
 from ..prompts import PROMPTS
 from .base import (
     GRADIENT_ABSOLUTE,
@@ -136,6 +136,15 @@ def _gradient_write(model: Any, layer: int, name: str) -> CheckResult:
                     "the stream's gradient against the plain model with the site detached", absolute=GRADIENT_ABSOLUTE)
 
 
+def _detached(tensor: torch.Tensor, site: Any) -> torch.Tensor:
+    """The site's tensor with the value's part detached (the whole tensor, but for a `Site.part`: that part)."""
+    if site.part is None:
+        return tensor.detach()
+    whole = tensor.clone()
+    _part(whole, site.part).copy_(_part(tensor, site.part).detach())
+    return whole
+
+
 def _stream_gradient_with_site_detached(model: Any, layer: int, name: str) -> torch.Tensor:
     """d logit / d (block 0's input) in the plain model, with ``name``'s site tensor on ``layer`` detached."""
     site = host(model, layer, name)._nncanon.bindings[name].site
@@ -147,10 +156,11 @@ def _stream_gradient_with_site_detached(model: Any, layer: int, name: str) -> to
 
     if site.key == "input":
         cut = module.register_forward_pre_hook(
-            lambda mod, args, kwargs: _put((args, kwargs), site, _pick((args, kwargs), site).detach()),
+            lambda mod, args, kwargs: _put((args, kwargs), site, _detached(_pick((args, kwargs), site), site)),
             with_kwargs=True)
     else:
-        cut = module.register_forward_hook(lambda mod, args, output: _put(output, site, _pick(output, site).detach()))
+        cut = module.register_forward_hook(
+            lambda mod, args, output: _put(output, site, _detached(_pick(output, site), site)))
     watch = site_module(model, 0, "layer_input").register_forward_pre_hook(entering, with_kwargs=True)
     try:
         with torch.enable_grad():
