@@ -288,16 +288,15 @@ class _Shape:
             return self.neurons
         spec = self.spec
         anatomy = spec.mlp_anatomy
-        if isinstance(anatomy, str) and anatomy == "auto":
-            if self.moe:
-                anatomy = ("its MLP is a mixture of experts: each token's neurons are those of the experts it is "
-                           "routed to, computed inside the experts' fused module on the tokens routed to each, so "
-                           "no one [b, s, d_mlp] tensor holds them")
-            else:
-                mlp = layer._module if spec.mlp is None else layer._module.get_submodule(spec.mlp)
-                anatomy = discover(mlp, spec.mlp or "", _stream_width(config))
-                if isinstance(anatomy, MLPAnatomy) and spec.mlp is None and spec.mlp_output is not None:
-                    anatomy = replace(anatomy, flat=spec.mlp_output.flat)
+        if self.moe:
+            anatomy = ("its MLP is a mixture of experts: each token's neurons are those of the experts it is "
+                       "routed to, computed inside the experts' fused module on the tokens routed to each, so "
+                       "no one [b, s, d_mlp] tensor holds them")
+        elif isinstance(anatomy, str) and anatomy == "auto":
+            mlp = layer._module if spec.mlp is None else layer._module.get_submodule(spec.mlp)
+            anatomy = discover(mlp, spec.mlp or "", _stream_width(config))
+            if isinstance(anatomy, MLPAnatomy) and spec.mlp is None and spec.mlp_output is not None:
+                anatomy = replace(anatomy, flat=spec.mlp_output.flat)
         if isinstance(anatomy, str):
             self.neuron_reasons = dict.fromkeys(NEURON_VALUES, anatomy)
             self.neurons = ()

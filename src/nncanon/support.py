@@ -59,6 +59,10 @@ COMPONENT_OF = {
 }
 COMPONENTS = ("self_attn", "linear_attn", "mlp")
 
+#: The values inside a block that are neither the stream nor a contribution to it: what the token mixers receive
+#: and the MLP's neurons.
+INNER_VALUES = ("attention_input", "linear_attention_input", "pre_activations", "linear_activations", "neurons")
+
 
 _ANY_LAYER = re.compile(r"layers\[\d+\]")
 

@@ -91,14 +91,17 @@ def neuron_sites(anatomy: MLPAnatomy, block: torch.nn.Module) -> dict[str, Site]
     activation = anatomy.activation if anatomy.activation is not None and _has(block, anatomy.activation) else None
     if activation is not None:
         sites["pre_activations"] = Site(activation, key="input", flat=anatomy.flat)
+    if anatomy.linear_op is not None:
+        operation, index = anatomy.linear_op
+        sites["linear_activations"] = Site(anatomy.linear, op=operation, index=index)
     if anatomy.fused is not None:
         first, second = anatomy.fused_order
         sites.setdefault("pre_activations", Site(anatomy.fused, part=(first, 2)))
-        sites["linear_activations"] = Site(anatomy.fused, part=(second, 2))
+        sites.setdefault("linear_activations", Site(anatomy.fused, part=(second, 2)))
     else:
         sites.setdefault("pre_activations", Site(anatomy.pre, flat=anatomy.flat))
         if anatomy.linear is not None:
-            sites["linear_activations"] = Site(anatomy.linear, flat=anatomy.flat)
+            sites.setdefault("linear_activations", Site(anatomy.linear, flat=anatomy.flat))
     return {name: sites[name] for name in NEURON_VALUES if name in sites}
 
 

@@ -58,6 +58,9 @@ class MLPAnatomy:
         hidden_norm: A norm applied to ``activation(pre) · linear`` before the down projection (BitNet's
             ``ffn_sub_norm``), relative to the block: the neurons are its output.
         flat: The projections run on a flattened ``(b·s, ...)`` tensor (OPT's ``fc1``/``fc2``).
+        linear_op: ``(operation, index)``: the linear path is element ``index`` of an operation of the MLP's
+            forward (its nnsight ``.source`` name), where no module's output is it (Zamba2 adds a per-block adapter
+            to ``gate_up_proj``'s output before it chunks the sum: ``("torch_chunk_0", 1)``).
     """
 
     down: str
@@ -68,6 +71,7 @@ class MLPAnatomy:
     activation: str | None = None
     hidden_norm: str | None = None
     flat: bool = False
+    linear_op: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ outputs (``nn.Identity`` when the sandwich norm is off); its attention gates eac
 """
 
 from ..served import Site
-from .base import Family
+from .base import Family, MLPAnatomy
 
 _CONV = dict(attention=None, mixer="conv", mixer_output=Site("conv"))
 _LFM2_ATTENTION = dict(head_outputs=Site("self_attn.out_proj", key="input"))
@@ -24,10 +24,14 @@ def _kind(config, layer: int) -> str:
     return "conv" if config.layer_types[layer] == "conv" else "attention"
 
 
+# ``w2(silu(w1(x)) · w3(x))``: the gate is w1, the activation inline (no module names it).
+_SWIGLU = MLPAnatomy(down="feed_forward.w2", pre="feed_forward.w1", linear="feed_forward.w3", activation="silu")
+
 _LFM = dict(
     norm="model.embedding_norm",
     mlp="feed_forward",
     mlp_output=Site("feed_forward"),
+    mlp_anatomy=_SWIGLU,
 )
 
 LFM2 = Family(
@@ -70,6 +74,7 @@ LFM3 = Family(
     mlp="feed_forward",
     attention_output=Site("post_operator_norm"),
     mlp_output=Site("post_ffn_norm"),
+    mlp_anatomy=_SWIGLU,
     residual="h = x + post_operator_norm(op(operator_norm(x))); y = h + post_ffn_norm(feed_forward(ffn_norm(h)))",
     layouts={"conv": dict(attention=None, mixer="conv", mixer_output=Site("post_operator_norm")), "attention": {}},
     layout_of=_kind,

@@ -16,7 +16,7 @@ layer's output is the logits. (In training mode the model does not rescale; nnca
 """
 
 from ..served import Site
-from .base import Family, LogitStep
+from .base import Family, LogitStep, MLPAnatomy
 
 _PRE_LN = (
     "layers[0] normalises its own input before anything else: y = h + feed_forward(ln2(h)), "
@@ -53,6 +53,8 @@ RWKV = Family(
     logit_steps=(LogitStep("divide_stream", _halved_after_last_block),),
     residual="h = x + attention(ln1(x)); y = h + feed_forward(ln2(h)) (block 0: x = pre_ln(x) first)",
     token_shift_after=("linear_attention_output",),  # the channel mixing shifts tokens
+    # The channel mixing: receptance(x) gates value(relu(key(x))²), its neurons the squared ReLU's output.
+    mlp_anatomy=MLPAnatomy(down="feed_forward.value", pre="feed_forward.key", activation="relu2"),
 )
 
 FAMILIES = [RWKV]

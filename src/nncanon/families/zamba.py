@@ -15,7 +15,7 @@ Both Mamba mixers have heads at ``out_proj``'s input (``n_mamba_heads``).
 """
 
 from ..served import Site
-from .base import Family
+from .base import Family, MLPAnatomy
 
 _REASON = (
     "layers[{layer}] is a hybrid block: its shared transformer (attention, then MLP) adds nothing to the "
@@ -32,7 +32,7 @@ def _declines(config, layer: int) -> dict:
     return {"attention_output": reason, "mlp_output": reason}
 
 
-def _zamba(name: str, shared: str) -> Family:
+def _zamba(name: str, shared: str, anatomy: MLPAnatomy | str = "auto") -> Family:
     return Family(
         name=name,
         model_types=(name,),
@@ -59,10 +59,16 @@ def _zamba(name: str, shared: str) -> Family:
                 head_outputs=Site(f"{shared}.self_attn.o_proj", key="input"),
                 mlp=f"{shared}.feed_forward",
                 mlp_output=Site(f"{shared}.feed_forward"),
+                mlp_anatomy=anatomy,
             ),
         },
         layout_of=lambda config, layer: config.layers_block_type[layer],
     )
 
 
-FAMILIES = [_zamba("zamba", "shared_transf"), _zamba("zamba2", "shared_transformer")]
+# Zamba2's MLP adds a per-block adapter to gate_up_proj's output and chunks the sum into the gate and linear paths.
+_MLP2 = "shared_transformer.feed_forward"
+_ZAMBA2_MLP = MLPAnatomy(down=f"{_MLP2}.down_proj", pre=f"{_MLP2}.gate_up_proj", linear=_MLP2,
+                         activation=f"{_MLP2}.act_fn", linear_op=("torch_chunk_0", 1))
+
+FAMILIES = [_zamba("zamba", "shared_transf"), _zamba("zamba2", "shared_transformer", _ZAMBA2_MLP)]

@@ -6,9 +6,9 @@ One small module per tool:
 - `patchscope`: a hidden state from a source prompt patched into a target prompt.
 - `steering`: add ``factor · vector`` to the stream at chosen layers and positions.
 - `patching`: activation patching, one patch or batched sweeps over layers, positions and heads.
-- `ablation`: zero and mean ablation of heads, attention, MLPs and blocks; a sweep over every head.
+- `ablation`: zero and mean ablation of heads, neurons, attention, MLPs and blocks; a sweep over every head.
 - `heads`: each head's contribution through its slice of the output projection.
-- `attribution`: direct logit attribution of heads and sublayers.
+- `attribution`: direct logit attribution of heads, neurons and sublayers.
 - `attribution_patching`: the first-order estimate of patching every head and sublayer, in one backward.
 - `cache`: every standard value of every layer from one forward.
 
@@ -27,6 +27,7 @@ from .ablation import (
     zero_ablate_block,
     zero_ablate_heads,
     zero_ablate_mlp,
+    zero_ablate_neurons,
 )
 from .attribution import FrozenNorm, LogitAttribution, direct_logit_attribution, freeze_norm
 from .attribution_patching import OVER, AttributionPatching, attribution_patching
@@ -79,4 +80,5 @@ __all__ = [
     "zero_ablate_block",
     "zero_ablate_heads",
     "zero_ablate_mlp",
+    "zero_ablate_neurons",
 ]

@@ -7,6 +7,8 @@ rows only); `mean_values` runs its own forward over a reference set. What each v
   (zero it and the head adds nothing);
 - ``"attention_output"`` / ``"mlp_output"``: exactly what the sublayer adds to the stream (a hybrid's
   ``"linear_attention_output"`` / ``"linear_attention_head_outputs"`` likewise);
+- ``"neurons"`` with ``neurons``: the MLP's neurons, what its down projection receives (zero neuron ``n`` and the
+  down projection sees 0 in its column ``n``, exactly as a plain pre-hook on it would);
 - ``"block"``: the whole block's contribution, ``layer_output - layer_input``. Zero-ablating it
   passes the stream through unchanged, like ``model.skip_layers`` but inside one invoke (the block
   still runs; `skip_blocks` saves the compute, in a trace of its own).
@@ -42,6 +44,7 @@ ABLATABLE = (
     "linear_attention_head_outputs",
     "linear_attention_output",
     "mlp_output",
+    "neurons",
     "block",
 )
 
@@ -51,7 +54,7 @@ def _support_name(value: str) -> str:
 
 
 def _index(positions: Positions, heads: int | Sequence[int] | None, value: str) -> tuple:
-    if heads is not None and not value.endswith("head_outputs"):
+    if heads is not None and not value.endswith("head_outputs") and value != "neurons":
         raise ValueError("heads= applies to attention_head_outputs (or linear_attention_head_outputs) only")
     position = slice(None) if positions is None else _as_index(positions)
     if heads is None:
@@ -83,12 +86,13 @@ def _ablate(model: Any, layer: int, value: str, replacement: Any, heads: Any, po
         checked_positions(positions, target.shape[1])
     if heads is not None:
         count = target.shape[2]
-        check_indices([heads] if isinstance(heads, int) else list(heads), count, "heads",
-                      f"layers[{layer}] has {count} heads")
+        units = "neurons" if value == "neurons" else "heads"
+        check_indices([heads] if isinstance(heads, int) else list(heads), count, units,
+                      f"layers[{layer}] has {count} {units}")
     if isinstance(replacement, torch.Tensor):
         _check_mean(replacement, target, layer, value)
         replacement = replacement.to(device=target.device, dtype=target.dtype)
-        if heads is not None and replacement.dim() >= 2:  # a [heads, head_dim] mean: the rows of these heads
+        if heads is not None and replacement.dim() >= 1 + (value != "neurons"):  # the means of these heads/neurons
             replacement = replacement[heads if isinstance(heads, int) else list(heads)]
     target[where] = replacement
 
@@ -106,13 +110,16 @@ def zero_ablate(
     value: str,
     heads: int | Sequence[int] | None = None,
     positions: Positions = None,
+    neurons: int | Sequence[int] | None = None,
 ) -> None:
-    """Zero ``value`` of block ``layer`` (at ``positions``; for heads, of ``heads``) in this invoke; inside a trace.
+    """Zero ``value`` of block ``layer`` (at ``positions``; for heads, of ``heads``; for neurons, of ``neurons``) in
+    this invoke; inside a trace.
 
     ``value`` is one of ``"attention_head_outputs"`` (with ``heads``), ``"attention_output"``,
-    ``"mlp_output"`` or ``"block"`` (the block adds nothing: its output is its input).
+    ``"mlp_output"``, ``"neurons"`` (with ``neurons``, else all of them) or ``"block"`` (the block adds nothing:
+    its output is its input).
     """
-    _ablate(model, layer, value, 0.0, heads, positions)
+    _ablate(model, layer, value, 0.0, _units(value, heads, neurons), positions)
 
 
 def mean_ablate(
@@ -122,14 +129,24 @@ def mean_ablate(
     mean: torch.Tensor,
     heads: int | Sequence[int] | None = None,
     positions: Positions = None,
+    neurons: int | Sequence[int] | None = None,
 ) -> None:
     """Replace ``value`` of block ``layer`` by ``mean`` (from `mean_values`) in this invoke; inside a trace.
 
     ``mean`` is ``[hidden]`` (``[heads, head_dim]`` for ``attention_head_outputs``: the rows of
-    ``heads`` are used). For ``"block"`` the block's output becomes its input plus the mean
-    contribution.
+    ``heads`` are used; ``[d_mlp]`` for ``neurons``: the entries of ``neurons``). For ``"block"`` the block's
+    output becomes its input plus the mean contribution.
     """
-    _ablate(model, layer, value, mean, heads, positions)
+    _ablate(model, layer, value, mean, _units(value, heads, neurons), positions)
+
+
+def _units(value: str, heads: Any, neurons: Any) -> Any:
+    """The heads or neurons an ablation selects (``neurons=`` for ``"neurons"``, ``heads=`` for the heads)."""
+    if neurons is not None and value != "neurons":
+        raise ValueError(f"neurons= applies to the value 'neurons' only, not {value!r}")
+    if heads is not None and value == "neurons":
+        raise ValueError("the value 'neurons' takes neurons=, not heads=")
+    return heads if neurons is None else neurons
 
 
 def mean_values(
@@ -144,13 +161,13 @@ def mean_values(
     Args:
         model: A `StandardizedTransformer`.
         prompts: The reference prompts (left-padded in one batch).
-        value: ``"attention_head_outputs"``, ``"attention_output"``, ``"mlp_output"`` or ``"block"``.
+        value: ``"attention_head_outputs"``, ``"attention_output"``, ``"mlp_output"``, ``"neurons"`` or ``"block"``.
         layers: The layers (default: every layer that serves ``value``, per ``model.support()``).
         positions: ``-1`` (default: every prompt's last token), other positions of the padded batch,
             or ``None``: every real (non-padding) token of every prompt.
 
     Returns:
-        ``{layer: mean}``, each ``[hidden]`` (``[heads, head_dim]`` for head outputs).
+        ``{layer: mean}``, each ``[hidden]`` (``[heads, head_dim]`` for head outputs, ``[d_mlp]`` for neurons).
     """
     check_value(value, ABLATABLE)
     indices = serving(model, _support_name(value), layers)
@@ -183,6 +200,12 @@ def mean_values(
 def zero_ablate_heads(model: Any, layer: int, heads: int | Sequence[int], positions: Positions = None) -> None:
     """Zero heads ``heads`` of block ``layer`` (their outputs before the projection); inside a trace."""
     zero_ablate(model, layer, "attention_head_outputs", heads=heads, positions=positions)
+
+
+def zero_ablate_neurons(model: Any, layer: int, neurons: int | Sequence[int], positions: Positions = None) -> None:
+    """Zero neurons ``neurons`` of block ``layer``'s MLP (what its down projection receives, ``mlp.neurons``) in this
+    invoke; inside a trace. The same as a plain pre-hook on the down projection zeroing those columns."""
+    zero_ablate(model, layer, "neurons", positions=positions, neurons=neurons)
 
 
 def zero_ablate_attention(model: Any, layer: int, positions: Positions = None) -> None:

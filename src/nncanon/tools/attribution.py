@@ -30,6 +30,13 @@ attribution.
 
 Hybrids: a linear-attention or state-space mixer's ``linear_attention_output`` is one more
 contribution (``linear_attention``); a block without an MLP (Mamba) contributes 0 there.
+
+Neurons (``neurons=True``): neuron ``n``'s activation times its column of the down projection, mapped to the
+stream as the family maps the down projection's output (Granite's scale; the post-feedforward norm frozen at that
+output on Gemma-2/3 and the other post-norm families), then through the frozen final norm and the head. The
+neurons plus ``neuron_bias`` (the down projection's bias and the post-norm's, mapped the same way) sum to the MLP's
+attribution, which the tool checks; an MLP whose output is not its down projection's output so mapped (RWKV's
+receptance gate) is refused by name.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ import torch
 
 from ..errors import ValueNotAvailable
 from ..inputs import prompt_list
-from ..quantization import head_dtype
+from ..quantization import dense_weight, head_dtype
 from ..reading import CONTRIBUTIONS, in_execution_order, read
 from .heads import projection_input, projection_path, projection_weights
 
@@ -60,6 +67,12 @@ class FrozenNorm:
     scale: torch.Tensor
     bias: torch.Tensor
     centers: bool
+
+    def pulled_back(self, direction: torch.Tensor) -> torch.Tensor:
+        """The adjoint of `linear`: ``d`` with ``(linear(x) · direction).sum(-1) == (x · d).sum(-1)``, both
+        ``[batch, hidden]`` (float32). ``C`` is symmetric, so ``d = C(scale ⊙ direction)``."""
+        pulled = self.scale.float() * direction.float()
+        return pulled - pulled.mean(-1, keepdim=True) if self.centers else pulled
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         """The frozen norm's linear part on ``x`` ``[batch, ..., hidden]`` (``scale`` is ``[batch, hidden]``)."""
@@ -106,6 +119,10 @@ class LogitAttribution:
         model_logit: ``[batch]``: the model's logit (after its post-processing).
         targets: ``[batch]``: the target token ids.
         head_layers: The layers whose heads are attributed.
+        neurons: ``{layer: [batch, d_mlp]}``: each neuron's share (``None`` when not asked for); layers whose MLP
+            serves no neurons (a mixture of experts) are left out.
+        neuron_bias: ``{layer: [batch]}``: the MLP's part not due to one neuron (the down projection's bias and
+            the post-norm's); ``neurons[l].sum(-1) + neuron_bias[l] == mlp[:, l]``.
     """
 
     embedding: torch.Tensor
@@ -119,6 +136,8 @@ class LogitAttribution:
     model_logit: torch.Tensor
     targets: torch.Tensor
     head_layers: list = field(default_factory=list)
+    neurons: dict | None = None
+    neuron_bias: dict | None = None
 
     def total(self) -> torch.Tensor:
         """The sum of every share, ``[batch]``: equals ``logit`` (up to float rounding)."""
@@ -219,6 +238,7 @@ def direct_logit_attribution(
     targets: int | Sequence[int] | torch.Tensor,
     position: int = -1,
     heads: bool = True,
+    neurons: bool = False,
 ) -> LogitAttribution:
     """Each head's and each sublayer's share of the target logit at ``position``, from one forward.
 
@@ -232,6 +252,7 @@ def direct_logit_attribution(
         targets: The token id whose logit is attributed: one for all prompts, or one per prompt.
         position: The position of the logit (default: the last).
         heads: Also split each attention into its heads.
+        neurons: Also split each dense MLP into its neurons (``mlp.neurons``).
 
     Returns:
         A `LogitAttribution`; ``total()`` equals ``logit``.
@@ -247,7 +268,7 @@ def direct_logit_attribution(
         target_ids = target_ids.expand(batch).clone()
     if target_ids.numel() != batch:
         raise ValueError(f"{batch} prompts but {target_ids.numel()} targets: give one, or one per prompt")
-    plan = _plan(model, heads)
+    plan = _plan(model, heads, neurons)
 
     saved: dict[str, Any] = {"embedding": None, "final": None, "logits": None}
     reads: dict[tuple[int, str], torch.Tensor] = {}
@@ -292,6 +313,13 @@ def direct_logit_attribution(
                 rest.setdefault(index, attention[:, index])
             head_shares = torch.stack([per_head[i] for i in range(model.num_layers)], dim=1)
             head_bias = torch.stack([rest[i] for i in range(model.num_layers)], dim=1)
+        neuron_shares = neuron_bias = None
+        if neurons:
+            neuron_shares, neuron_bias = {}, {}
+            for index in sorted(i for i, name in reads if name == "neurons"):
+                direction = frozen.pulled_back(directions) * factor  # d logit / d stream, [batch, hidden]
+                neuron_shares[index], neuron_bias[index] = _neuron_shares(model, index, reads[(index, "neurons")],
+                                                                          direction, mlp[:, index])
         bias = ((directions * frozen.bias.to(directions.device)).sum(-1) + constant.to(directions.device)) * factor
         embedding = share(saved["embedding"])
         picked = target_ids.to(final.device)[:, None]
@@ -316,11 +344,13 @@ def direct_logit_attribution(
         model_logit=model_logit,
         targets=target_ids,
         head_layers=head_layers,
+        neurons=neuron_shares,
+        neuron_bias=neuron_bias,
     )
 
 
-def _plan(model: Any, heads: bool) -> list[list[str]]:
-    """Per layer, the values to read, in execution order: its contributions (and its heads)."""
+def _plan(model: Any, heads: bool, neurons: bool = False) -> list[list[str]]:
+    """Per layer, the values to read, in execution order: its contributions (and its heads, its neurons)."""
     report = model.support()
     plan = []
     for index in range(model.num_layers):
@@ -337,8 +367,50 @@ def _plan(model: Any, heads: bool) -> list[list[str]]:
             raise ValueNotAvailable(f"layers[{index}] serves no contribution to the residual stream")
         if heads and "attention_output" in names and report.available("attention_head_outputs", layer=index):
             names.append("attention_head_outputs")
+        if neurons and "mlp_output" in names and report.available("neurons", layer=index):
+            names.append("neurons")
         plan.append(in_execution_order(model, index, names))
     return plan
+
+
+def _neuron_shares(model: Any, layer: int, neurons: torch.Tensor, direction: torch.Tensor, mlp_share: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each neuron's share of the logit ``[batch, d_mlp]`` and the rest ``[batch]``, with ``direction`` the logit's
+    gradient with respect to the stream ``[batch, hidden]``; checked against the MLP's share ``mlp_share``."""
+    block = model.layers[layer]
+    mlp = block.mlp
+    anatomy = mlp._nncanon.anatomy
+    down = block._module.get_submodule(anatomy.down)
+    weight, bias = dense_weight(down).float(), getattr(down, "bias", None)
+    site = mlp._nncanon.bindings["mlp_output"].site
+    scale = float(site.factor(model._module.config.get_text_config()))
+    rest = torch.zeros(direction.shape[0], device=direction.device)
+    mlp_path = mlp.path[len(block.path) + 1:] if hasattr(mlp, "path") else None
+    output = torch.einsum("bn,dn->bd", neurons.float(), weight.to(neurons.device))
+    if bias is not None:
+        output = output + bias.float().to(output.device)
+    if site.module not in (anatomy.down, mlp_path):  # a post-norm between the down projection and the stream
+        post = block._module.get_submodule(site.module)
+        if not _per_position(post, output.shape[-1]):
+            raise ValueNotAvailable(
+                f"layers[{layer}]'s MLP output passes through {type(post).__name__} ({site.module}), which is not a "
+                "per-position norm: its neurons' shares are unknown. Ask direct_logit_attribution(..., neurons=False).")
+        frozen = freeze_norm(post, output.to(next(post.parameters(), output).dtype))
+        rest = rest + (frozen.bias.float().to(direction.device) * direction).sum(-1) * scale
+        direction = frozen.pulled_back(direction)
+    direction = direction * scale
+    columns = direction @ weight.to(direction.device)  # [batch, d_mlp]: each column's share per unit activation
+    shares = neurons.float().to(direction.device) * columns
+    if bias is not None:
+        rest = rest + (direction * bias.float().to(direction.device)).sum(-1)
+    total = shares.sum(-1) + rest
+    if not torch.allclose(total, mlp_share, rtol=1e-3, atol=1e-4 * float(mlp_share.abs().max()) + 1e-5):
+        raise ValueNotAvailable(
+            f"layers[{layer}]'s neurons through {anatomy.down} do not add up to its MLP's share of the logit "
+            f"({float((total - mlp_share).abs().max()):.2e} off): its MLP's output is not its down projection's "
+            f"output mapped by {site.module or 'the block'} ({model.family.residual}). Ask "
+            "direct_logit_attribution(..., neurons=False).")
+    return shares, rest
 
 
 def _head_streams(model: Any, layer: int, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,109 @@
+"""The values inside a block, on every registered variant: what its token mixers receive and its MLP's neurons.
+
+The checks that prove them are the verifier's (``read``, ``invokes``, ``neurons``, the gradient checks: they run in
+``test_invariants.py::test_check_holds``). Here: every block serves them or declines them for a reason that is a
+property of the block; a write to each equals the same edit made by a plain PyTorch hook at its site on the
+unwrapped model (the logits, bit for bit); the TransformerLens names resolve to them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nncanon.proof.checks.references import encode, finish, hf_block
+from nncanon.reading import host
+from nncanon.sae import resolve
+from nncanon.served import _pick, _put
+from nncanon.support import INNER_VALUES
+from nncanon.testing import PROMPTS
+
+MIXER_INPUT = {"self_attn": "attention_input", "linear_attn": "linear_attention_input"}
+
+
+def test_every_block_serves_its_inner_values_or_says_why(model, variant):
+    """Each mixer serves its input; each dense MLP serves its neurons and pre-activations (and its linear path where
+    it is gated); a mixture of experts declines them, saying so."""
+    report = model.support()
+    for index in range(model.num_layers):
+        for component, value in MIXER_INPUT.items():
+            if report.available(component, layer=index):
+                assert report.available(value, layer=index), f"layers[{index}]: {report.reason(value, index)}"
+        if not report.available("mlp", layer=index):
+            continue
+        mlp = model.layers[index].mlp
+        anatomy = mlp._nncanon.anatomy
+        if anatomy is None:
+            reason = report.reason("neurons", layer=index)
+            assert reason is not None and "mixture of experts" in reason, f"layers[{index}]: {reason}"
+            assert report.available("router_logits", layer=index) or report.available("expert_indices", index)
+            continue
+        assert report.available("neurons", layer=index) and report.available("pre_activations", layer=index)
+        gated = anatomy.linear is not None
+        assert report.available("linear_activations", layer=index) == gated, report.reason("linear_activations", index)
+        if not gated:
+            assert "not gated" in report.reason("linear_activations", layer=index)
+
+
+def _edit(tensor: torch.Tensor) -> None:
+    """The edit both sides make, in place, at the last position: ``x * 2 + 1``."""
+    tensor[:, -1] = tensor[:, -1] * 2 + 1
+
+
+def _plain_edit_logits(model, index: int, value: str, inputs: dict) -> torch.Tensor:
+    """The logits of the unwrapped model with `_edit` made by a plain hook at ``value``'s site on block ``index``."""
+    binding = host(model, index, value)._nncanon.bindings[value]
+    site = binding.site
+    block = hf_block(model, index)
+    module = block.get_submodule(site.module)
+    inside = []  # the edit is made inside this block's forward only (a module several blocks share: Zamba)
+
+    def edited(raw):
+        if not inside:
+            return None
+        # In place, as nncanon writes (a copy may run the next kernel on another path, 1e-7 off), but on a copy
+        # where nncanon hands the module one (`Site.private`: a mixer's input)
+        tensor = _pick(raw, site).clone() if site.private else _pick(raw, site)
+        _edit(finish(tensor, binding, inputs))  # (a view, laid out as the value is served)
+        return _put(raw, site, tensor)
+
+    if site.key == "input":
+        handle = module.register_forward_pre_hook(lambda mod, args, kwargs: edited((args, kwargs)), with_kwargs=True)
+    else:
+        handle = module.register_forward_hook(lambda mod, args, output: edited(output))
+    handles = [handle, block.register_forward_pre_hook(lambda mod, args: inside.append(True)),
+               block.register_forward_hook(lambda mod, args, output: inside.clear())]
+    try:
+        with torch.no_grad():
+            return model._module(**inputs).logits
+    finally:
+        for each in handles:
+            each.remove()
+
+
+def test_a_write_is_the_same_edit_by_a_plain_hook_at_its_site(model, variant):
+    """On the first and last block, each inner value written at the last position gives the logits a plain hook
+    gives that makes the same edit at the value's site, bit for bit (a mixer's input is the mixer's alone: on a
+    parallel block the MLP still reads the unedited norm)."""
+    report = model.support()
+    inputs = encode(model)
+    for index in sorted({0, model.num_layers - 1}):
+        for value in INNER_VALUES:
+            if not report.available(value, layer=index):
+                continue
+            with torch.no_grad(), model.trace(PROMPTS[0]):
+                _edit(getattr(host(model, index, value), value))
+                ours = model.logits.save()
+            reference = _plain_edit_logits(model, index, value, inputs)
+            assert torch.equal(ours, reference), f"layers[{index}].{value}"
+
+
+def test_transformer_lens_names_resolve_to_the_inner_values(model):
+    report = model.support()
+    for index in range(model.num_layers):
+        for name, value in (("mlp.hook_pre", "pre_activations"), ("mlp.hook_pre_linear", "linear_activations"),
+                            ("mlp.hook_post", "neurons")):
+            if report.available(value, layer=index):
+                assert resolve(model, f"blocks.{index}.{name}").value == value
+        mixer = next((v for c, v in MIXER_INPUT.items() if report.available(c, layer=index)), None)
+        if mixer is not None:
+            assert resolve(model, f"blocks.{index}.ln1.hook_normalized").value == mixer
