@@ -14,9 +14,11 @@ nnsight built.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import torch
 from nnsight.intervention.envoy import Envoy
 
 from .components import (
@@ -202,6 +204,14 @@ def _label(index: int, kind: str | None, layer: Envoy) -> str:
 _ROUTING = ("router_logits", "expert_weights", "expert_indices")
 
 
+def _other_block(blocks: list, index: int, family: Family, config: Any, spec: Family) -> Any:
+    """Another block of the same layout as block ``index`` (its module), ``None`` where there is none."""
+    for other in range(len(blocks)):
+        if other != index and family.for_layer(config, other)[0] is spec:
+            return blocks[other]._module
+    return None
+
+
 def _stream_width(config: Any) -> int:
     """The width of the stream a block's MLP reads and writes (``hidden_size``, GPT-2's ``n_embd``)."""
     for attribute in ("hidden_size", "n_embd", "d_model"):
@@ -280,10 +290,11 @@ class _Shape:
         self.unserved = frozenset({*missing, *(v for v, c in COMPONENT_OF.items() if c in missing), *self.mlp_absent,
                                    *(["linear_attention_head_outputs"] if len(self.mixer) == 2 and spec.mixer else [])})
 
-    def neuron_sites(self, layer: Envoy, config: Any) -> tuple:
+    def neuron_sites(self, layer: Envoy, config: Any, other: Callable[[], torch.nn.Module | None]) -> tuple:
         """The MLP's neuron sites (`nncanon.components.anatomy`) on blocks of this layout, found on the first one;
         what it does not serve is in ``neuron_reasons`` (declined: the MLP has them) and ``neuron_absent`` (it has
-        no such value: the linear path of an MLP without a gate)."""
+        no such value: the linear path of an MLP without a gate). ``other()`` is another block of this layout (to
+        tell a module every block shares)."""
         if self.neurons is not None:
             return self.neurons
         spec = self.spec
@@ -301,7 +312,7 @@ class _Shape:
             self.neuron_reasons = dict.fromkeys(NEURON_VALUES, anatomy)
             self.neurons = ()
         else:
-            found = neuron_sites(anatomy, layer._module)
+            found = neuron_sites(anatomy, layer._module, other())
             self.neuron_absent = {name for name in NEURON_VALUES if name not in found}
             self.neuron_reasons = dict.fromkeys(
                 self.neuron_absent, "its MLP has no linear path (it is not gated): activation(pre) is its neurons")
@@ -412,7 +423,8 @@ def mount(model: Any, family: Family, config: Any) -> list[frozenset[str] | None
             state.reasons["linear_attn"] = f"{label}: it has no linear-attention or state-space mixer{note}"
 
         if spec.mlp_output is not None:
-            neuron_sites = shape.neuron_sites(layer, config)
+            neuron_sites = shape.neuron_sites(
+                layer, config, lambda index=index, spec=spec: _other_block(blocks, index, family, config, spec))
             mlp_state = shape.state(layer, config, f"{where}.mlp", order, (*shape.mlp, *neuron_sites),
                                     {**{name: label + reason for name, reason in shape.mlp_absent.items()},
                                      **{name: f"{label}: {reason}" for name, reason in shape.neuron_reasons.items()}},

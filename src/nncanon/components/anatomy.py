@@ -79,16 +79,21 @@ def discover(mlp: torch.nn.Module, prefix: str, hidden: int) -> MLPAnatomy | str
             f"to {2 * width}: no one gate and linear path")
 
 
-def neuron_sites(anatomy: MLPAnatomy, block: torch.nn.Module) -> dict[str, Site]:
+def neuron_sites(anatomy: MLPAnatomy, block: torch.nn.Module, other: torch.nn.Module | None = None
+                 ) -> dict[str, Site]:
     """The sites of `NEURON_VALUES` an anatomy of ``block``'s MLP serves (no ``linear_activations`` for an MLP
     without a linear path).
 
     The pre-activation is what the activation module receives where the MLP calls one (after whatever the MLP does
     to the projection's output first: Falcon-H1's ``gate_multiplier``, Gemma-3n's activation sparsity), else the
-    projection's output.
+    projection's output; also where the activation module is one object every block calls (OpenAI-GPT's, from a
+    dict of instances): ``other`` is another block of the same layout, to tell.
     """
     sites = {"neurons": Site(anatomy.down, key="input", flat=anatomy.flat)}
     activation = anatomy.activation if anatomy.activation is not None and _has(block, anatomy.activation) else None
+    if activation is not None and other is not None and _has(other, activation) and (
+            other.get_submodule(activation) is block.get_submodule(activation)):
+        activation = None  # shared by the blocks: its input is every block's
     if activation is not None:
         sites["pre_activations"] = Site(activation, key="input", flat=anatomy.flat)
     if anatomy.linear_op is not None:

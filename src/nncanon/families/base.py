@@ -61,6 +61,9 @@ class MLPAnatomy:
         linear_op: ``(operation, index)``: the linear path is element ``index`` of an operation of the MLP's
             forward (its nnsight ``.source`` name), where no module's output is it (Zamba2 adds a per-block adapter
             to ``gate_up_proj``'s output before it chunks the sum: ``("torch_chunk_0", 1)``).
+        combine: ``(mlp, pre, linear) -> neurons``, where the MLP combines its two paths otherwise than
+            ``activation(pre) · linear`` (MiniMax-M3's clamped SwiGLU, ``(clamp(up) + 1) · glu(clamp(gate))``); ``mlp``
+            is the module holding the down projection. The proof checks it as it checks the product.
     """
 
     down: str
@@ -72,6 +75,7 @@ class MLPAnatomy:
     hidden_norm: str | None = None
     flat: bool = False
     linear_op: tuple[str, int] | None = None
+    combine: Callable[[Any, Any, Any], Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

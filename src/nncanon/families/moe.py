@@ -12,9 +12,13 @@ A family whose MoE block has no shared expert in some configurations (ERNIE-4.5 
 ``moe_num_shared_experts = 0``) adds the ``shared`` kind only where the configuration has one.
 """
 
+from typing import Any
+
+import torch
+
 from ..served import Site
 from ..versions import transformers_minor
-from .base import Family
+from .base import Family, MLPAnatomy
 from .qwen3_next import QWEN_MOE, TOPK_ROUTER
 
 _NORMED_SUM = (
@@ -85,14 +89,23 @@ def _axk1_declines(config, layer: int) -> dict:
     return {"shared_expert_output": _NORMED_SUM.format(name="A.X K1", norm="mlp.post_mlp_layernorm")}
 
 
-def _family(name: str, model_types: tuple[str, ...], moe: dict, layout_of=None, **fields) -> Family:
-    """An MoE family on the Llama block: every layer sparse, or ``layout_of`` picks moe or dense."""
+def _clamped_swiglu(mlp: Any, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """MiniMax-M3's dense MLP: ``(clamp(up) + 1) · g · sigmoid(α · g)``, ``g = clamp(gate, max=limit)``."""
+    gate = gate.clamp(max=mlp.swiglu_limit)
+    up = up.clamp(min=-mlp.swiglu_limit, max=mlp.swiglu_limit)
+    return (up + 1.0) * (gate * torch.sigmoid(gate * mlp.swiglu_alpha))
+
+
+def _family(name: str, model_types: tuple[str, ...], moe: dict, layout_of=None, dense: dict | None = None,
+            **fields) -> Family:
+    """An MoE family on the Llama block: every layer sparse, or ``layout_of`` picks moe or dense (``dense``: the
+    fields of the dense blocks)."""
     if layout_of is None:
         return Family(name=name, model_types=model_types, **moe, **fields)
     return Family(
         name=name,
         model_types=model_types,
-        layouts={"moe": moe, "dense": {}},
+        layouts={"moe": moe, "dense": dense or {}},
         layout_of=layout_of,
         **fields,
     )
@@ -141,6 +154,8 @@ FAMILIES = [
         ("minimax_m3_vl_text",),
         dict(TOPK_ROUTER, shared_expert_output=Site("mlp.shared_experts", flat=True)),
         _mlp_layer_types,
+        dense={"mlp_anatomy": MLPAnatomy(down="mlp.down_proj", pre="mlp.gate_up_proj", linear="mlp.gate_up_proj",
+                                         fused="mlp.gate_up_proj", combine=_clamped_swiglu)},
     ),
     _family("mimo_v2_flash", ("mimo_v2_flash", "mellum"), TOPK_ROUTER, _mlp_layer_types),
     _family(

@@ -1,9 +1,10 @@
 """The MLP's neurons.
 
 - ``neurons``: on every block serving them, three equalities between independent computations:
-  ``activation(pre_activations) · linear_activations`` (through the MLP's hidden norm, where it has one) equals
-  ``neurons``, the activation being the module the anatomy names or the config's; ``neurons`` through the down
-  projection's weight (the dense matrix the neuron tools use, `nncanon.quantization.dense_weight`) plus its bias
+  ``activation(pre_activations) · linear_activations`` (through the MLP's hidden norm, where it has one; the
+  family's own combination where it has one, `nncanon.families.MLPAnatomy.combine`) equals ``neurons``, the
+  activation being the module the anatomy names or the config's; ``neurons`` through the down projection's weight
+  (the dense matrix the neuron tools use, `nncanon.quantization.dense_weight`) plus its bias
   equals the down projection's output read by a plain hook; and zeroing one neuron at the last position
   (``neurons[:, -1, n] = 0``) gives the logits a plain forward pre-hook on the down projection gives when it
   zeroes that column there, bit for bit.
@@ -54,7 +55,13 @@ def _neurons(model: Any, index: int, names: list[str]) -> list[CheckResult]:
     if "pre_activations" in saved:
         activation = activation_of(block, anatomy, model._text_config)
         proves = tuple(name for name in names if name != "neurons")
-        if activation is None:
+        if anatomy.combine is not None:
+            owner = block.get_submodule(anatomy.down.rpartition(".")[0])
+            with torch.no_grad():
+                hidden = anatomy.combine(owner, saved["pre_activations"], saved["linear_activations"])
+            results.append(compare("neurons", index, proves, hidden, neurons, TOLERANCE,
+                                   "the family's combination of pre and linear against the neurons"))
+        elif activation is None:
             results.append(CheckResult("neurons", index, proves, False, None, None,
                                        "no activation: the MLP has no activation module and the config names none"))
         else:
