@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from nncanon.proof.checks.references import encode, finish, hf_block
+from nncanon.proof.checks.references import encode, finish, hf_block, plain_copy
 from nncanon.reading import host
 from nncanon.sae import resolve
 from nncanon.served import _pick, _put
@@ -35,7 +35,8 @@ def test_every_block_serves_its_inner_values_or_says_why(model, variant):
         if anatomy is None:
             reason = report.reason("neurons", layer=index)
             assert reason is not None and "mixture of experts" in reason, f"layers[{index}]: {reason}"
-            assert report.available("router_logits", layer=index) or report.available("expert_indices", index)
+            spec = model.family.for_layer(model._text_config, index)[0]
+            assert spec.router_logits is not None or spec.expert_indices is not None, "a dense MLP said to be MoE"
             continue
         assert report.available("neurons", layer=index) and report.available("pre_activations", layer=index)
         gated = anatomy.linear is not None
@@ -53,6 +54,14 @@ def _plain_edit_logits(model, index: int, value: str, inputs: dict) -> torch.Ten
     """The logits of the unwrapped model with `_edit` made by a plain hook at ``value``'s site on block ``index``."""
     binding = host(model, index, value)._nncanon.bindings[value]
     site = binding.site
+    if site.op is not None:  # an operation inside a forward, which no module hook reaches: nnsight's source hooks
+        plain = plain_copy(model)
+        path = ".".join(part for part in (model.family.layers, str(index), site.module) if part)
+        with torch.no_grad(), plain.trace(**inputs):
+            operation = getattr(plain.get(path).source, site.op)
+            _edit(finish(_pick(operation.output, site), binding, inputs))
+            logits = plain.output.logits.save()
+        return logits
     block = hf_block(model, index)
     module = block.get_submodule(site.module)
     inside = []  # the edit is made inside this block's forward only (a module several blocks share: Zamba)
