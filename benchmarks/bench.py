@@ -1,7 +1,7 @@
 """nncanon against raw nnsight and plain transformers: speed, load time, batched heads, memory.
 
 Run:  python benchmarks/bench.py [--repeats 15] [--threads N] [--json out.json] [--models gpt2 llama]
-      [--measures trace load folder heads memory proof]
+      [--measures trace neurons load folder heads memory proof]
 
 Every ratio is measured in one run, on the same model object, with interleaved repeats so that
 machine noise hits both sides alike; figures are medians. Models are built from configs with
@@ -58,7 +58,7 @@ from nncanon.tools import head_ablation_sweep
 
 BATCH, SEQ = 8, 32
 #: What `main` can measure (``--measures``).
-MEASURES = ("trace", "load", "folder", "heads", "memory", "proof", "sdpa-probabilities")
+MEASURES = ("trace", "neurons", "load", "folder", "heads", "memory", "proof", "sdpa-probabilities")
 
 
 def build(name: str) -> torch.nn.Module:
@@ -125,6 +125,21 @@ def trace_raw(model: TransformersModel, ids: torch.Tensor, write: bool) -> None:
                 mlp.save()
             block.output.save()
         model.output.logits.save()
+
+
+def neurons_standard(model: StandardizedTransformer, ids: torch.Tensor) -> None:
+    """Every block's neurons (``mlp.neurons``) saved, one trace."""
+    with torch.no_grad(), model.trace(ids):
+        for layer in model.layers:
+            layer.mlp.neurons.save()
+
+
+def neurons_raw(model: TransformersModel, ids: torch.Tensor) -> None:
+    """Every block's down projection's input saved, as a raw nnsight user reads the neurons."""
+    with torch.no_grad(), model.trace(ids):
+        for block in native(model)["blocks"]:
+            down = block.mlp.c_proj if hasattr(block.mlp, "c_proj") else block.mlp.down_proj
+            down.input.save()
 
 
 def forward_hooks(module: torch.nn.Module, ids: torch.Tensor, write: bool) -> None:
@@ -391,6 +406,12 @@ def run(name: str, repeats: int, measures: tuple[str, ...] = MEASURES) -> dict:
         result[f"trace_{kind}_vs_raw"] = times["standard"] / times["raw_nnsight"]
         result[f"trace_{kind}_vs_hooks"] = times["standard"] / times["plain_hooks"]
 
+    if "neurons" in measures:
+        times = interleaved({"standard": lambda: neurons_standard(standard, ids),
+                             "raw_nnsight": lambda: neurons_raw(raw, ids)}, repeats)
+        result["neurons_s"] = times
+        result["neurons_vs_raw"] = times["standard"] / times["raw_nnsight"]
+
     if "load" in measures:
         loads = interleaved(
             {
@@ -459,7 +480,7 @@ def main() -> None:
     machine["load_average_after"] = os.getloadavg()
     print(json.dumps({"machine": machine}, indent=None))
     columns = [("read/raw", "trace_read_vs_raw"), ("write/raw", "trace_write_vs_raw"),
-               ("read/hooks", "trace_read_vs_hooks"), ("load/raw", "load_vs_raw"),
+               ("neurons/raw", "neurons_vs_raw"), ("read/hooks", "trace_read_vs_hooks"), ("load/raw", "load_vs_raw"),
                ("folder/raw", "load_folder_meta_vs_raw"), ("+weights/raw", "load_folder_weights_vs_raw"),
                ("heads x", "heads_speedup"), ("invokes x", "heads_speedup_invokes_only"),
                ("mem/raw", "memory_vs_raw")]

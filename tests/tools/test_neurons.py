@@ -92,3 +92,24 @@ def test_a_neurons_share_is_its_activation_times_its_column_through_the_frozen_f
     column = hf.h[layer].mlp.c_proj.weight  # Conv1D: [d_mlp, d]
     expected = neurons * (column @ direction[0])
     assert torch.allclose(dla.neurons[layer], expected, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["blocks.1.mlp.hook_post", "blocks.1.ln1.hook_normalized"])
+def test_a_dictionary_reads_the_neurons_and_attention_input(name):
+    """A dictionary attached at the neurons (``mlp.hook_post``) or at attention's input (``ln1.hook_normalized``)
+    encodes the served value (against the dictionary's own encode of a plain read)."""
+    from nncanon.sae import Dictionary, attach, resolve
+
+    model = nncanon.demo_model("llama")
+    point = resolve(model, name)
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        value = getattr(model.layers[1].mlp if point.value == "neurons" else model.layers[1].self_attn,
+                        point.value).clone().save()
+    width, features = value.shape[-1], 16
+    generator = torch.Generator().manual_seed(0)
+    sae = Dictionary.from_tensors(torch.randn(width, features, generator=generator), torch.zeros(features),
+                                  torch.randn(features, width, generator=generator), torch.zeros(width),
+                                  hook_name=name)
+    with attach(model, sae) as attached, torch.no_grad(), model.trace(PROMPTS[0]):
+        read = attached.features.save()
+    assert torch.allclose(read, sae.encode(value), rtol=1e-5, atol=1e-6)
