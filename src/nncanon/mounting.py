@@ -310,6 +310,8 @@ class _Shape:
                 anatomy = replace(anatomy, flat=spec.mlp_output.flat)
         if isinstance(anatomy, str):
             self.neuron_reasons = dict.fromkeys(NEURON_VALUES, anatomy)
+            if self.moe:  # absent, not declined: a mixture of experts has no one tensor of neurons to decline
+                self.neuron_absent = set(NEURON_VALUES)
             self.neurons = ()
         else:
             found = neuron_sites(anatomy, layer._module, other())
