@@ -116,3 +116,23 @@ def test_transformer_lens_names_resolve_to_the_inner_values(model):
         mixer = next((v for c, v in MIXER_INPUT.items() if report.available(c, layer=index)), None)
         if mixer is not None:
             assert resolve(model, f"blocks.{index}.ln1.hook_normalized").value == mixer
+
+
+def test_a_square_mlps_down_projection_is_told_by_its_name():
+    """Where ``d_mlp`` equals the stream's width (RecurrentGemma's twin: ``intermediate_size // 2``), every
+    projection maps the stream to its own width; the name tells the down projection, the gate and the up."""
+    from nncanon.components.anatomy import discover
+
+    class Square(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_proj, self.up_proj = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+            self.down_proj, self.act_fn = torch.nn.Linear(8, 8), torch.nn.GELU()
+
+    anatomy = discover(Square(), "mlp", 8)
+    assert (anatomy.down, anatomy.pre, anatomy.linear, anatomy.activation) == (
+        "mlp.down_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.act_fn")
+    unnamed = Square()
+    unnamed.down_proj = None
+    unnamed.w_out = torch.nn.Linear(8, 8)
+    assert "no one down projection" in discover(unnamed, "mlp", 8)

@@ -3,7 +3,7 @@
 `discover` reads it from the MLP module's structure, by widths: the down projection maps ``d_mlp`` features to the
 stream's width, and the projections that read the stream produce ``d_mlp`` features (two of them, or one fused
 projection producing ``2·d_mlp``, in a gated MLP). Names break a tie only where the widths cannot (``gate_proj``
-and ``up_proj`` have the same shape). What it proposes is a `MLPAnatomy`; the load-time proof checks it
+and ``up_proj`` have the same shape; a square MLP's down projection, ``d_mlp`` equal to the stream's width). What it proposes is a `MLPAnatomy`; the load-time proof checks it
 (`nncanon.proof.checks.neurons`), so a wrong guess is a declined value with the check's numbers, never a wrong one.
 """
 
@@ -20,6 +20,9 @@ from ..served import Site
 
 #: The values an anatomy serves, by standard name: the pre-activation, the linear path, the neurons.
 NEURON_VALUES = ("pre_activations", "linear_activations", "neurons")
+
+#: The names a down projection has where its widths do not tell it from the MLP's other projections.
+DOWN_NAMES = ("down_proj", "fc2", "c_proj", "w2", "wo", "dense_4h_to_h", "fc_out", "out_proj")
 
 
 def linear_widths(module: torch.nn.Module) -> tuple[int, int] | None:
@@ -52,6 +55,8 @@ def discover(mlp: torch.nn.Module, prefix: str, hidden: int) -> MLPAnatomy | str
     downs = [name for name, (width_in, width_out) in linears.items() if width_out == hidden
              and any(other != name and w_in == hidden and w_out in (width_in, 2 * width_in)
                      for other, (w_in, w_out) in linears.items())]
+    if len(downs) > 1:  # a square MLP (d_mlp == the stream's width): the name tells
+        downs = [name for name in downs if name.lower() in DOWN_NAMES or "down" in name.lower()]
     if len(downs) != 1:
         found = ", ".join(f"{n} {w[0]}->{w[1]}" for n, w in linears.items()) or "none"
         return (f"its MLP ({owner}) has no one down projection to the stream's width {hidden} fed by a projection "
