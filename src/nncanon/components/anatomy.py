@@ -3,7 +3,8 @@
 `discover` reads it from the MLP module's structure, by widths: the down projection maps ``d_mlp`` features to the
 stream's width, and the projections that read the stream produce ``d_mlp`` features (two of them, or one fused
 projection producing ``2·d_mlp``, in a gated MLP). Names break a tie only where the widths cannot (``gate_proj``
-and ``up_proj`` have the same shape; a square MLP's down projection, ``d_mlp`` equal to the stream's width). What it proposes is a `MLPAnatomy`; the load-time proof checks it
+and ``up_proj`` have the same shape; a square MLP's down projection, ``d_mlp`` equal to the stream's width). What it
+proposes is a `MLPAnatomy`; the load-time proof checks it
 (`nncanon.proof.checks.neurons`), so a wrong guess is a declined value with the check's numbers, never a wrong one.
 """
 
