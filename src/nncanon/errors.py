@@ -115,7 +115,6 @@ class InvalidCheckpoint(NncanonError, OSError):
     library's own error is its cause. An ``OSError``, as transformers raises for a file it cannot read."""
 
 
-
 class InvalidDictionary(NncanonError, ValueError):
     """A dictionary (sparse autoencoder or transcoder) that cannot be loaded or built: a folder without its
     config or weights, a truncated weight file, weights whose shapes disagree with the config, an architecture or
@@ -141,3 +140,15 @@ class QuantizationUnavailable(NncanonError, ImportError):
 class ModelChanged(NncanonError, RuntimeError):
     """The model was changed since its load-time proof (a linear layer swapped for a quantized one, a cast to
     another dtype): the proof no longer speaks for it. Load it again as it now is."""
+
+
+class InvalidCollection(NncanonError, ValueError):
+    """An activation collection folder that cannot be read or resumed as asked: a manifest or shard that is
+    missing, cut, edited, reordered, not a regular file or unwritable; another collector holding the folder; or a
+    resume whose model, point, dtype, corpus or batch settings differ from the ones the folder was collected
+    with. The message names the file or the setting."""
+
+
+class DictionaryDetached(NncanonError, RuntimeError):
+    """A dictionary's values (``features``, ``reconstruction``, ``error``...) used after ``detach()``: the
+    dictionary no longer reads the model. Attach it again to read it."""
