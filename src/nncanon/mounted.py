@@ -19,6 +19,7 @@ from .errors import InvalidInput, InvalidSkip, InvalidWrite, NestedTrace, SizeNo
 from .families import Family
 from .gradients import forward_guard
 from .inputs import check_batch, refuse_no_prompt
+from .components.norms import FINAL_VALUES, DESCRIPTIONS, NormBinding, NormSite, norm_anatomy, norm_value
 from .mounting import mount
 from .quantization import float_dtype, head_dtype, is_quantized
 from .quiet import wrapping_quietly
@@ -124,6 +125,30 @@ class MountedModel(TransformersModel):
         self._model_declines: dict[str, str] = dict(declines(self._text_config) if callable(declines) else declines)
         #: What `mount` found each block's layout has not at all (`nncanon.mounting.mount`).
         self._unserved = mount(self, family, self._text_config)
+        self._final_norm = self._mount_final_norm()
+
+    def _mount_final_norm(self) -> dict[str, NormBinding] | str:
+        """The final norm's values (`nncanon.components.norms`), or why the model has none to serve."""
+        if self.norm is None:
+            return "the model has no final norm"
+        anatomy = norm_anatomy(self.norm._module)
+        if isinstance(anatomy, str):
+            return anatomy.replace("its norm", "its final norm", 1)
+        site = NormSite(self._family.norm, self.norm, anatomy, "model")
+        return {name: NormBinding(name, site, "scale" if name.endswith("_scale") else "normalized")
+                for name in FINAL_VALUES}
+
+    def _nncanon_norm(self, name: str) -> NormBinding:
+        """The final norm's `NormBinding` ``name``, or `ValueNotAvailable` with the reason."""
+        self._model_value_check(name)
+        found = self.__dict__.get("_final_norm", "the model is not mounted")
+        if isinstance(found, str):
+            raise ValueNotAvailable(f"model.{name} is not available: {found}")
+        return found[name]
+
+    def _nncanon_gradient_reason(self, name: str) -> str | None:
+        """Why ``model.<name>.grad`` is not served (``None``: it is; a final-norm value's gradient is proved with it)."""
+        return None
 
     def _model_value_check(self, name: str, asked: str | None = None) -> None:
         """Raise `ValueNotAvailable` where the model-level value ``name`` is declined (``asked``: the value
@@ -136,6 +161,8 @@ class MountedModel(TransformersModel):
         # A property of this class that raised an AttributeError (a declined value's ValueNotAvailable) lands
         # here, where nnsight's Envoy would answer a generic "has no attribute": raise the property's own error.
         # Its checks run before it reads the model, so asking it again reads nothing twice.
+        if name in FINAL_VALUES:
+            self._nncanon_norm(name)
         if isinstance(getattr(type(self), name, None), property):
             return object.__getattribute__(self, name)
         return super().__getattr__(name)
@@ -342,6 +369,9 @@ class MountedModel(TransformersModel):
         return self._text_config.vocab_size
 
     # -- model-level values --------------------------------------------------
+
+    final_norm_scale = norm_value("final_norm_scale", *DESCRIPTIONS["final_norm_scale"])
+    final_normalized = norm_value("final_normalized", *DESCRIPTIONS["final_normalized"])
 
     @model_value(key="output")
     def logits(self, value: Any) -> torch.Tensor:

@@ -31,6 +31,7 @@ from .components import (
     VirtualMLP,
 )
 from .components.anatomy import NEURON_VALUES, discover, neuron_sites
+from .components.norms import ROLES, NormBinding, NormSite, is_reason, norm_anatomy, norm_roles
 from .components.kernel import (
     RECOMPUTED,
     STATES,
@@ -442,10 +443,49 @@ def mount(model: Any, family: Family, config: Any) -> list[frozenset[str] | None
             _route(layer, "mlp", None, None, hidden)
             state.reasons["mlp"] = f"{label}: it has no MLP"
 
+        _mount_norms(layer, spec, where, label, order)
         for name, reason in spec.declined(config, index).items():
             decline(layer, name, reason)
         unserved.append(shape.unserved)
     return unserved
+
+
+_NORM_ROLES: dict[tuple, dict[str, str]] = ProcessCache()
+
+
+def _mount_norms(layer: Envoy, spec: Family, where: str, label: str, order: str) -> None:
+    """Bind block ``layer``'s norm values (`nncanon.components.norms`) on the components serving them; a norm the
+    block has not is absent there (with the reason), one it has but cannot serve is declined (with the reason)."""
+    block = layer._module
+    key = (type(block), tuple((name, type(child)) for name, child in block.named_children()), id(spec))
+    roles = _NORM_ROLES.get(key)
+    if roles is None:
+        roles = _NORM_ROLES[key] = norm_roles(block, spec)
+    states = {name: getattr(layer.__dict__.get(name), "__dict__", {}).get("_nncanon")
+              for name in ("self_attn", "linear_attn", "mlp")}
+    if states["mlp"] is None and isinstance(layer.__dict__.get("mlp"), VirtualMLP):
+        states["mlp"] = layer.__dict__["mlp"]._nncanon
+    for role, found in roles.items():
+        component, scale, normalized = ROLES[role]
+        state = states[component]
+        if state is None:
+            continue
+        names = [name for name in (scale, normalized) if name is not None]
+        if is_reason(found):
+            parallel = found.startswith("parallel block")
+            for name in names:
+                state.reasons[name] = f"{label}: {found}"
+                if not parallel:
+                    state.absent.add(name)
+            continue
+        anatomy = norm_anatomy(block.get_submodule(found))
+        if isinstance(anatomy, str):
+            for name in names:
+                state.reasons[name] = f"{label}: {anatomy}"
+            continue
+        site = NormSite(found, _child(layer, found), anatomy, state.where, order)
+        state.norms.update({name: NormBinding(name, site, "scale" if name == scale else "normalized")
+                            for name in names})
 
 
 def _mount_idle(model: Any, family: Family, config: Any, index: int, reason: str, running: list[int]) -> None:
@@ -496,7 +536,7 @@ def decline(layer: Envoy, name: str, reason: str) -> None:
     if name in ("self_attn", "linear_attn", "mlp"):
         states[0].reasons[name] = reason
     for state in states:
-        if name in state.bindings or name in state.reasons:
+        if name in state.bindings or name in state.reasons or name in state.norms:
             state.reasons[name] = reason
             state.absent.discard(name)
 
@@ -505,5 +545,5 @@ def decline_gradient(layer: Envoy, name: str, reason: str) -> None:
     """Stop serving ``name``'s gradient on the mounted block ``layer``: the value is still served, and
     ``support()`` and ``value.grad`` give ``reason`` (`nncanon.errors.GradientNotAvailable`)."""
     for state in component_states(layer):
-        if name in state.bindings or name in state.reasons:
+        if name in state.bindings or name in state.reasons or name in state.norms:
             state.gradient_reasons[name] = reason

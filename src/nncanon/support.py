@@ -8,24 +8,34 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .components.layer import layer_index
+from .components.norms import NORM_VALUES  # noqa: F401 - every norm value of a block, for the tables' readers
 
 #: Every standard value of a layer, in the order ``support()`` reports them.
 LAYER_VALUES = (
     "layer_input",
     "layer_output",
     "self_attn",
+    "attention_norm_scale",
+    "attention_normalized",
     "attention_input",
+    "query_norm_scale",
+    "key_norm_scale",
     "query_states",
     "key_states",
     "value_states",
     "attention_probabilities",
     "attention_head_outputs",
+    "attention_post_norm_scale",
     "attention_output",
     "linear_attn",
+    "linear_attention_norm_scale",
+    "linear_attention_normalized",
     "linear_attention_input",
     "linear_attention_head_outputs",
     "linear_attention_output",
     "mlp",
+    "mlp_norm_scale",
+    "mlp_normalized",
     "router_logits",
     "expert_weights",
     "expert_indices",
@@ -33,21 +43,31 @@ LAYER_VALUES = (
     "pre_activations",
     "linear_activations",
     "neurons",
+    "mlp_post_norm_scale",
     "mlp_output",
 )
 
 #: The component each value is served on.
 COMPONENT_OF = {
+    "attention_norm_scale": "self_attn",
+    "attention_normalized": "self_attn",
     "attention_input": "self_attn",
+    "query_norm_scale": "self_attn",
+    "key_norm_scale": "self_attn",
     "query_states": "self_attn",
     "key_states": "self_attn",
     "value_states": "self_attn",
     "attention_probabilities": "self_attn",
     "attention_head_outputs": "self_attn",
+    "attention_post_norm_scale": "self_attn",
     "attention_output": "self_attn",
+    "linear_attention_norm_scale": "linear_attn",
+    "linear_attention_normalized": "linear_attn",
     "linear_attention_input": "linear_attn",
     "linear_attention_head_outputs": "linear_attn",
     "linear_attention_output": "linear_attn",
+    "mlp_norm_scale": "mlp",
+    "mlp_normalized": "mlp",
     "router_logits": "mlp",
     "expert_weights": "mlp",
     "expert_indices": "mlp",
@@ -55,6 +75,7 @@ COMPONENT_OF = {
     "pre_activations": "mlp",
     "linear_activations": "mlp",
     "neurons": "mlp",
+    "mlp_post_norm_scale": "mlp",
     "mlp_output": "mlp",
 }
 COMPONENTS = ("self_attn", "linear_attn", "mlp")
@@ -75,6 +96,9 @@ SHORT = {
     "linear_attention_output": "mixer_out", "mlp": "mlp", "router_logits": "router", "expert_weights": "weights",
     "expert_indices": "experts", "shared_expert_output": "shared", "pre_activations": "pre",
     "linear_activations": "linear", "neurons": "neurons", "mlp_output": "mlp_out",
+    "attention_norm_scale": "ln1", "attention_normalized": "ln1_n", "query_norm_scale": "qn", "key_norm_scale": "kn",
+    "attention_post_norm_scale": "ln1p", "linear_attention_norm_scale": "mix_ln", "linear_attention_normalized": "mix_n",
+    "mlp_norm_scale": "ln2", "mlp_normalized": "ln2_n", "mlp_post_norm_scale": "ln2p",
 }
 
 #: The width ``print(model.support())`` keeps to.

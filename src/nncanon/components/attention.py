@@ -23,6 +23,7 @@ from ..order import note_read
 from ..served import _value, check_write, served
 from ..traced import outside_trace, refuse_outside_trace
 from .base import Component
+from .norms import norm_values
 from .kernel import (
     GRADIENT_WRITE_REASON,
     INTERFACE_KERNEL,
@@ -37,6 +38,10 @@ class AttentionEnvoy(Component, Envoy):
 
     Values, in the order the forward produces them:
 
+    - ``attention_norm_scale`` ``[batch, seq, 1]`` and ``attention_normalized`` ``[batch, seq, hidden]``: the norm
+      before attention, its denominator and its input normalised before its weight (`nncanon.components.norms`);
+      ``query_norm_scale`` and ``key_norm_scale`` likewise for the query and key norms, ``attention_post_norm_scale``
+      for a post-norm of attention's output.
     - ``attention_input`` ``[batch, seq, hidden]``: what the attention module receives (the stream after the
       block's norm, with the norm's weight).
     - ``query_states``, ``key_states``, ``value_states`` ``[batch, seq, heads, head_dim]`` (key/value
@@ -53,9 +58,11 @@ class AttentionEnvoy(Component, Envoy):
 
     role = "self_attn"
     standard_values = (
-        "attention_input", "query_states", "key_states", "value_states", "attention_probabilities",
-        "attention_head_outputs", "attention_output",
+        "attention_norm_scale", "attention_normalized", "attention_input", "query_norm_scale", "key_norm_scale",
+        "query_states", "key_states", "value_states", "attention_probabilities", "attention_head_outputs",
+        "attention_post_norm_scale", "attention_output",
     )
+    locals().update(norm_values("self_attn"))
 
     attention_input = served(
         "attention_input",

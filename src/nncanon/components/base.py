@@ -28,6 +28,7 @@ class ComponentState:
         gradient_reasons: Values it serves whose gradient (``value.grad``) it does not, with the reason.
         kernel: For attention, its kernel call (`nncanon.components.kernel.Kernel`), or why it has none.
         anatomy: For a dense MLP, where it keeps its neurons (`nncanon.families.MLPAnatomy`), ``None`` elsewhere.
+        norms: The norm values it serves (`nncanon.components.norms.NormBinding`), by standard name.
     """
 
     where: str
@@ -38,6 +39,7 @@ class ComponentState:
     gradient_reasons: dict[str, Reason] = field(default_factory=dict)
     kernel: Any = None
     anatomy: Any = None
+    norms: dict[str, Any] = field(default_factory=dict)
 
     def reason(self, name: str) -> str | None:
         """Why ``name`` is not served here, or ``None`` when it is."""
@@ -56,7 +58,7 @@ class ComponentState:
     @classmethod
     def deferred(cls, where: str, make: tuple[Callable[..., dict[str, Binding]], tuple], reasons: dict[str, Reason],
                  absent: set[str], probabilities: tuple[str, ...] | None = None,
-                 kernel: Any = None, anatomy: Any = None) -> ComponentState:
+                 kernel: Any = None, anatomy: Any = None, norms: dict | None = None) -> ComponentState:
         """A state whose ``bindings`` are made at their first use, by ``make[0](*make[1])``.
 
         A load mounts ~10 bindings a block and a script reads a few: `nncanon.mounting.mount` defers
@@ -66,7 +68,7 @@ class ComponentState:
         """
         state = cls.__new__(cls)
         state.__dict__.update(where=where, reasons=reasons, absent=absent, probabilities=probabilities,
-                              gradient_reasons={}, kernel=kernel, anatomy=anatomy, _make=make)
+                              gradient_reasons={}, kernel=kernel, anatomy=anatomy, norms=norms or {}, _make=make)
         return state
 
     def __getattr__(self, name: str) -> Any:
@@ -111,6 +113,14 @@ class Component:
             raise ValueNotAvailable(f"{state.where}.{name} is not available: {reason}")
         return state.bindings.get(name)
 
+    def _nncanon_norm(self, name: str) -> Any:
+        """The `nncanon.components.norms.NormBinding` of norm value ``name``, or `ValueNotAvailable` with the reason."""
+        state = self._nncanon_state(name)
+        reason = state.reason(name)
+        if reason is not None or name not in state.norms:
+            raise ValueNotAvailable(f"{state.where}.{name} is not available: {reason or 'this block has no such norm'}")
+        return state.norms[name]
+
     def _nncanon_gradient_reason(self, name: str) -> str | None:
         """Why ``name``'s gradient is not served here (`nncanon.mounting.decline_gradient`), or ``None``."""
         return self._nncanon_state(name).gradient_reason(name)
@@ -123,6 +133,8 @@ class Component:
             raised = self.__dict__.pop("_nncanon_raised", None)
             if raised is not None:
                 raise raised
+            if name in self._nncanon_state(name).norms:
+                self._nncanon_norm(name)
             self._nncanon_binding(name)
         elif (owner := _role_serving(name)) is not None:  # a standard value of another component
             try:

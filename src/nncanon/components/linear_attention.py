@@ -6,11 +6,14 @@ from nnsight.intervention.envoy import Envoy
 
 from ..served import served
 from .base import Component
+from .norms import norm_values
 
 
 class LinearAttentionEnvoy(Component, Envoy):
     """A block's linear-attention or state-space mixer: ``model.layers[i].linear_attn``.
 
+    - ``linear_attention_norm_scale`` ``[batch, seq, 1]``, ``linear_attention_normalized`` ``[batch, seq, hidden]``:
+      the norm before the mixer (`nncanon.components.norms`).
     - ``linear_attention_input`` ``[batch, seq, hidden]``: what the mixer module receives (the normed stream).
     - ``linear_attention_head_outputs`` ``[batch, seq, heads, head_dim]``: each head's output before
       the mixer's output projection, where the mixer has per-head structure there.
@@ -19,7 +22,9 @@ class LinearAttentionEnvoy(Component, Envoy):
     """
 
     role = "linear_attn"
-    standard_values = ("linear_attention_input", "linear_attention_head_outputs", "linear_attention_output")
+    standard_values = ("linear_attention_norm_scale", "linear_attention_normalized", "linear_attention_input",
+                       "linear_attention_head_outputs", "linear_attention_output")
+    locals().update(norm_values("linear_attn"))
 
     linear_attention_input = served(
         "linear_attention_input",

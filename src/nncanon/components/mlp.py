@@ -8,14 +8,19 @@ from nnsight.intervention.envoy import Envoy
 
 from ..served import served
 from .base import Component, ComponentState
+from .norms import norm_values
 
 
 class MLPValues(Component):
     """The values of a block's MLP; on a mixture of experts also the router's."""
 
     role = "mlp"
-    standard_values = ("router_logits", "expert_weights", "expert_indices", "shared_expert_output", "pre_activations",
-                       "linear_activations", "neurons", "mlp_output")
+    standard_values = ("mlp_norm_scale", "mlp_normalized", "router_logits", "expert_weights", "expert_indices",
+                       "shared_expert_output", "pre_activations", "linear_activations", "neurons", "mlp_post_norm_scale",
+                       "mlp_output")
+    # The norm before the MLP and its post-norm (`nncanon.components.norms`): mlp_norm_scale [b, s, 1], mlp_normalized
+    # [b, s, d], mlp_post_norm_scale [b, s, 1].
+    locals().update(norm_values("mlp"))
 
     router_logits = served(
         "router_logits",
