@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..components.kernel import RECOMPUTED
+from ..components.norms import FINAL_VALUES
 from ..mounted import MountedModel
 from ..mounting import decline, decline_gradient
 from ..quantization import Quantization
@@ -158,7 +159,7 @@ def _unproved(proof: Proof, twin: int | str | None) -> list[tuple[str, str | Non
 
         known = []
         if twin == "model":
-            for value in ("logits", "project_on_vocab", "skip_layers"):
+            for value in ("logits", "project_on_vocab", "skip_layers", *FINAL_VALUES):
                 reason = _not_proved(proof, None, value, None, model_level=True)
                 if reason is not None:
                     known.append((value, reason, False))

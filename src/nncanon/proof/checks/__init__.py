@@ -19,6 +19,9 @@ One module per kind of equality, each stating the equalities it asserts, with th
   recomputed probabilities equal eager's);
 - `neurons`: ``neurons`` (activation(pre) · linear is the neurons; the neurons through the down projection's weight
   are its output; a neuron zeroed by its value is one zeroed by a plain pre-hook);
+- `norms`: ``norms`` (each norm's formula, centred / scale · weight (+ bias), is its output; a pre-norm feeds its
+  sublayer, a post-norm norms its output; a written scale equals a plain hook making the output the formula with it;
+  every clean scale written back leaves the logits), ``norm_gradients`` (a gradient check);
 - `routing`: ``routing`` (valid, distinct experts; masking one takes its output out of every token);
 - `skips`: ``skip`` (skipped blocks pass the stream), ``resume`` (a resumed forward is the forward);
 - `gradients` (`Check.gradient`: they prove ``value.grad`` apart from the value): ``gradients``,
@@ -34,6 +37,7 @@ from .gradients import check_gradient_writes, check_gradients
 from .heads import check_heads, check_probabilities
 from .kernel import check_kernel, check_recomputed
 from .neurons import check_neurons
+from .norms import check_norm_gradients, check_norms
 from .quantized import check_quantized_gradients
 from .routing import check_routing
 from .skips import check_resume, check_skip
@@ -44,9 +48,9 @@ from .writes import check_invokes, check_locality
 CHECKS: tuple[Check, ...] = (
     *(check(function) for function in (
         check_read, check_identity, check_ablation, check_invokes, check_locality, check_heads,
-        check_probabilities, check_kernel, check_recomputed, check_neurons, check_routing, check_lens, check_skip,
+        check_probabilities, check_kernel, check_recomputed, check_neurons, check_norms, check_routing, check_lens, check_skip,
         check_resume,
     )),
-    *(check(function, gradient=True) for function in (check_gradients, check_gradient_writes,
+    *(check(function, gradient=True) for function in (check_gradients, check_gradient_writes, check_norm_gradients,
                                                       check_quantized_gradients)),
 )

@@ -51,7 +51,7 @@ ROUTING = ("router_logits", "expert_weights", "expert_indices")
 
 
 #: Model-level values the checks prove (not per layer).
-MODEL_VALUES = ("logits", "project_on_vocab", "skip_layers", "resume")
+MODEL_VALUES = ("logits", "project_on_vocab", "skip_layers", "resume", "final_norm_scale", "final_normalized")
 
 
 #: The values a gradient reaches (``expert_indices`` are integers).

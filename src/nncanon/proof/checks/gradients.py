@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from nnsight.intervention.util import first_input
 
+from ...components.norms import NORM_VALUES
 from ...errors import GradientNotAvailable
 from ...reading import host
 from ...served import _part, _pick, _put
@@ -29,6 +30,10 @@ from .base import (
 )
 from .gradient_references import gradient_inputs, gradient_references, gradient_target, gradients_at
 from .references import kernel_copies, served, site_module, stream_as_served
+
+
+#: The values whose gradient is read at a site (the norms' are proved by `nncanon.proof.checks.norms`).
+SITE_GRADIENT_VALUES = tuple(v for v in GRADIENT_VALUES if v not in NORM_VALUES)
 
 
 def served_gradients(model: Any, names: dict[int, Sequence[str]]) -> dict[tuple[int, str], torch.Tensor]:
@@ -57,7 +62,7 @@ def check_gradients(model: Any) -> list[CheckResult]:
     """``value.grad`` of every served value, inside ``with logit.backward():``, equals the gradient of the
     same logit at the value's site by plain PyTorch (tensor hooks, ``torch.autograd.grad``), laid out and
     scaled as the value is served (kernel inputs served under another implementation only: on a copy running it)."""
-    names = {layer: served(model, layer, GRADIENT_VALUES) for layer in range(model.num_layers)}
+    names = {layer: served(model, layer, SITE_GRADIENT_VALUES) for layer in range(model.num_layers)}
     results = _gradients(model, names)
     for other, layers in kernel_copies(model):  # kernel inputs served under another implementation only
         results += _gradients(other, {layer: served(other, layer, KERNEL_INPUTS) for layer in layers})

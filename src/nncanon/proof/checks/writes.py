@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ...components.anatomy import NEURON_VALUES
+from ...components.norms import NORM_VALUES
 from ...mounted import MountedModel
 from ...quantization import batch_coupling, detected
 from ...reading import CONTRIBUTIONS, host
@@ -26,7 +27,7 @@ def check_invokes(model: Any) -> list[CheckResult]:
     """A write in the middle invoke of three leaves the other two bit-identical and reaches its own (a model that
     computes a batch's tokens together, bitsandbytes LLM.int8: reaches its own)."""
     results = []
-    writable = INPUT_VALUES + KERNEL_INPUTS + HEAD_VALUES + NEURON_VALUES + CONTRIBUTIONS
+    writable = NORM_VALUES + INPUT_VALUES + KERNEL_INPUTS + HEAD_VALUES + NEURON_VALUES + CONTRIBUTIONS
     clean: list = []  # the three invokes' logits with no write: one run for every value
     coupled = batch_coupling(model._module)
     for index in range(model.num_layers):

@@ -1,0 +1,357 @@
+"""Every norm's scale and the stream it normalises before its weight (`nncanon.components.norms`).
+
+- ``norms``: on every block serving them (and the final norm), one trace reads all of a block's norm values while
+  plain forward hooks read each norm module's input and output: ``centred input / scale · (offset + weight) (+ bias)``
+  (the input read by the hook, the scale served) and ``normalized · (offset + weight) (+ bias)`` equal the norm's output;
+  a norm before a sublayer is what the sublayer receives, a post-norm norms what the sublayer returns; a scale written
+  (twice the clean scale at the last position) gives the logits a plain forward hook on the norm module gives when
+  it replaces the output by the formula with that scale; and the frozen identity: every clean scale written back
+  (each moved by one unit in the last place, so that the formula, not the norm, makes the output everywhere) leaves
+  the logits as they were, within the bar.
+- ``norm_gradients`` (`Check.gradient`): ``scale.grad`` and ``normalized.grad`` equal the gradients plain PyTorch
+  computes with a forward hook making the norm's output the formula with a zero leaf added to the scale (to the
+  normalised value): the gradient at that leaf.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from nnsight.intervention.util import first_input
+
+from ...components.norms import FINAL_VALUES, NORM_VALUES, ROLES
+from ...reading import host
+from ..prompts import PROMPTS
+from .base import (
+    GRADIENT_ABSOLUTE,
+    GRADIENT_TOLERANCE,
+    NO_CACHE,
+    TOLERANCE,
+    CheckResult,
+    compare,
+    guarded,
+)
+from .gradient_references import gradient_inputs, gradient_target, gradients_at
+from .references import encode, served
+
+#: The consumer of each pre-norm (the component whose input it is), and the component each post-norm norms.
+_PRE = {"attention_norm": "self_attn", "linear_attention_norm": "linear_attn", "mlp_norm": "mlp"}
+_POST = {"attention_post_norm": "self_attn", "mlp_post_norm": "mlp"}
+
+
+def _groups(model: Any, index: int | None) -> list[tuple[Any, list[str]]]:
+    """``(site, names)`` of each norm block ``index`` serves (``None``: the final norm), names in execution order."""
+    if index is None:
+        names = [n for n in FINAL_VALUES if n not in model.__dict__.get("_model_declines", {})]
+        found = model.__dict__.get("_final_norm")
+        if isinstance(found, str) or found is None:
+            return []
+        bindings = {n: found[n] for n in names}
+    else:
+        names = served(model, index, NORM_VALUES)
+        bindings = {n: getattr(host(model, index, n), "_nncanon").norms[n] for n in names}
+    groups: dict[int, tuple[Any, list[str]]] = {}
+    for name in names:
+        site = bindings[name].site
+        groups.setdefault(id(site), (site, []))[1].append(name)
+    return list(groups.values())
+
+
+def _read(model: Any, index: int | None, name: str) -> Any:
+    return getattr(model if index is None else host(model, index, name), name)
+
+
+def _role(model: Any, index: int, name: str) -> str:
+    return next(role for role, (_, scale, normalized) in ROLES.items() if name in (scale, normalized))
+
+
+def _reference(module: torch.nn.Module, anatomy: Any, x: torch.Tensor, scale: torch.Tensor | None = None,
+               normalized: torch.Tensor | None = None) -> torch.Tensor:
+    """The norm's output by its formula, written out here apart from the served code: input ``x``'s centred part over
+    ``scale`` (``None``: its own), or ``normalized``, times ``offset + weight``, plus the bias, in ``x``'s dtype."""
+    h = x.float()
+    axes = tuple(range(-anatomy.dims, 0))
+    if anatomy.kind == "layer":
+        h = h - h.mean(dim=axes, keepdim=True)
+    if normalized is None:
+        own = torch.sqrt((h * h).mean(dim=axes, keepdim=True) + anatomy.eps)
+        normalized = h / (own if scale is None else scale)
+    out = normalized.float()
+    weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
+    if isinstance(weight, torch.Tensor):
+        out = out * (weight.float() + anatomy.offset)
+    elif anatomy.offset:
+        out = out * anatomy.offset
+    if isinstance(bias, torch.Tensor):
+        out = out + bias.float()
+    return out.to(x.dtype)
+
+
+def _first_calls(modules: dict[str, torch.nn.Module]) -> tuple[dict, list]:
+    """Forward hooks keeping each module's first input and output (by key): ``(seen, handles)``."""
+    seen: dict = {}
+    handles = []
+    for key, module in modules.items():
+        def hook(mod: Any, args: Any, kwargs: Any, out: Any, key: str = key) -> None:
+            if key not in seen:
+                seen[key] = (first_input(args, kwargs).detach().clone(),
+                             (out[0] if isinstance(out, tuple) else out).detach().clone())
+        handles.append(module.register_forward_hook(hook, with_kwargs=True))
+    return seen, handles
+
+
+def _all_groups(model: Any) -> dict[int | None, list]:
+    """`_groups` of every block serving norm values, then the final norm's (key ``None``), in the forward's order."""
+    found = {index: _groups(model, index) for index in [*range(model.num_layers), None]}
+    return {index: groups for index, groups in found.items() if groups}
+
+
+def check_norms(model: Any) -> list[CheckResult]:
+    """Each norm's formula (centred / scale · weight + bias, and normalized · weight + bias) equals its output read by a
+    plain hook; a pre-norm's output is its sublayer's input and a post-norm's input its sublayer's output; written
+    scales equal a plain hook making the output the formula with them (the logits); writing back every clean scale
+    (one ulp apart) leaves the logits within the bar. One trace reads every norm of the model; the written and the
+    frozen scales take one run each for the whole model (one per block only where the model's does not hold)."""
+    every = _all_groups(model)
+    if not every:
+        return []
+    every_names = tuple(n for groups in every.values() for _, names in groups for n in names)
+    found = guarded("norms", None, every_names, lambda: [_read_all(model, every)])
+    if not isinstance(found[0], tuple):
+        return found
+    results, saved, logits = found[0]
+    results += _attributed(model, every, lambda chosen: _written(model, chosen), "written")
+    results += _attributed(model, every, lambda chosen: _frozen(model, chosen, saved, logits), "frozen")
+    return results
+
+
+def _attributed(model: Any, every: dict, run: Any, what: str) -> list[CheckResult]:
+    """``run(groups)`` on every norm at once; where it fails (or raises), on each block's norms alone, so that a
+    failure puts that block's scales in doubt only."""
+    scales = {index: tuple(n for _, names in groups for n in names if n.endswith("_scale"))
+              for index, groups in every.items()}
+    scales = {index: names for index, names in scales.items() if names}
+    if not scales:
+        return []
+    try:
+        error, tolerance, note, passed = run({index: every[index] for index in scales})
+    except Exception:
+        passed = False
+    if passed:
+        return [CheckResult("norms", index, names, True, error, tolerance, note) for index, names in scales.items()]
+    results = []
+    for index, names in scales.items():
+        def alone(index: int | None = index, names: tuple = names) -> list[CheckResult]:
+            error, tolerance, note, held = run({index: every[index]})
+            return [CheckResult("norms", index, names, held, error, tolerance, note)]
+        results += guarded("norms", index, names, alone)
+    return results
+
+
+def _read_all(model: Any, every: dict) -> tuple[list[CheckResult], dict, torch.Tensor]:
+    """Every norm value of the model in one trace, against plain hooks on the norms and their sublayers."""
+    modules, consumers = {}, {}
+    for index, groups in every.items():
+        for site, names in groups:
+            modules[(index, site.path)] = site.envoy._module
+            if index is None:
+                continue
+            role = _role(model, index, names[0])
+            component = _PRE.get(role) or _POST.get(role)
+            envoy = model.layers[index].__dict__.get(component) if component else None
+            if envoy is not None and hasattr(envoy, "_module"):
+                consumers[(index, f"{component}@")] = envoy._module
+    seen, handles = _first_calls({**modules, **consumers})
+    saved: dict = {}
+    try:
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            for index, groups in every.items():
+                for _, names in groups:
+                    for name in names:
+                        saved[index, name] = _read(model, index, name).save()
+            logits = model.logits.save()
+    finally:
+        for handle in handles:
+            handle.remove()
+    results = []
+    for index, groups in every.items():
+        for site, names in groups:
+            results += guarded("norms", index, names, lambda index=index, site=site, names=names: _formula(
+                model, index, site, names, seen, saved, modules))
+    return results, saved, logits
+
+
+def _formula(model: Any, index: int | None, site: Any, names: list[str], seen: dict, saved: dict, modules: dict
+             ) -> list[CheckResult]:
+    """The formula against the norm's output, and the norm against its sublayer."""
+    module = modules[(index, site.path)]
+    x, out = seen[(index, site.path)]
+    results = []
+    for name in names:
+        if name.endswith("_scale"):
+            expected = _reference(module, site.anatomy, x, scale=saved[index, name])
+            note = f"centred input / {name} · weight (+ bias) against {site.path}'s output"
+        else:
+            expected = _reference(module, site.anatomy, x, normalized=saved[index, name])
+            note = f"{name} · weight (+ bias) against {site.path}'s output"
+        results.append(compare("norms", index, (name,), expected, out, TOLERANCE, note))
+    if index is not None:
+        role = _role(model, index, names[0])
+        component = _PRE.get(role) or _POST.get(role)
+        if (index, f"{component}@") in seen:
+            into, back = seen[(index, f"{component}@")]
+            if role in _PRE:  # (up to a constant the block multiplies it by: Falcon-H1's attention multiplier)
+                flat, received = out.reshape(-1).double(), into.reshape(-1).double()
+                factor = float((flat @ received) / (flat @ flat)) if float(flat @ flat) else 1.0
+                results.append(compare("norms", index, tuple(names), (flat * factor).to(out.dtype), into.reshape(-1),
+                                       TOLERANCE, f"{site.path}'s output against what {component} receives"
+                                       + ("" if factor == 1.0 else f" (times {factor:.6g})")))
+            else:
+                results.append(compare("norms", index, tuple(names), x.reshape(-1), back.reshape(-1), 0.0,
+                                       f"{site.path}'s input against what {component} returns"))
+    return results
+
+
+def _written(model: Any, chosen: dict) -> tuple:
+    """The logits with every scale of ``chosen`` doubled at the last position, served and by plain hooks on the
+    norm modules making their outputs the formula with the doubled scale: ``(error, bar, note, held)``."""
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        for index, groups in chosen.items():
+            for _, names in groups:
+                for name in names:
+                    if name.endswith("_scale"):
+                        value = _read(model, index, name)
+                        value[:, -1] = value[:, -1] * 2
+        ours = model.logits.save()
+    handles = []
+    for groups in chosen.values():
+        for site, names in groups:
+            if any(name.endswith("_scale") for name in names):
+                handles.append(site.envoy._module.register_forward_hook(_doubling(site), with_kwargs=True))
+    try:
+        with torch.no_grad():
+            reference = model._module(**encode(model)).logits
+    finally:
+        for handle in handles:
+            handle.remove()
+    result = compare("norms", None, (), ours, reference, TOLERANCE)
+    return result.error, result.tolerance, ("scales doubled at the last position, against plain hooks making the "
+                                            "norms' outputs the formula with them"), result.passed
+
+
+def _doubling(site: Any) -> Any:
+    """A forward hook making the norm's first output of a forward the formula with its scale doubled at the last
+    position."""
+    calls: list = []
+
+    def replace(mod: Any, args: Any, kwargs: Any, out: Any) -> Any:
+        calls.append(1)
+        if len(calls) > 1:
+            return None
+        x = first_input(args, kwargs)
+        h = x.float()
+        axes = tuple(range(-site.anatomy.dims, 0))
+        centred = h - h.mean(dim=axes, keepdim=True) if site.anatomy.kind == "layer" else h
+        scale = torch.sqrt((centred * centred).mean(dim=axes, keepdim=True) + site.anatomy.eps)
+        scale[:, -1] = scale[:, -1] * 2
+        return _reference(mod, site.anatomy, x, scale=scale)
+
+    return replace
+
+
+def _frozen(model: Any, chosen: dict, saved: dict, logits: torch.Tensor) -> tuple:
+    """Every clean scale of ``chosen`` written back one ulp up: the logits against the clean ones."""
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        for index, groups in chosen.items():
+            for _, names in groups:
+                for name in names:
+                    if name.endswith("_scale"):
+                        value = saved[index, name]
+                        _read(model, index, name)[:] = torch.nextafter(value, torch.full_like(value, float("inf")))
+        frozen = model.logits.save()
+    result = compare("norms", None, (), frozen, logits, TOLERANCE)
+    return result.error, result.tolerance, ("every clean scale written back (one ulp up): the logits against the "
+                                            "clean run's"), result.passed
+
+
+def check_norm_gradients(model: Any) -> list[CheckResult]:
+    """``.grad`` of each norm value equals plain PyTorch's gradient of the same logit with respect to a leaf scale
+    (or normalised value) that a forward hook on the norm module makes its output from: one trace for every value,
+    one plain backward for the scales and one for the normalised values."""
+    every = _all_groups(model)
+    names = tuple(n for groups in every.values() for _, listed in groups for n in listed)
+    if not names:
+        return []
+    results = guarded("norm_gradients", None, names, lambda: _norm_gradients(model, every))
+    return [CheckResult(r.check, r.layer, r.values, r.passed, r.error, r.tolerance, r.note, gradient=True)
+            for r in results]
+
+
+def _norm_gradients(model: Any, every: dict) -> list[CheckResult]:
+    target = gradient_target(model)
+    values: dict = {}
+    grads: dict = {}
+    with torch.enable_grad(), model.trace(PROMPTS[0], **NO_CACHE):
+        for index, groups in every.items():
+            for _, names in groups:
+                for name in names:
+                    values[index, name] = _read(model, index, name)
+        logit = model.logits[target]
+        with logit.backward():
+            for key in reversed(list(values)):
+                grads[key] = values[key].grad.save()
+    expected = {**_plain_gradients(model, every, "scale", target), **_plain_gradients(model, every, "normalized",
+                                                                                        target)}
+    results = []
+    for (index, name), grad in grads.items():
+        results.append(compare("norm_gradients", index, (name,), grad, expected[index, name], GRADIENT_TOLERANCE,
+                               f"against a leaf {name} in a plain hook on its norm and torch.autograd.grad",
+                               absolute=GRADIENT_ABSOLUTE))
+    return results
+
+
+def _plain_gradients(model: Any, every: dict, part: str, target: tuple) -> dict:
+    """d logit / d (a leaf scale, or normalised value) that a plain forward hook on each norm makes its output from,
+    keyed ``(layer, name)``."""
+    leaves: dict = {}
+    handles = []
+    for index, groups in every.items():
+        for site, names in groups:
+            name = next((n for n in names if n.endswith("_scale") == (part == "scale")), None)
+            if name is not None:
+                handles.append(site.envoy._module.register_forward_hook(_leaf_hook(site, part, leaves, (index, name)),
+                                                                        with_kwargs=True))
+    try:
+        with torch.enable_grad():
+            output = model._module(**gradient_inputs(model))
+            keys = list(leaves)
+            grads = gradients_at(output, lambda logits: logits[target], [leaves[key] for key in keys])
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {key: torch.zeros_like(leaves[key]) if grad is None else grad
+            for key, grad in zip(keys, grads, strict=True)}
+
+
+def _leaf_hook(site: Any, part: str, leaves: dict, key: tuple) -> Any:
+    """A forward hook making the norm's first output the formula of a leaf scale (or normalised value) kept in
+    ``leaves[key]``."""
+
+    def replace(mod: Any, args: Any, kwargs: Any, out: Any) -> Any:
+        if key in leaves:
+            return None
+        x = first_input(args, kwargs)
+        h = x.float()
+        axes = tuple(range(-site.anatomy.dims, 0))
+        centred = h - h.mean(dim=axes, keepdim=True) if site.anatomy.kind == "layer" else h
+        scale = torch.sqrt((centred * centred).mean(dim=axes, keepdim=True) + site.anatomy.eps)
+        # A zero leaf added where the value is used: its gradient is the value's, and the input's graph stays whole.
+        if part == "scale":
+            leaves[key] = torch.zeros_like(scale).requires_grad_()
+            return _reference(mod, site.anatomy, x, scale=scale + leaves[key])
+        normalized = (centred / scale).to(x.dtype)
+        leaves[key] = torch.zeros_like(normalized).requires_grad_()
+        return _reference(mod, site.anatomy, x, normalized=normalized + leaves[key])
+
+    return replace
