@@ -161,7 +161,7 @@ def identity_layers(model, variant) -> list[int]:
     input): the identity holds over the served contributions there too.
     """
     from nncanon.registry import records
-    from nncanon.support import COMPONENT_OF, INNER_VALUES
+    from nncanon.support import COMPONENT_OF, INNER_VALUES, NORM_VALUES
 
     additive = variant.name in records()[variant.model_type].get("identity_without_declined", [])
     report = model.support()
@@ -172,11 +172,13 @@ def identity_layers(model, variant) -> list[int]:
         inline = inline_kernel_inputs(model, index)
         expected = expected | inline
         row = report.layers[index]
-        # (a block's inner values, its neurons and its mixers' inputs, are declined by the block's structure, not
-        # by the record: tests/families/test_inner_values.py holds every one of those declines to its reason)
+        # (a block's inner values, its neurons, its mixers' inputs and its norms' values, are declined by the block's
+        # structure, not by the record: tests/families/test_inner_values.py and test_norms.py hold every one of those
+        # declines to its reason)
         has = {value for value, component in COMPONENT_OF.items()
-               if report.available(component, layer=index) and value not in row.absent and value not in INNER_VALUES}
-        declined = set(report.declined(index)) - set(INNER_VALUES)
+               if report.available(component, layer=index) and value not in row.absent
+               and value not in INNER_VALUES + NORM_VALUES}
+        declined = set(report.declined(index)) - set(INNER_VALUES) - set(NORM_VALUES)
         assert declined == expected & has, (
             f"layer {index}: support() declines {declined}, the record says {expected & has}"
         )

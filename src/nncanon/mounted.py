@@ -15,11 +15,11 @@ import torch
 from nnsight.modeling.transformers import TransformersModel
 from nnsight.tracing.tracer import WithBlockNotFoundError
 
+from .components.norms import DESCRIPTIONS, FINAL_VALUES, NormBinding, NormSite, is_norm, norm_anatomy, norm_value
 from .errors import InvalidInput, InvalidSkip, InvalidWrite, NestedTrace, SizeNotAvailable, ValueNotAvailable
 from .families import Family
 from .gradients import forward_guard
 from .inputs import check_batch, refuse_no_prompt
-from .components.norms import FINAL_VALUES, DESCRIPTIONS, NormBinding, NormSite, norm_anatomy, norm_value
 from .mounting import mount
 from .quantization import float_dtype, head_dtype, is_quantized
 from .quiet import wrapping_quietly
@@ -131,6 +131,12 @@ class MountedModel(TransformersModel):
         """The final norm's values (`nncanon.components.norms`), or why the model has none to serve."""
         if self.norm is None:
             return "the model has no final norm"
+        if self._family.merged_streams or self._family.stacked_streams:
+            return ("its final norm takes the model's k streams together ([b, s, k, d]) and returns one: it is no norm "
+                    "of one stream")
+        if not is_norm(self.norm._module):
+            return (f"the module applied before its head ({self._family.norm}, {type(self.norm._module).__name__}) is "
+                    "not a norm")
         anatomy = norm_anatomy(self.norm._module)
         if isinstance(anatomy, str):
             return anatomy.replace("its norm", "its final norm", 1)
@@ -147,7 +153,7 @@ class MountedModel(TransformersModel):
         return found[name]
 
     def _nncanon_gradient_reason(self, name: str) -> str | None:
-        """Why ``model.<name>.grad`` is not served (``None``: it is; a final-norm value's gradient is proved with it)."""
+        """Why ``model.<name>.grad`` is not served (``None``: a final-norm value's gradient is proved with it)."""
         return None
 
     def _model_value_check(self, name: str, asked: str | None = None) -> None:

@@ -31,7 +31,6 @@ from .components import (
     VirtualMLP,
 )
 from .components.anatomy import NEURON_VALUES, discover, neuron_sites
-from .components.norms import ROLES, NormBinding, NormSite, is_reason, norm_anatomy, norm_roles
 from .components.kernel import (
     RECOMPUTED,
     STATES,
@@ -41,6 +40,7 @@ from .components.kernel import (
     recompute_reason,
 )
 from .components.kernel import implementation as kernel_implementation
+from .components.norms import ROLES, NormBinding, NormSite, is_reason, norm_anatomy, norm_roles
 from .errors import ValueNotAvailable
 from .families import Family, MLPAnatomy
 from .order import block_order
@@ -457,7 +457,9 @@ def _mount_norms(layer: Envoy, spec: Family, where: str, label: str, order: str)
     """Bind block ``layer``'s norm values (`nncanon.components.norms`) on the components serving them; a norm the
     block has not is absent there (with the reason), one it has but cannot serve is declined (with the reason)."""
     block = layer._module
-    key = (type(block), tuple((name, type(child)) for name, child in block.named_children()), id(spec))
+    attention = block.get_submodule(spec.attention) if spec.attention else None
+    key = (type(block), id(spec), *(tuple((name, type(child)) for name, child in module.named_children())
+                                     for module in (block, attention) if module is not None))
     roles = _NORM_ROLES.get(key)
     if roles is None:
         roles = _NORM_ROLES[key] = norm_roles(block, spec)

@@ -97,8 +97,9 @@ SHORT = {
     "expert_indices": "experts", "shared_expert_output": "shared", "pre_activations": "pre",
     "linear_activations": "linear", "neurons": "neurons", "mlp_output": "mlp_out",
     "attention_norm_scale": "ln1", "attention_normalized": "ln1_n", "query_norm_scale": "qn", "key_norm_scale": "kn",
-    "attention_post_norm_scale": "ln1p", "linear_attention_norm_scale": "mix_ln", "linear_attention_normalized": "mix_n",
-    "mlp_norm_scale": "ln2", "mlp_normalized": "ln2_n", "mlp_post_norm_scale": "ln2p",
+    "attention_post_norm_scale": "ln1p", "linear_attention_norm_scale": "mix_ln",
+    "linear_attention_normalized": "mix_n", "mlp_norm_scale": "ln2", "mlp_normalized": "ln2_n",
+    "mlp_post_norm_scale": "ln2p",
 }
 
 #: The width ``print(model.support())`` keeps to.

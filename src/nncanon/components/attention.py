@@ -23,7 +23,6 @@ from ..order import note_read
 from ..served import _value, check_write, served
 from ..traced import outside_trace, refuse_outside_trace
 from .base import Component
-from .norms import norm_values
 from .kernel import (
     GRADIENT_WRITE_REASON,
     INTERFACE_KERNEL,
@@ -31,6 +30,7 @@ from .kernel import (
     probabilities_in_graph,
     recompute_probabilities,
 )
+from .norms import norm_values
 
 
 class AttentionEnvoy(Component, Envoy):

@@ -16,7 +16,8 @@ class MLPValues(Component):
 
     role = "mlp"
     standard_values = ("mlp_norm_scale", "mlp_normalized", "router_logits", "expert_weights", "expert_indices",
-                       "shared_expert_output", "pre_activations", "linear_activations", "neurons", "mlp_post_norm_scale",
+                       "shared_expert_output", "pre_activations", "linear_activations", "neurons",
+                       "mlp_post_norm_scale",
                        "mlp_output")
     # The norm before the MLP and its post-norm (`nncanon.components.norms`): mlp_norm_scale [b, s, 1], mlp_normalized
     # [b, s, d], mlp_post_norm_scale [b, s, 1].

@@ -67,6 +67,7 @@ EPS_NAMES = ("eps", "variance_epsilon", "epsilon")
 
 _QUERY = re.compile(r"^(q|query)_?(norm|layernorm|ln|layer_norm)$")
 _KEY = re.compile(r"^(k|key)_?(norm|layernorm|ln|layer_norm)$")
+_MLP_NAME = re.compile(r"mlp|ffn|feed_?forward|_ff_", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,8 @@ def norm_anatomy(module: torch.nn.Module) -> NormAnatomy | str:
 def _anatomy(module: torch.nn.Module, eps: float | None, dims: int) -> NormAnatomy | str:
     cls = type(module)
     if isinstance(module, torch.nn.LayerNorm):
-        return NormAnatomy("layer", float(module.eps), dims=dims)
+        own = cls.forward is not torch.nn.LayerNorm.forward
+        return NormAnatomy("layer", float(module.eps), _offset(_source(cls)) if own else 0.0, dims)
     rms = getattr(torch.nn, "RMSNorm", None)
     if rms is not None and isinstance(module, rms):
         if module.eps is None:
@@ -129,21 +131,28 @@ def _anatomy(module: torch.nn.Module, eps: float | None, dims: int) -> NormAnato
     parameters = [p for p in inspect.signature(cls.forward).parameters if p != "self"]
     if len(parameters) > 1 and any("gate" in p for p in parameters):
         return f"its norm ({cls.__name__}) is gated: it multiplies its input by a gate it is given"
+    source = _source(cls)
+    written = re.search(r"\beps\s*=\s*([0-9][0-9.eE+-]*)", source)  # (OLMo's F.layer_norm(..., eps=1e-5))
+    eps = eps if eps is not None or written is None else float(written.group(1))
     if eps is None:
         return f"its norm ({cls.__name__}) names no epsilon ({', '.join(EPS_NAMES)})"
-    source = _source(cls)
     layer = "layer_norm(" in source or re.search(r"-\s*(\w+\.)?mean\b", source) is not None
     if "rms" in cls.__name__.lower():
         layer = False
-    offset = 1.0 if re.search(r"\(\s*1(\.0)?\s*\+\s*self\.weight|self\.weight(\.float\(\))?\s*\+\s*1", source) else 0.0
-    return NormAnatomy("layer" if layer else "rms", eps, offset, dims)
+    return NormAnatomy("layer" if layer else "rms", eps, _offset(source), dims)
+
+
+def _offset(source: str) -> float:
+    """1.0 where a norm's forward adds one to its weight (Gemma's ``1 + weight``, Nemotron's ``weight + 1``), else
+    0.0."""
+    return 1.0 if re.search(r"1(\.0)?\s*\+\s*self\.weight|self\.weight(\.float\(\))?\s*\+\s*1", source) else 0.0
 
 
 # -- the formula ---------------------------------------------------------------------------------
 
 
 def statistics(anatomy: NormAnatomy, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(centred, scale)`` of input ``x``, in float32: ``centred`` ``x.shape``, ``scale`` with the normalised axes 1."""
+    """``(centred, scale)`` of input ``x``, in float32: ``centred`` as ``x``, ``scale`` with the normalised axes 1."""
     h = x.float()
     axes = tuple(range(-anatomy.dims, 0))
     centred = h - h.mean(axes, keepdim=True) if anatomy.kind == "layer" else h
@@ -225,11 +234,14 @@ def norm_roles(block: torch.nn.Module, spec: Any) -> dict[str, str]:
         roles[role] = path
     if mixer_at is not None:
         before = [n for n in sorted(norms, key=at.get) if at[n] < mixer_at and n not in taken]
+        for_mlp = [n for n in before if _MLP_NAME.search(n)]
+        if for_mlp and len(before) > len(for_mlp):  # (Falcon-40B norms for both sublayers before either runs)
+            before = [n for n in before if n not in for_mlp]
         if before:
             roles[mixer_role] = before[-1]
             taken.add(before[-1])
         between = [n for n in sorted(norms, key=at.get) if at[n] > mixer_at and (mlp_at is None or at[n] < mlp_at)
-                   and n not in taken]
+                   and n not in taken] or [n for n in for_mlp if n not in taken][-1:]
         if "attention_post_norm" not in roles and spec.attention is not None and len(between) >= 2:
             roles["attention_post_norm"] = between[0]
             taken.add(between[0])
@@ -256,7 +268,7 @@ def norm_roles(block: torch.nn.Module, spec: Any) -> dict[str, str]:
                 roles.setdefault("query_norm", f"{spec.attention}.{name}")
             elif is_norm(child) and _KEY.match(name):
                 roles.setdefault("key_norm", f"{spec.attention}.{name}")
-    for role, path in getattr(spec, "norms", {}).items():
+    for role, path in spec.norms.items():
         roles[role] = path
     for role in ROLES:
         if role not in roles:
@@ -445,12 +457,12 @@ def norm_values(component: str) -> dict[str, norm_value]:
             for name in COMPONENT_NORM_VALUES[component]}
 
 
-_SCALE_DOC = ("``[batch, seq, 1]``: the denominator of {what} (TransformerLens ``{tl}``): ``sqrt(mean(x²) + eps)`` for an "
-              "RMSNorm, ``sqrt(var(x) + eps)`` for a LayerNorm, float32, from the norm's input. Writable: a write "
+_SCALE_DOC = ("``[batch, seq, 1]``: the denominator of {what} (TransformerLens ``{tl}``): "
+              "``sqrt(mean(x²) + eps)`` for an RMSNorm, ``sqrt(var(x) + eps)`` for a LayerNorm, float32, from the norm's input. Writable: a write "
               "replaces the denominator (the norm's output becomes ``centred / scale · weight (+ bias)`` where it "
               "changed), so writing a clean run's saved scale freezes the norm. Positive and finite.")
-_NORMALIZED_DOC = ("``[batch, seq, hidden]``: the input of {what}, centred (LayerNorm) and divided by its scale, before "
-                   "the norm's weight and bias (TransformerLens ``{tl}``), in the input's dtype. Writable: the norm's "
+_NORMALIZED_DOC = ("``[batch, seq, hidden]``: the input of {what}, centred (LayerNorm) and divided by its "
+                   "scale, before the norm's weight and bias (TransformerLens ``{tl}``), in the input's dtype. Writable: the norm's "
                    "output becomes ``written · weight (+ bias)`` where it changed.")
 
 #: ``name -> (short description, docstring)``.
@@ -461,12 +473,12 @@ DESCRIPTIONS: dict[str, tuple[str, str]] = {
                              _NORMALIZED_DOC.format(what="the norm before attention", tl="ln1.hook_normalized")),
     "query_norm_scale": ("scale of the query norm [b, s, H, 1] per head, [b, s, 1] over the projection",
                          _SCALE_DOC.format(what="the query norm", tl="attn.q_norm.hook_scale").replace(
-                             "``[batch, seq, 1]``", "``[batch, seq, heads, 1]`` (a per-head norm) or ``[batch, seq, 1]`` "
-                             "(a norm over the whole projection)")),
+                             "``[batch, seq, 1]``", "``[batch, seq, heads, 1]`` (a per-head norm) or "
+                             "``[batch, seq, 1]`` (a norm over the whole projection)")),
     "key_norm_scale": ("scale of the key norm [b, s, KV, 1] per head, [b, s, 1] over the projection",
                        _SCALE_DOC.format(what="the key norm", tl="attn.k_norm.hook_scale").replace(
-                           "``[batch, seq, 1]``", "``[batch, seq, kv_heads, 1]`` (a per-head norm) or ``[batch, seq, 1]`` "
-                           "(a norm over the whole projection)")),
+                           "``[batch, seq, 1]``", "``[batch, seq, kv_heads, 1]`` (a per-head norm) or "
+                           "``[batch, seq, 1]`` (a norm over the whole projection)")),
     "attention_post_norm_scale": ("scale of attention's post-norm [b, s, 1]",
                                   _SCALE_DOC.format(what="the post-norm of attention's output",
                                                     tl="ln1_post.hook_scale")),

@@ -183,6 +183,9 @@ class Family:
         mlp_anatomy: Where the MLP keeps its neurons (`MLPAnatomy`); ``"auto"``: found in the MLP module's
             structure at load (`nncanon.components.anatomy.discover`); a string other than ``"auto"``: why the
             neurons are not served, a property of the family (a mixture of experts' experts run fused).
+        norms: Which norm module (a path relative to the block) plays a role of `nncanon.components.norms.ROLES`
+            (``{"mlp_norm": "norm_attn_norm.norm_2"}``), where the block's structure does not tell
+            (`nncanon.components.norms.norm_roles` reads the rest from it).
     """
 
     name: str
@@ -231,6 +234,7 @@ class Family:
     collapse: Callable[[Any, Any], Any] | None = field(default=None, compare=False)
     refuse_skip: Callable[[Any, int, int], str | None] | None = field(default=None, compare=False)
     mlp_anatomy: MLPAnatomy | str = "auto"
+    norms: dict[str, str] = field(default_factory=dict, compare=False)
 
     def for_layer(self, config: Any, layer: int) -> tuple[Family, str | None]:
         """The layout of block ``layer`` (this record with its kind's fields), and the kind's name."""

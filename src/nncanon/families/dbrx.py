@@ -25,6 +25,7 @@ DBRX = Family(
     expert_weights=Site("ffn", op=_ROUTE, index=0, flat=True),
     expert_indices=Site("ffn", op=_ROUTE, index=1, flat=True),
     residual="h = x + attn(norm_1(x)); y = h + ffn(norm_2(h))",
+    norms={"attention_norm": "norm_attn_norm.norm_1", "mlp_norm": "norm_attn_norm.norm_2"},  # (inside a module)
 )
 
 FAMILIES = [DBRX]

@@ -7,10 +7,14 @@ The one final norm runs twice: on the embeddings before block 0 and on the last 
 
 from .base import Family, LogitStep
 
+_TWICE = ("NanoChat's final norm (model.norm) runs twice, on the embeddings before block 0 and on the last block's "
+          "output: a value read at the module would be the first call's; read layers[0].layer_input for the first")
+
 NANOCHAT = Family(
     name="nanochat",
     model_types=("nanochat",),
     logit_steps=(LogitStep("softcap", "final_logit_softcapping"),),
+    model_declines={"final_norm_scale": _TWICE, "final_normalized": _TWICE},
 )
 
 FAMILIES = [NANOCHAT]

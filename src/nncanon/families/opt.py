@@ -15,13 +15,19 @@ POST_LN = (
     "normalises the stream after adding each sublayer, so no tensor is what {what} adds to layer_input"
 )
 
+NORMS_POST_LN = ("this OPT configuration is post-LN (do_layer_norm_before=False, as OPT-350m): its norms normalise the "
+                 "stream after each sublayer is added, not a sublayer's input")
+
 
 def _declines(config: Any, layer: int) -> dict:
     if getattr(config, "do_layer_norm_before", True):
         return {}
+    norms = dict.fromkeys(("attention_norm_scale", "attention_normalized", "mlp_norm_scale", "mlp_normalized"),
+                          NORMS_POST_LN)
     return {
         "attention_output": POST_LN.format(what="attention"),
         "mlp_output": POST_LN.format(what="the MLP"),
+        **norms,
     }
 
 

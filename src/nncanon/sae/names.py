@@ -26,6 +26,12 @@ TransformerLens                    nncanon
 ``blocks.L.attn.hook_q/k/v``       ``query_states`` / ``key_states`` / ``value_states`` (no rotary embedding)
 ``blocks.L.attn.hook_rot_q/k``     ``query_states`` / ``key_states`` (after a rotary embedding)
 ``blocks.L.attn.hook_pattern``     ``self_attn.attention_probabilities`` ``[b, H, q, k]``
+``blocks.L.ln1.hook_scale``        ``self_attn.attention_norm_scale`` ``[b, s, 1]`` (a hybrid's linear mixer:
+                                   ``linear_attn.linear_attention_norm_scale``)
+``blocks.L.ln2.hook_scale``        ``mlp.mlp_norm_scale`` (a parallel block: refused, one norm feeds both)
+``blocks.L.ln1_post.hook_scale``   ``self_attn.attention_post_norm_scale`` (post-norm blocks: Gemma-2/3, OLMo-2)
+``blocks.L.ln2_post.hook_scale``   ``mlp.mlp_post_norm_scale``
+``ln_final.hook_scale``            ``model.final_norm_scale``
 =================================  =====================================================================
 """
 
@@ -39,6 +45,7 @@ from typing import Any
 import torch
 
 from ..components.layer import layer_index
+from ..components.norms import FINAL_VALUES
 from ..errors import NestedTrace, UnknownHookName, ValueNotAvailable
 from ..reading import in_execution_order, read
 from ..support import COMPONENT_OF, layer_states
@@ -69,6 +76,10 @@ TRANSFORMER_LENS = {
     "attn.hook_rot_q": "rot_q",
     "attn.hook_rot_k": "rot_k",
     "attn.hook_pattern": "attention_probabilities",
+    "ln1.hook_scale": "mixer_norm_scale",
+    "ln2.hook_scale": "mlp_norm_scale",
+    "ln1_post.hook_scale": "attention_post_norm_scale",
+    "ln2_post.hook_scale": "mlp_post_norm_scale",
 }
 
 _PER_HEAD_INPUT = ("TransformerLens copies attention's input once per head (use_split_qkv_input): nncanon serves the "
@@ -81,8 +92,6 @@ UNSERVED = {
     "attn.hook_result": "each head's output after its slice of the output projection is not a standard value (it "
                         "would be a [b, s, H, d] tensor per block); nncanon.tools.attention_head_contributions "
                         "computes it from attention_head_outputs (attn.hook_z)",
-    "ln1.hook_scale": "a norm's scale is not a standard value",
-    "ln2.hook_scale": "a norm's scale is not a standard value",
     "hook_attn_in": _PER_HEAD_INPUT,
     "hook_q_input": _PER_HEAD_INPUT,
     "hook_k_input": _PER_HEAD_INPUT,
@@ -97,11 +106,13 @@ MODEL_LEVEL = {
                       "layers[0].layer_input (blocks.0.hook_resid_pre)",
     "ln_final.hook_normalized": "the final norm's output is not a standard value; model.project_on_vocab applies it "
                                 "(and the head) to any stream",
-    "ln_final.hook_scale": "a norm's scale is not a standard value",
 }
 
+#: TransformerLens hook names of the final norm: the model's values they name (read on the last block's point).
+FINAL_NAMES = {"ln_final.hook_scale": "final_norm_scale"}
+
 #: The values a point can be (the standard layer values and `DERIVED`), for messages.
-POINT_VALUES = ("layer_input", *COMPONENT_OF, "resid_mid", "mlp_input", "layer_output")
+POINT_VALUES = ("layer_input", *COMPONENT_OF, "resid_mid", "mlp_input", "layer_output", *FINAL_VALUES)
 
 _TL = re.compile(r"^blocks\.(-?\d+)\.(.+)$")
 _OURS = re.compile(r"^(?:model\.)?layers(?:\.|\[)(-?\d+)\]?\.(.+)$")
@@ -131,6 +142,8 @@ class Point:
     @property
     def label(self) -> str:
         """``"layers[3].layer_output"`` (``"layers[3].attention_head_outputs[..., 2, :]"`` for one head)."""
+        if self.value in FINAL_VALUES:  # (the final norm's, on the model: its point is the last block's)
+            return f"model.{self.value}"
         head = f"[..., {self.head}, :]" if self.head is not None else ""
         return f"layers[{self.layer}].{self.value}{head}"
 
@@ -162,6 +175,9 @@ def resolve(model: Any, name: str, head: int | None = None) -> Point:
     for level, reason in MODEL_LEVEL.items():
         if name == level:
             raise ValueNotAvailable(f"{name} is not available: {reason}")
+    if name in FINAL_NAMES or name.removeprefix("model.") in FINAL_VALUES:
+        return _checked(model, Point(model.num_layers - 1, FINAL_NAMES.get(name, name.removeprefix("model.")), head,
+                                     name))
     found = _TL.match(name)
     if found is not None:
         layer = layer_index(int(found.group(1)), model.num_layers, f"{name} (model.layers)")
@@ -194,6 +210,12 @@ def _transformer_lens(model: Any, layer: int, suffix: str, name: str) -> str:
         raise UnknownHookName(f"{name!r}: blocks.L.{suffix} is not a TransformerLens hook name nncanon knows; it knows "
                               f"{', '.join(f'blocks.L.{s}' for s in TRANSFORMER_LENS)}")
     report = model.support()
+    if marker == "mixer_norm_scale":
+        if report.available("self_attn", layer=layer):
+            return "attention_norm_scale"
+        if report.available("linear_attn", layer=layer):
+            return "linear_attention_norm_scale"
+        raise ValueNotAvailable(f"{name} is not available: {report.reason('self_attn', layer=layer)}")
     if marker in ("mixer_output", "mixer_input"):
         suffix = marker.removeprefix("mixer_")
         if report.available("self_attn", layer=layer):
@@ -286,6 +308,12 @@ def point_reason(model: Any, layer: int, value: str) -> str | None:
         if not hasattr(mlp, "_module"):
             return (f"layers[{layer}] runs its MLP inline, not as one module ({mlp!r}): it has no one input to read; "
                     "its input is the stream its norm reads")
+        return None
+    if value in FINAL_VALUES:
+        try:
+            model._nncanon_norm(value)
+        except ValueNotAvailable as error:
+            return str(error).split(" is not available: ", 1)[-1]
         return None
     if value not in POINT_VALUES:
         return f"{value!r} is not a value of a block ({', '.join(POINT_VALUES)})"

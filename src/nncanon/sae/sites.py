@@ -19,8 +19,10 @@ import torch
 from nnsight.intervention.eproperty import WriteBack
 from nnsight.intervention.interleaver import Mediator
 
+from ..components.norms import FINAL_VALUES, NORM_VALUES
 from ..gradients import first_read_in_backward, in_backward
 from ..reading import host
+from ..reading import read as read_value
 from ..served import Binding, Site, read_site
 from ..traced import outside_trace
 from .names import Point, mixers, resolve
@@ -193,6 +195,10 @@ def value_at(model: Any, name: str | Point, head: int | None = None) -> torch.Te
         return outside
     if point.value == "attention_probabilities":  # no site of its own: served by the attention (eager or recomputed)
         return model.layers[point.layer].self_attn.attention_probabilities
+    if point.value in FINAL_VALUES:  # the final norm's: the model's own values
+        return getattr(model, point.value)
+    if point.value in NORM_VALUES:  # a norm's values: computed from the norm's input, served by their component
+        return read_value(model, point.layer, point.value)
     read = open_point(model, point)
     held = _Held(read)
     if read._mid or read._hand_back:

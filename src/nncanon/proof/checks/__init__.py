@@ -48,8 +48,8 @@ from .writes import check_invokes, check_locality
 CHECKS: tuple[Check, ...] = (
     *(check(function) for function in (
         check_read, check_identity, check_ablation, check_invokes, check_locality, check_heads,
-        check_probabilities, check_kernel, check_recomputed, check_neurons, check_norms, check_routing, check_lens, check_skip,
-        check_resume,
+        check_probabilities, check_kernel, check_recomputed, check_neurons, check_norms, check_routing, check_lens,
+        check_skip, check_resume,
     )),
     *(check(function, gradient=True) for function in (check_gradients, check_gradient_writes, check_norm_gradients,
                                                       check_quantized_gradients)),

@@ -31,7 +31,6 @@ from .base import (
 from .gradient_references import gradient_inputs, gradient_references, gradient_target, gradients_at
 from .references import kernel_copies, served, site_module, stream_as_served
 
-
 #: The values whose gradient is read at a site (the norms' are proved by `nncanon.proof.checks.norms`).
 SITE_GRADIENT_VALUES = tuple(v for v in GRADIENT_VALUES if v not in NORM_VALUES)
 

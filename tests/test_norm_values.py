@@ -1,0 +1,118 @@
+"""The norm values' edges: bad writes (a scale of the wrong shape, not positive, not finite) raise `InvalidWrite`
+naming the value and the expected shape; a family without a norm says why; writes stay in their invoke; a scale's
+and a normalised value's ``.grad`` arrive; the names resolve."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nncanon
+from nncanon.sae import resolve, value_at
+from nncanon.testing import PROMPTS, tiny_model
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_model("llama")
+
+
+def test_a_scale_of_the_wrong_shape_is_refused(llama):
+    attention = llama.layers[0].self_attn
+    with pytest.raises(nncanon.InvalidWrite, match=r"layers\[0\]\.self_attn\.attention_norm_scale.*expects shape"):
+        with llama.trace(PROMPTS[0]):
+            attention.attention_norm_scale = torch.ones(3, 2)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_scale_not_positive_and_finite_is_refused(llama, bad):
+    attention = llama.layers[0].self_attn
+    with pytest.raises(nncanon.InvalidWrite, match=r"attention_norm_scale.*positive, finite"):
+        with llama.trace(PROMPTS[0]):
+            scale = attention.attention_norm_scale
+            attention.attention_norm_scale = torch.full_like(scale, bad)
+    with pytest.raises(nncanon.InvalidWrite, match=r"attention_norm_scale.*positive, finite"):
+        with llama.trace(PROMPTS[0]):  # an edit in place is checked when it goes back to the model
+            llama.layers[0].mlp.mlp_norm_scale[:, -1] = bad
+            llama.logits.save()
+
+
+def test_nothing_moves_the_next_clean_trace(llama):
+    with torch.no_grad(), llama.trace(PROMPTS[0]):
+        clean = llama.logits.save()
+    with torch.no_grad(), llama.trace(PROMPTS[0]):
+        llama.final_norm_scale[:, -1] *= 3
+        llama.layers[1].self_attn.attention_normalized[:, 2] = 0
+    with torch.no_grad(), llama.trace(PROMPTS[0]):
+        again = llama.logits.save()
+    assert torch.equal(clean, again)
+
+
+def test_a_write_stays_in_its_invoke(llama):
+    with torch.no_grad(), llama.trace() as tracer:
+        with tracer.invoke(PROMPTS[0]):
+            first = llama.logits.save()
+        with tracer.invoke(PROMPTS[0]):
+            llama.layers[0].mlp.mlp_norm_scale[:] = llama.layers[0].mlp.mlp_norm_scale * 2
+            second = llama.logits.save()
+    assert not torch.equal(first, second)
+    with torch.no_grad(), llama.trace(PROMPTS[0]):
+        alone = llama.logits.save()
+    assert torch.equal(first, alone)
+
+
+def test_normalized_write_makes_the_output_written_times_weight(llama):
+    norm = llama._module.model.layers[0].input_layernorm
+    with torch.no_grad(), llama.trace(PROMPTS[0]):
+        llama.layers[0].self_attn.attention_normalized[:, -1] = 1.0
+        received = llama.layers[0].self_attn.attention_input.save()
+    torch.testing.assert_close(received[0, -1], norm.weight.detach(), rtol=0, atol=0)
+
+
+def test_frozen_scale_from_another_prompt(llama):
+    """Freezing: the clean run's scales written into a run on another prompt make the norm divide by them."""
+    with torch.no_grad(), llama.trace(PROMPTS[0]):
+        clean = llama.final_norm_scale.save()
+        normalized = llama.final_normalized.save()
+    with torch.no_grad(), llama.trace(PROMPTS[0]):
+        llama.final_norm_scale = clean  # the same prompt: nothing moves
+        same = llama.final_normalized.save()
+    assert torch.equal(same, normalized)
+
+
+def test_gradients_arrive(llama):
+    with llama.trace(PROMPTS[0]):
+        scale = llama.layers[0].self_attn.attention_norm_scale
+        normalized = llama.layers[1].mlp.mlp_normalized
+        logit = llama.logits[0, -1, 5]
+        with logit.backward():
+            scale_grad = scale.grad.save()
+            normalized_grad = normalized.grad.save()
+    assert scale_grad.shape == scale.shape and normalized_grad.shape == normalized.shape
+    assert scale_grad.abs().sum() > 0 and normalized_grad.abs().sum() > 0
+
+
+def test_a_family_without_the_norm_says_why(llama):
+    with pytest.raises(nncanon.ValueNotAvailable, match="no post-norm"):
+        with llama.trace(PROMPTS[0]):
+            llama.layers[0].self_attn.attention_post_norm_scale.save()
+    with pytest.raises(nncanon.ValueNotAvailable, match="no query norm"):
+        resolve(llama, "layers.0.query_norm_scale")
+
+
+def test_parallel_block_declines_the_mlp_norm():
+    gptj = tiny_model("gptj")
+    with pytest.raises(nncanon.ValueNotAvailable, match="parallel block: one norm feeds both"):
+        resolve(gptj, "blocks.0.ln2.hook_scale")
+    assert resolve(gptj, "blocks.0.ln1.hook_scale").value == "attention_norm_scale"
+
+
+def test_names_resolve_and_read(llama):
+    assert resolve(llama, "blocks.1.ln2.hook_scale").value == "mlp_norm_scale"
+    assert resolve(llama, "ln_final.hook_scale").label == "model.final_norm_scale"
+    assert resolve(llama, "layers.1.attention_normalized").value == "attention_normalized"
+    with torch.no_grad(), llama.trace(PROMPTS[0]):
+        by_name = value_at(llama, "blocks.1.ln1.hook_scale").save()
+        final = value_at(llama, "ln_final.hook_scale").save()
+        direct = llama.final_norm_scale.save()
+    assert by_name.shape[-1] == 1 and torch.equal(final, direct)
