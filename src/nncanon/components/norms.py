@@ -458,12 +458,13 @@ def norm_values(component: str) -> dict[str, norm_value]:
 
 
 _SCALE_DOC = ("``[batch, seq, 1]``: the denominator of {what} (TransformerLens ``{tl}``): "
-              "``sqrt(mean(x²) + eps)`` for an RMSNorm, ``sqrt(var(x) + eps)`` for a LayerNorm, float32, from the norm's input. Writable: a write "
-              "replaces the denominator (the norm's output becomes ``centred / scale · weight (+ bias)`` where it "
-              "changed), so writing a clean run's saved scale freezes the norm. Positive and finite.")
-_NORMALIZED_DOC = ("``[batch, seq, hidden]``: the input of {what}, centred (LayerNorm) and divided by its "
-                   "scale, before the norm's weight and bias (TransformerLens ``{tl}``), in the input's dtype. Writable: the norm's "
-                   "output becomes ``written · weight (+ bias)`` where it changed.")
+              "``sqrt(mean(x²) + eps)`` for an RMSNorm, ``sqrt(var(x) + eps)`` for a LayerNorm, float32, from the "
+              "norm's input. Writable: a write replaces the denominator (the norm's output becomes "
+              "``centred / scale · weight (+ bias)`` where it changed), so writing a clean run's saved scale freezes "
+              "the norm. Positive and finite.")
+_NORMALIZED_DOC = ("``[batch, seq, hidden]``: the input of {what}, centred (LayerNorm) and divided by its scale, "
+                   "before the norm's weight and bias (TransformerLens ``{tl}``), in the input's dtype. Writable: the "
+                   "norm's output becomes ``written · weight (+ bias)`` where it changed.")
 
 #: ``name -> (short description, docstring)``.
 DESCRIPTIONS: dict[str, tuple[str, str]] = {
