@@ -140,7 +140,7 @@ class MountedModel(TransformersModel):
         anatomy = norm_anatomy(self.norm._module)
         if isinstance(anatomy, str):
             return anatomy.replace("its norm", "its final norm", 1)
-        site = NormSite(self._family.norm, self.norm, anatomy, "model")
+        site = NormSite(self._family.norm, self.norm, anatomy, "model", "", "final_norm_scale")
         return {name: NormBinding(name, site, "scale" if name.endswith("_scale") else "normalized")
                 for name in FINAL_VALUES}
 

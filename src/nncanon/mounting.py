@@ -485,7 +485,7 @@ def _mount_norms(layer: Envoy, spec: Family, where: str, label: str, order: str)
             for name in names:
                 state.reasons[name] = f"{label}: {anatomy}"
             continue
-        site = NormSite(found, _child(layer, found), anatomy, state.where, order)
+        site = NormSite(found, _child(layer, found), anatomy, state.where, order, scale)
         state.norms.update({name: NormBinding(name, site, "scale" if name == scale else "normalized")
                             for name in names})
 

@@ -313,6 +313,7 @@ class NormSite:
         anatomy: How it computes its output.
         where: A label for messages (``"layers[3].self_attn"``).
         order: The block's order of values, for the out-of-order message.
+        scale_name: The name its scale is served by (for messages).
     """
 
     path: str
@@ -320,6 +321,7 @@ class NormSite:
     anatomy: NormAnatomy
     where: str
     order: str = ""
+    scale_name: str = "scale"
 
     @property
     def location(self) -> str:
@@ -357,15 +359,16 @@ class NormRead:
     graph: bool
 
 
-def check_scale(value: torch.Tensor, what: str) -> None:
-    """Raise `InvalidWrite` unless every element of a written scale is finite and positive."""
+def check_scale(value: torch.Tensor, what: str, shape: tuple | None = None) -> None:
+    """Raise `InvalidWrite` unless every element of a written scale is finite and positive (``shape``: the scale's,
+    where ``value`` holds only the elements written)."""
     bad = ~torch.isfinite(value) | (value <= 0)
     if bool(bad.any()):
         found = value[bad].flatten()[:3].tolist()
         raise InvalidWrite(
             f"{what} cannot take the value written to it: a norm's scale is a positive, finite denominator "
             f"(sqrt(mean square + eps)), and {int(bad.sum())} element(s) are not (e.g. {found}). It expects shape "
-            f"{tuple(value.shape)} of positive finite {value.dtype} numbers."
+            f"{tuple(value.shape) if shape is None else shape} of positive finite {value.dtype} numbers."
         )
 
 
@@ -400,7 +403,7 @@ def _write_back(site: NormSite, read: NormRead, raw: Any, label: str) -> Any:
     if not read.graph and not bool(scale_changed.any()) and not bool(normalized_changed.any()):
         return raw
     if bool(scale_changed.any()):
-        check_scale(read.scale.detach()[scale_changed], label.rsplit(".", 1)[0] + "'s scale")
+        check_scale(read.scale.detach()[scale_changed], f"{site.where}.{site.scale_name}", tuple(read.scale.shape))
     by_scale = read.centred / read.scale
     kept = ~normalized_changed
     if read.graph:
