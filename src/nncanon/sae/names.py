@@ -19,6 +19,10 @@ TransformerLens                    nncanon
 ``blocks.L.hook_mlp_in``           what the MLP's norm reads: ``hook_resid_mid``, on a parallel block ``layer_input``
 ``blocks.L.ln2.hook_normalized``   ``mlp_input``: the MLP module's input (its norm applied, with the norm's weights)
 ``blocks.L.ln1.hook_normalized``   ``self_attn.attention_input`` (a hybrid's linear mixer: ``linear_attention_input``)
+``blocks.L.mlp.hook_in``           ``mlp_input``: circuit-tracer's (and TransformerBridge's) MLP input hook
+``blocks.L.mlp.hook_out``          ``mlp_module_output``: the MLP module's output, before a post-norm (Gemma-2's
+                                   ``post_feedforward_layernorm``) or a residual multiplier; ``mlp_output`` where
+                                   the block adds it as it is
 ``blocks.L.mlp.hook_pre``          ``mlp.pre_activations`` (the gate path of a gated MLP)
 ``blocks.L.mlp.hook_pre_linear``   ``mlp.linear_activations`` (a gated MLP's linear path)
 ``blocks.L.mlp.hook_post``         ``mlp.neurons``: what the down projection receives
@@ -43,9 +47,9 @@ from ..errors import NestedTrace, UnknownHookName, ValueNotAvailable
 from ..reading import in_execution_order, read
 from ..support import COMPONENT_OF, layer_states
 
-#: Values of a point besides the standard ones: the stream between a block's token mixer and its MLP, and the
-#: MLP module's input.
-DERIVED = ("resid_mid", "mlp_input")
+#: Values of a point besides the standard ones: the stream between a block's token mixer and its MLP, the MLP
+#: module's input and its output (before a post-norm or a residual multiplier; `mlp_output` is the contribution).
+DERIVED = ("resid_mid", "mlp_input", "mlp_module_output")
 
 #: TransformerLens hook names of a block, by their suffix after ``blocks.L.``: the nncanon value (a value name, a
 #: `DERIVED` one, or a marker resolved per block: ``"mixer_output"``, ``"mlp_in"``, ``"q"``/``"k"`` and
@@ -62,6 +66,8 @@ TRANSFORMER_LENS = {
     "mlp.hook_pre": "pre_activations",
     "mlp.hook_pre_linear": "linear_activations",
     "mlp.hook_post": "neurons",
+    "mlp.hook_in": "mlp_input",
+    "mlp.hook_out": "mlp_module_output",
     "attn.hook_z": "attention_head_outputs",
     "attn.hook_q": "q",
     "attn.hook_k": "k",
@@ -101,7 +107,7 @@ MODEL_LEVEL = {
 }
 
 #: The values a point can be (the standard layer values and `DERIVED`), for messages.
-POINT_VALUES = ("layer_input", *COMPONENT_OF, "resid_mid", "mlp_input", "layer_output")
+POINT_VALUES = ("layer_input", *COMPONENT_OF, *DERIVED, "layer_output")
 
 _TL = re.compile(r"^blocks\.(-?\d+)\.(.+)$")
 _OURS = re.compile(r"^(?:model\.)?layers(?:\.|\[)(-?\d+)\]?\.(.+)$")
@@ -278,14 +284,14 @@ def point_reason(model: Any, layer: int, value: str) -> str | None:
     report = model.support()
     if value == "resid_mid":
         return _sequential_or_reason(model, layer)
-    if value == "mlp_input":
+    if value in ("mlp_input", "mlp_module_output"):
         reason = report.reason("mlp", layer=layer)
         if reason is not None:
             return reason
         mlp = model.layers[layer].mlp
         if not hasattr(mlp, "_module"):
-            return (f"layers[{layer}] runs its MLP inline, not as one module ({mlp!r}): it has no one input to read; "
-                    "its input is the stream its norm reads")
+            return (f"layers[{layer}] runs its MLP inline, not as one module ({mlp!r}): it has no one input or output "
+                    "to read; its input is the stream its norm reads, its output mlp_output")
         return None
     if value not in POINT_VALUES:
         return f"{value!r} is not a value of a block ({', '.join(POINT_VALUES)})"
