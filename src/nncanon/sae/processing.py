@@ -80,6 +80,10 @@ MODEL_CLASSES = ("HookedTransformer", "HookedSAETransformer", "AutoModelForCausa
 STREAM = ("layer_input", "resid_mid", "layer_output", "attention_output", "linear_attention_output", "mlp_output",
           "shared_expert_output", "mlp_module_output")
 
+#: Values that are a pre-norm's output with its weight: ``fold_ln`` makes TransformerLens's hooks there
+#: (``attn.hook_in``, ``mlp.hook_in``) the normalised input without the weight.
+NORMED = ("attention_input", "linear_attention_input", "mlp_input")
+
 #: Values of the attention's heads that ``refactor_factored_attn_matrices`` rewrites.
 HEADS = ("query_states", "key_states", "value_states", "attention_head_outputs")
 
@@ -220,6 +224,11 @@ def mapping(model: Any, processing: Processing, point: Point) -> Mapping:
     centre, bias, notes = False, None, []
     where = point.name or point.label
     for name in processing.settings:
+        if name == "fold_ln" and point.value in NORMED:
+            raise DictionaryMismatch(
+                f"the dictionary reads {where} under fold_ln: TransformerLens folds the norm's weight and bias into "
+                "the weights that read it, so the module's input there is the normalised stream before the norm's "
+                "weight (the norm's hook_normalized), not the norm's output nncanon serves at this point")
         if name in ("fold_ln", "center_unembed"):
             notes.append(f"{name}: no change at {where}")
         elif name == "center_writing_weights":
@@ -233,10 +242,11 @@ def mapping(model: Any, processing: Processing, point: Point) -> Mapping:
                 notes.append(f"center_writing_weights: no change at {where} (it reads a norm's output)")
         elif name == "fold_value_biases":
             if point.value in ("value_states", "attention_head_outputs"):
-                bias = value_bias(model, point.layer, point.value)
+                bias = value_bias(model, point.layer, point.value, "fold_ln" in processing.settings)
                 if point.head is not None:
                     bias = bias[point.head]
-                notes.append(f"fold_value_biases: {where} less its value bias b_V")
+                folded = " (with the norm's bias fold_ln moved in)" if "fold_ln" in processing.settings else ""
+                notes.append(f"fold_value_biases: {where} less its value bias b_V{folded}")
             else:
                 notes.append(f"fold_value_biases: no change at {where}")
         elif name == "refactor_factored_attn_matrices":
@@ -278,25 +288,28 @@ def norm_kind(model: Any) -> str:
     return known["kind"]
 
 
-def value_bias(model: Any, layer: int, value: str) -> torch.Tensor:
+def value_bias(model: Any, layer: int, value: str, folded_norm: bool = False) -> torch.Tensor:
     """``b_V`` of block ``layer``, per head of ``value``: ``[H_kv, head_dim]`` for ``value_states``, ``[H, head_dim]``
     (each query head's key/value head's) for ``attention_head_outputs``.
 
     Measured on the model: one trace writes ``0``, ``r`` and ``-r`` as the attention's input and reads the values;
-    ``b_V`` is the value of ``0``. Proved there: ``v(r) + v(-r) == 2 b_V`` (the projection is affine) and the heads'
-    outputs of ``0`` are ``b_V`` (a softmax row sums to 1). Remembered per model and block.
+    ``b_V`` is the value of ``0``. With ``folded_norm`` (``fold_ln`` is on too: TransformerLens has moved the
+    pre-norm's bias into ``b_V`` before folding it) the first row's stream entering the block is zero instead, so that
+    the attention reads the norm's output of a zero normalised input (a LayerNorm's bias; an RMSNorm's zero).
+    Proved there: ``v(r) + v(-r) == 2 v(0)`` (the projection is affine) and the heads' outputs of the first row are
+    its value (a softmax row sums to 1). Remembered per model, block and ``folded_norm``.
 
     Raises:
         DictionaryMismatch: a check fails, or the block does not serve what the measure reads.
     """
     known = model.__dict__.setdefault("_nncanon_value_bias", {})
-    if layer not in known:
-        known[layer] = _measure_value_bias(model, layer)
-    per_kv, per_head = known[layer]
+    if (layer, folded_norm) not in known:
+        known[(layer, folded_norm)] = _measure_value_bias(model, layer, folded_norm)
+    per_kv, per_head = known[(layer, folded_norm)]
     return per_kv if value == "value_states" else per_head
 
 
-def _measure_value_bias(model: Any, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _measure_value_bias(model: Any, layer: int, folded_norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
     from ..reading import read
 
     report = model.support()
@@ -307,17 +320,24 @@ def _measure_value_bias(model: Any, layer: int) -> tuple[torch.Tensor, torch.Ten
                                      f"{needed}, which is not available: {reason}")
     width = model._text_config.hidden_size
     saved: list = []
-    with torch.no_grad(), model.trace(torch.tensor([[1], [1], [1]])):
+    # rows: the bias measured (a zero input, or a zero stream under a folded norm), then 0, r and -r (affinity)
+    with torch.no_grad(), model.trace(torch.tensor([[1], [1], [1], [1]])):
+        if folded_norm:
+            stream = read(model, layer, "layer_input")
+            stream[0] = 0
         x = read(model, layer, "attention_input")
         r = torch.randn(width, generator=torch.Generator().manual_seed(1)).to(dtype=x.dtype, device=x.device)
-        x[:] = torch.stack([r * 0, r, -r])[:, None, :]
+        if folded_norm:
+            x[1:] = torch.stack([r * 0, r, -r])[:, None, :]
+        else:
+            x[:] = torch.stack([r * 0, r * 0, r, -r])[:, None, :]
         saved.append(read(model, layer, "value_states").save())
         saved.append(read(model, layer, "attention_head_outputs").save())
     values, heads = saved
     b_v = values[0, 0].float()
     scale = max(float(values.float().abs().max()), 1.0)
     tolerance = (1e-5 if values.dtype == torch.float32 else 1e-2) * scale
-    affine = (values[1, 0].float() + values[2, 0].float() - 2 * b_v).abs().max().item()
+    affine = (values[2, 0].float() + values[3, 0].float() - 2 * values[1, 0].float()).abs().max().item()
     if affine > tolerance:
         raise DictionaryMismatch(f"fold_value_biases: layers[{layer}]'s value projection is not affine "
                                  f"(v(r) + v(-r) - 2 v(0) = {affine:.3g}): there is no one b_V to fold")
