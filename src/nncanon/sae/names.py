@@ -292,10 +292,37 @@ def point_reason(model: Any, layer: int, value: str) -> str | None:
         if not hasattr(mlp, "_module"):
             return (f"layers[{layer}] runs its MLP inline, not as one module ({mlp!r}): it has no one input or output "
                     "to read; its input is the stream its norm reads, its output mlp_output")
+        if value == "mlp_module_output":
+            returned = _mlp_returns(model, layer)
+            if returned != "Tensor":
+                return (f"layers[{layer}]'s MLP module returns a {returned}, not one tensor: its output as a value is "
+                        "mlp_output (blocks.L.hook_mlp_out)")
         return None
     if value not in POINT_VALUES:
         return f"{value!r} is not a value of a block ({', '.join(POINT_VALUES)})"
     return report.reason(value, layer=layer)
+
+
+def _mlp_returns(model: Any, layer: int) -> str:
+    """The type name of what block ``layer``'s MLP module returns, asked of the model once per block kind (a plain
+    forward hook on the module during a one-token trace)."""
+    known = model.__dict__.setdefault("_nncanon_sae_mlp_returns", {})
+    key = (type(model.layers[layer]._module).__name__, layer if model.family.layout_of is not None else None)
+    if key not in known:
+        if model.interleaver.interleaving:
+            raise NestedTrace(
+                f"what layers[{layer}]'s MLP module returns is asked of the model with a one-token forward, which "
+                "cannot run inside this trace: resolve the name before the trace (nncanon.sae.resolve(model, name)) "
+                "and pass its Point inside")
+        seen: list = []
+        handle = model.layers[layer].mlp._module.register_forward_hook(lambda m, a, out: seen.append(out))
+        try:
+            with torch.no_grad(), model.trace(torch.tensor([[1]])):
+                pass
+        finally:
+            handle.remove()
+        known[key] = type(seen[0]).__name__ if seen else "nothing (it did not run)"
+    return known[key]
 
 
 def mixers(model: Any, layer: int) -> list[str]:

@@ -236,6 +236,7 @@ def mapping(model: Any, processing: Processing, point: Point) -> Mapping:
             if kind != "LayerNorm":
                 notes.append(f"center_writing_weights: a no-op on this {kind} model (TransformerLens skips it)")
             elif point.value in STREAM:
+                _refuse_parallel_streams(model, point)
                 centre = True
                 notes.append(f"center_writing_weights: {where} centred over its width")
             else:
@@ -265,6 +266,20 @@ def mapping(model: Any, processing: Processing, point: Point) -> Mapping:
     return Mapping(centre, bias, tuple(notes))
 
 
+def _refuse_parallel_streams(model: Any, point: Point) -> None:
+    """`DictionaryMismatch` where ``point``'s value is wider than the model's width (hyper-connections keep ``k``
+    streams side by side): TransformerLens has no such model, and which mean it would remove is not defined."""
+    from .splice import point_shape
+
+    width = point_shape(model, point)[0][-1]
+    hidden = model._text_config.hidden_size
+    if width != hidden:
+        raise DictionaryMismatch(
+            f"center_writing_weights at {point.name or point.label}: the value is {width} wide, {width // hidden} "
+            f"streams of the model's width {hidden} (hyper-connections); TransformerLens centres one stream, and has "
+            "no model that keeps several: nncanon does not guess which mean it would remove")
+
+
 def norm_kind(model: Any) -> str:
     """``"LayerNorm"`` where the model's final norm removes its input's mean (TransformerLens's ``LN``), else
     ``"RMSNorm"`` (checked on the module: ``norm(x + 3) == norm(x)``)."""
@@ -281,8 +296,14 @@ def norm_kind(model: Any) -> str:
         device = "cpu" if weight is None else weight.device
         width = model._text_config.hidden_size
         x = torch.randn(2, width, generator=torch.Generator().manual_seed(0)).to(dtype=dtype, device=device)
-        with torch.no_grad():
-            first, shifted = module(x), module(x + 3)
+        try:
+            with torch.no_grad():
+                first, shifted = module(x), module(x + 3)
+        except Exception as error:  # a norm over several streams (hyper-connections): said so
+            raise DictionaryMismatch(
+                f"center_writing_weights centres the stream on a LayerNorm model and does nothing on an RMSNorm one; "
+                f"this {model._text_config.model_type} model's final norm does not take one stream of its width "
+                f"({type(error).__name__}: {error}), so nncanon cannot tell which it is") from None
         centred = torch.allclose(first.float(), shifted.float(), atol=1e-2 if dtype != torch.float32 else 1e-4)
         known["kind"] = "LayerNorm" if centred else "RMSNorm"
     return known["kind"]
@@ -318,7 +339,6 @@ def _measure_value_bias(model: Any, layer: int, folded_norm: bool) -> tuple[torc
         if reason is not None:
             raise DictionaryMismatch(f"fold_value_biases: nncanon measures b_V of layers[{layer}] from its "
                                      f"{needed}, which is not available: {reason}")
-    width = model._text_config.hidden_size
     saved: list = []
     # rows: the bias measured (a zero input, or a zero stream under a folded norm), then 0, r and -r (affinity)
     with torch.no_grad(), model.trace(torch.tensor([[1], [1], [1], [1]])):
@@ -326,7 +346,7 @@ def _measure_value_bias(model: Any, layer: int, folded_norm: bool) -> tuple[torc
             stream = read(model, layer, "layer_input")
             stream[0] = 0
         x = read(model, layer, "attention_input")
-        r = torch.randn(width, generator=torch.Generator().manual_seed(1)).to(dtype=x.dtype, device=x.device)
+        r = torch.randn(x.shape[-1], generator=torch.Generator().manual_seed(1)).to(dtype=x.dtype, device=x.device)
         if folded_norm:
             x[1:] = torch.stack([r * 0, r, -r])[:, None, :]
         else:
