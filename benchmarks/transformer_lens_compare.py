@@ -110,7 +110,7 @@ def compare_family(family: str, rows: list) -> None:
             tl = bridge(folder, copy.deepcopy(hf), tokenizer, tl_kwargs)
             tl.set_use_hook_mlp_in(True)
             _, cache = tl.run_with_cache(TOKENS)
-        except Exception as error:  # noqa: BLE001 - reported, not hidden
+        except Exception as error:  # reported, not hidden
             rows.append((family, label, "*", "TransformerLens failed", f"{type(error).__name__}: {error}"[:200]))
             continue
         processing = recorded({"metadata": {"model_from_pretrained_kwargs": record}})
@@ -120,7 +120,7 @@ def compare_family(family: str, rows: list) -> None:
                 continue
             try:
                 mapped = mapping(model, processing, points[name]).read(value)
-            except Exception as error:  # noqa: BLE001 - a refusal: reported
+            except Exception as error:  # a refusal: reported
                 rows.append((family, label, name, "refused under processing", f"{type(error).__name__}"))
                 continue
             theirs = cache[name]
@@ -144,7 +144,7 @@ def compare_family(family: str, rows: list) -> None:
                 try:
                     with attach(model, sae) as item, torch.no_grad(), model.trace(TOKENS):
                         features = item.features.save()
-                except Exception as error:  # noqa: BLE001 - a refusal: reported
+                except Exception as error:  # a refusal: reported
                     rows.append((family, label, f"dictionary at {name}", "refused", f"{type(error).__name__}"))
                     continue
                 expected = sae.encode(cache[name])
@@ -158,20 +158,32 @@ TOKENS = torch.tensor([[5, 17, 3, 42, 9, 11, 27, 8]])
 
 
 def main() -> int:
-    import transformer_lens
+    from importlib.metadata import version
 
-    print(f"TransformerLens {transformer_lens.__version__ if hasattr(transformer_lens, '__version__') else '?'}")
+    print(f"TransformerLens {version('transformer_lens')}, transformers {version('transformers')}, "
+          f"torch {version('torch')}")
     rows: list = []
     for family in sys.argv[1:] or FAMILIES:
         try:
             compare_family(family, rows)
-        except Exception as error:  # noqa: BLE001 - reported
+        except Exception as error:  # reported
             rows.append((family, "*", "*", "failed", f"{type(error).__name__}: {error}"[:300]))
     for row in rows:
         print(" | ".join(str(cell) for cell in row))
     differs = [row for row in rows if row[3] in ("DIFFERS", "shape differs", "failed")]
     equal = [row for row in rows if row[3] == "equal"]
-    print(f"summary: {len(equal)} equal, {len(differs)} differ or failed")
+    print("\n| family | processing | equal | differ | refused under the processing | largest equal diff |")
+    print("|---|---|---|---|---|---|")
+    for family in dict.fromkeys(row[0] for row in rows):
+        for label in PROCESSINGS:
+            mine = [row for row in rows if row[0] == family and row[1] == label]
+            same = [row for row in mine if row[3] == "equal"]
+            worst = max((float(row[4]) for row in same), default=0.0)
+            off = sorted({row[2].split(".", 2)[-1] for row in mine if row[3] in ("DIFFERS", "shape differs")})
+            refused = sorted({row[2].split(".", 2)[-1] for row in mine if row[3].startswith("refused")})
+            print(f"| {family} | {label} | {len(same)} | {len(off)} kinds: {', '.join(off) or '-'} | "
+                  f"{', '.join(refused) or '-'} | {worst:.1e} |")
+    print(f"\nsummary: {len(equal)} equal, {len(differs)} differ or failed")
     return 1 if differs else 0
 
 
