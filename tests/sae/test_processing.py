@@ -10,17 +10,7 @@ import torch
 from nncanon import DictionaryMismatch, InvalidDictionary, UnknownHookName
 from nncanon.sae import Dictionary, attach, resolve, value_at
 from nncanon.sae.processing import recorded
-from nncanon.testing import PROMPTS, tiny_model
-
-
-@pytest.fixture(scope="module")
-def gpt2():
-    return tiny_model("gpt2")
-
-
-@pytest.fixture(scope="module")
-def llama():
-    return tiny_model("llama")
+from nncanon.testing import PROMPTS
 
 
 def _sae(width: int, hook: str | None, record: dict | None, seed: int = 0, **kw) -> Dictionary:
@@ -154,3 +144,17 @@ def test_circuit_tracer_names_resolve(gpt2, llama):
     with attach(llama, transcoder) as item, torch.no_grad(), llama.trace(PROMPTS[0]):
         features = item.features.save()
     assert torch.equal(features, transcoder.encode(x))
+
+
+def test_evaluate_measures_in_the_dictionarys_space(gpt2):
+    from nncanon.sae.evaluation import evaluate
+
+    width = gpt2._text_config.hidden_size
+    sae = _sae(width, "blocks.1.hook_resid_post", {"center_writing_weights": True})
+    texts = [PROMPTS[0]]
+    result = evaluate(gpt2, sae, texts)
+    with torch.no_grad(), gpt2.trace(texts):
+        x = gpt2.layers[1].layer_output.save()
+    centred = (x - x.mean(-1, keepdim=True))[0]
+    mse = (sae.decode(sae.encode(centred)).double() - centred.double()).pow(2).sum(-1).mean().item()
+    assert result.mse == pytest.approx(mse, rel=1e-5)

@@ -306,14 +306,8 @@ def point_reason(model: Any, layer: int, value: str) -> str | None:
 def _mlp_returns(model: Any, layer: int) -> str:
     """The type name of what block ``layer``'s MLP module returns, asked of the model once per block kind (a plain
     forward hook on the module during a one-token trace)."""
-    known = model.__dict__.setdefault("_nncanon_sae_mlp_returns", {})
-    key = (type(model.layers[layer]._module).__name__, layer if model.family.layout_of is not None else None)
+    known, key = _asked_once(model, "_nncanon_sae_mlp_returns", layer, f"what layers[{layer}]'s MLP module returns")
     if key not in known:
-        if model.interleaver.interleaving:
-            raise NestedTrace(
-                f"what layers[{layer}]'s MLP module returns is asked of the model with a one-token forward, which "
-                "cannot run inside this trace: resolve the name before the trace (nncanon.sae.resolve(model, name)) "
-                "and pass its Point inside")
         seen: list = []
         handle = model.layers[layer].mlp._module.register_forward_hook(lambda m, a, out: seen.append(out))
         try:
@@ -352,20 +346,28 @@ def _sequential_or_reason(model: Any, layer: int) -> str | None:
     contributions = mixers(model, layer)
     if not contributions:
         return f"layers[{layer}] serves no token mixer's contribution, so the stream after it is not served"
-    known = model.__dict__.setdefault("_nncanon_sae_sequential", {})  # plain data: it travels with a remote request
-    key = (type(model.layers[layer]._module).__name__, layer if model.family.layout_of is not None else None)
+    known, key = _asked_once(model, "_nncanon_sae_sequential", layer, f"whether layers[{layer}] has a hook_resid_mid")
     if key not in known:
-        if model.interleaver.interleaving:
-            raise NestedTrace(
-                f"whether layers[{layer}] has a hook_resid_mid is asked of the model with a one-token trace, which "
-                "cannot run inside this trace: resolve the name before the trace (nncanon.sae.resolve(model, name), "
-                "which remembers the answer) and pass its Point inside")
         known[key] = _probe_sequential(model, layer, contributions[-1])
     if known[key]:
         return None
     return (f"layers[{layer}] is a parallel block ({model.family.residual}): its MLP reads the block's input, not the "
             f"stream after its token mixer, so it has no hook_resid_mid; TransformerLens's hook_mlp_in is "
             f"layer_input there")
+
+
+def _asked_once(model: Any, cache: str, layer: int, question: str) -> tuple[dict, tuple]:
+    """``(answers, key)``: the answers to a question asked of the model once per block kind with a one-token trace
+    (kept as plain data in ``model.__dict__[cache]``: they travel with a remote request), and block ``layer``'s key;
+    `NestedTrace` where the answer is not known yet and a trace of the model is running."""
+    known = model.__dict__.setdefault(cache, {})
+    key = (type(model.layers[layer]._module).__name__, layer if model.family.layout_of is not None else None)
+    if key not in known and model.interleaver.interleaving:
+        raise NestedTrace(
+            f"{question} is asked of the model with a one-token trace, which cannot run inside this trace: resolve "
+            "the name before the trace (nncanon.sae.resolve(model, name), which remembers the answer) and pass its "
+            "Point inside")
+    return known, key
 
 
 def _probe_sequential(model: Any, layer: int, mixer: str) -> bool:
