@@ -20,7 +20,7 @@ from nncanon.errors import DictionaryMismatch, NncanonError
 from nncanon.proof.checks.references import encode, site_references
 from nncanon.reading import in_execution_order
 from nncanon.sae import Dictionary, attach, resolve, value_at
-from nncanon.sae.processing import norm_kind, value_bias
+from nncanon.sae.processing import CENTRING_REFUSED, norm_kind, value_bias
 from nncanon.sae.splice import point_shape
 from nncanon.testing import PROMPTS
 
@@ -67,6 +67,14 @@ def test_center_writing_weights_reads_the_centred_stream_on_layernorm_models(var
         name = f"blocks.{layer}.hook_resid_post"
         shape, dtype, _ = point_shape(model, resolve(model, name))
         with pytest.raises(DictionaryMismatch, match="cannot tell"):
+            attach(model, _dictionary(shape[-1], name, {"center_writing_weights": True}, dtype))
+        return
+    config = model._text_config
+    if kind == "LayerNorm" and (config.model_type in CENTRING_REFUSED or getattr(config, "do_layer_norm_before", True)
+                                is False or getattr(config, "apply_residual_connection_post_layernorm", False)):
+        name = f"blocks.{layer}.hook_resid_post"
+        shape, dtype, _ = point_shape(model, resolve(model, name))
+        with pytest.raises(DictionaryMismatch, match="nncanon does not reproduce it"):
             attach(model, _dictionary(shape[-1], name, {"center_writing_weights": True}, dtype))
         return
     told = _final_norm_kind(model)

@@ -84,6 +84,23 @@ STREAM = ("layer_input", "resid_mid", "layer_output", "attention_output", "linea
 #: (``attn.hook_in``, ``mlp.hook_in``) the normalised input without the weight.
 NORMED = ("attention_input", "linear_attention_input", "mlp_input")
 
+#: LayerNorm architectures (by ``model_type``) where ``center_writing_weights`` does not make TransformerLens's stream
+#: the served stream less its mean, or where TransformerLens's versions disagree on it: refused, with the reason.
+CENTRING_REFUSED = {
+    "opt": "TransformerLens 4.3's OPT adapter does not centre (supports_center_writing_weights=False) where "
+           "HookedTransformer did, and the record does not say which the dictionary saw",
+    "xglm": "TransformerLens 4.3's XGLM adapter does not centre, where HookedTransformer's processing would",
+    "modernbert-decoder": "TransformerLens 4.3's ModernBERT-decoder adapter does not centre",
+    "openai-gpt": "a post-norm block: the stream is a LayerNorm's output, which centring the writing weights does not "
+                  "make mean-zero (TransformerLens 4.3 does not centre it)",
+    "bloom": "the stream starts with the embedding's LayerNorm output (word_embeddings_layernorm), which centring W_E "
+             "does not make mean-zero",
+    "rwkv": "block 0 norms the embedding (pre_ln) into the stream, which centring W_E does not make mean-zero",
+}
+
+#: Config attributes that make a block post-norm (the stream is a norm's output): centring refused there too.
+_POST_NORM = {"do_layer_norm_before": False, "apply_residual_connection_post_layernorm": True}
+
 #: Values of the attention's heads that ``refactor_factored_attn_matrices`` rewrites.
 HEADS = ("query_states", "key_states", "value_states", "attention_head_outputs")
 
@@ -236,7 +253,7 @@ def mapping(model: Any, processing: Processing, point: Point) -> Mapping:
             if kind != "LayerNorm":
                 notes.append(f"center_writing_weights: a no-op on this {kind} model (TransformerLens skips it)")
             elif point.value in STREAM:
-                _refuse_parallel_streams(model, point)
+                _refuse_centring(model, point)
                 centre = True
                 notes.append(f"center_writing_weights: {where} centred over its width")
             else:
@@ -266,16 +283,28 @@ def mapping(model: Any, processing: Processing, point: Point) -> Mapping:
     return Mapping(centre, bias, tuple(notes))
 
 
-def _refuse_parallel_streams(model: Any, point: Point) -> None:
-    """`DictionaryMismatch` where ``point``'s value is wider than the model's width (hyper-connections keep ``k``
-    streams side by side): TransformerLens has no such model, and which mean it would remove is not defined."""
+def _refuse_centring(model: Any, point: Point) -> None:
+    """`DictionaryMismatch` where centring ``point``'s value is not what TransformerLens's ``center_writing_weights``
+    computes: an architecture of `CENTRING_REFUSED`, a post-norm block, or a value wider than the model's width
+    (hyper-connections keep ``k`` streams side by side: TransformerLens has no such model)."""
     from .splice import point_shape
+
+    config = model._text_config
+    where = point.name or point.label
+    reason = CENTRING_REFUSED.get(config.model_type)
+    post = [f"{name}={value}" for name, value in _POST_NORM.items() if getattr(config, name, None) is value]
+    if reason is None and post:
+        reason = (f"a post-norm block ({', '.join(post)}): the stream is a LayerNorm's output, not a sum of centred "
+                  "writes")
+    if reason is not None:
+        raise DictionaryMismatch(f"center_writing_weights at {where} on this {config.model_type} model: {reason}; "
+                                 "nncanon does not reproduce it")
 
     width = point_shape(model, point)[0][-1]
     hidden = model._text_config.hidden_size
     if width != hidden:
         raise DictionaryMismatch(
-            f"center_writing_weights at {point.name or point.label}: the value is {width} wide, {width // hidden} "
+            f"center_writing_weights at {where}: the value is {width} wide, {width // hidden} "
             f"streams of the model's width {hidden} (hyper-connections); TransformerLens centres one stream, and has "
             "no model that keeps several: nncanon does not guess which mean it would remove")
 
