@@ -12,16 +12,6 @@ from nncanon.testing import PROMPTS, tiny_model
 from ..conftest import skip_unavailable
 
 
-@pytest.fixture(scope="module")
-def gpt2():
-    return tiny_model("gpt2")
-
-
-@pytest.fixture(scope="module")
-def llama():
-    return tiny_model("llama")
-
-
 def test_transformer_lens_names_on_a_sequential_block(gpt2):
     table = {
         "blocks.1.hook_resid_pre": "layer_input", "blocks.1.hook_resid_post": "layer_output",

@@ -6,6 +6,8 @@
   module paths, as points of the model.
 - `attach` (``splice``): a dictionary's features as a value of every trace, spliced with the error term (an
   unedited run is the clean run, bit for bit).
+- ``processing``: the TransformerLens processing a dictionary's config records (``model_from_pretrained_kwargs``),
+  applied to what it reads and undone on what it writes.
 - ``tools``: ablate and steer features, feature attribution, top-activating contexts; ``evaluation``: the standard
   evaluation; ``collection``: activations over a corpus for training dictionaries.
 

@@ -34,6 +34,7 @@ from safetensors.torch import load_file, save_file
 
 from ..errors import InvalidDictionary
 from .config import ARCHITECTURES, DictionaryConfig, dtype_of, read_config
+from .processing import Processing, of
 
 #: The files of a SAELens dictionary folder.
 CONFIG_FILE, WEIGHTS_FILE = "cfg.json", "sae_weights.safetensors"
@@ -97,6 +98,8 @@ class Dictionary:
         self.r_mag = _weight(r_mag, dtype) if r_mag is not None else None
         self.W_skip = _weight(W_skip, dtype) if W_skip is not None else None
         self._check()
+        #: The model processing it was trained under (`nncanon.sae.processing`), applied at attach.
+        self.processing: Processing = of(cfg)
         self._derived: dict[str, torch.Tensor] = {}
 
     # -- building -------------------------------------------------------------------------------------
@@ -108,7 +111,8 @@ class Dictionary:
                      hook_name_out: str | None = None, hook_head_index: int | None = None,
                      apply_b_dec_to_input: bool | None = None, normalize_activations: str = "none",
                      reshape_activations: str | None = None, rescale_acts_by_decoder_norm: bool = False,
-                     name: str | None = None, **extra: torch.Tensor) -> Dictionary:
+                     name: str | None = None, model_from_pretrained_kwargs: dict | None = None,
+                     **extra: torch.Tensor) -> Dictionary:
         """A dictionary from plain tensors: ``W_enc [d_in, d_sae]``, ``b_enc [d_sae]``, ``W_dec [d_sae, d_out]``,
         ``b_dec [d_out]`` (biases ``None``: zeros), in ``W_enc``'s dtype.
 
@@ -123,6 +127,8 @@ class Dictionary:
                 writes it for new dictionaries; never on a transcoder).
             reshape_activations: ``"hook_z"`` for a dictionary over all heads flattened (default: when
                 ``hook_name`` ends in ``hook_z``).
+            model_from_pretrained_kwargs: The TransformerLens processing it was trained under, as SAELens records
+                it (``{"center_writing_weights": True}``): applied to what it reads (`nncanon.sae.processing`).
             **extra: ``b_gate``, ``b_mag``, ``r_mag`` (gated), ``W_skip`` (skip transcoders).
         """
         if not isinstance(W_enc, torch.Tensor) or W_enc.dim() != 2:
@@ -140,6 +146,8 @@ class Dictionary:
                "rescale_acts_by_decoder_norm": rescale_acts_by_decoder_norm,
                "metadata": {"hook_name": hook_name, "hook_name_out": hook_name_out,
                             "hook_head_index": hook_head_index}}
+        if model_from_pretrained_kwargs is not None:
+            raw["metadata"]["model_from_pretrained_kwargs"] = model_from_pretrained_kwargs
         if reshape_activations is not None:
             raw["reshape_activations"] = reshape_activations
         if k is not None:
@@ -211,6 +219,11 @@ class Dictionary:
                   "reshape_activations": cfg.reshape_activations,
                   "metadata": {"hook_name": cfg.hook_name, "hook_head_index": cfg.hook_head_index,
                                "model_name": cfg.model_name, "sae_lens_version": "6.0.0"}}
+        processing = self.processing
+        if processing.source:
+            config["metadata"]["model_from_pretrained_kwargs"] = dict(processing.kwargs)
+        if processing.model_class != "HookedTransformer":
+            config["metadata"]["model_class_name"] = processing.model_class
         if cfg.transcoder:
             config["d_out"] = cfg.d_out
             config["metadata"].update(hook_name_out=cfg.hook_name_out, hook_head_index_out=cfg.hook_head_index_out)
@@ -262,7 +275,7 @@ class Dictionary:
         cfg = self.cfg
         where = f" at {cfg.hook_name}" + (f" -> {cfg.hook_name_out}" if cfg.transcoder else "") if cfg.hook_name else ""
         return (f"Dictionary({self.name!r}: {cfg.architecture}, {cfg.d_in} -> {cfg.d_sae} features -> {cfg.d_out}, "
-                f"{str(cfg.dtype).removeprefix('torch.')}{where})")
+                f"{str(cfg.dtype).removeprefix('torch.')}{where}, reads under {self.processing.describe()})")
 
     # -- the math -------------------------------------------------------------------------------------
 

@@ -114,8 +114,10 @@ def _evaluate(model: Any, attached: AttachedDictionary, texts: list[str], batch_
             if point_out != point:
                 saved.append(value_at(model, point_out).save())
             saved.append(model.logits.save())
-        x, logits = saved[0], saved[-1]
-        out = saved[1] if point_out != point else x
+        served, logits = saved[0], saved[-1]
+        served_out = saved[1] if point_out != point else served
+        # in the dictionary's space: the processing it was trained under applied (`nncanon.sae.processing`)
+        x, out = attached.reading.read(served), attached.writing.read(served_out)
         local = dictionary.to(x.device)
         with torch.no_grad():
             features, state = local.encode_with_state(x)
@@ -135,6 +137,7 @@ def _evaluate(model: Any, attached: AttachedDictionary, texts: list[str], batch_
         tokens += int(valid.sum())
         runs = []
         for replacement in (recon, torch.zeros_like(recon)):
+            replacement = attached.writing.back(replacement, served_out)  # the processing undone
             kept: list = []
             with torch.no_grad(), model.trace(chunk):
                 value = value_at(model, point_out)

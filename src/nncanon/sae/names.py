@@ -19,6 +19,10 @@ TransformerLens                    nncanon
 ``blocks.L.hook_mlp_in``           what the MLP's norm reads: ``hook_resid_mid``, on a parallel block ``layer_input``
 ``blocks.L.ln2.hook_normalized``   ``mlp_input``: the MLP module's input (its norm applied, with the norm's weights)
 ``blocks.L.ln1.hook_normalized``   ``self_attn.attention_input`` (a hybrid's linear mixer: ``linear_attention_input``)
+``blocks.L.mlp.hook_in``           ``mlp_input``: circuit-tracer's (and TransformerBridge's) MLP input hook
+``blocks.L.mlp.hook_out``          ``mlp_module_output``: the MLP module's output, before a post-norm (Gemma-2's
+                                   ``post_feedforward_layernorm``) or a residual multiplier; ``mlp_output`` where
+                                   the block adds it as it is
 ``blocks.L.mlp.hook_pre``          ``mlp.pre_activations`` (the gate path of a gated MLP)
 ``blocks.L.mlp.hook_pre_linear``   ``mlp.linear_activations`` (a gated MLP's linear path)
 ``blocks.L.mlp.hook_post``         ``mlp.neurons``: what the down projection receives
@@ -50,9 +54,9 @@ from ..errors import NestedTrace, UnknownHookName, ValueNotAvailable
 from ..reading import in_execution_order, read
 from ..support import COMPONENT_OF, layer_states
 
-#: Values of a point besides the standard ones: the stream between a block's token mixer and its MLP, and the
-#: MLP module's input.
-DERIVED = ("resid_mid", "mlp_input")
+#: Values of a point besides the standard ones: the stream between a block's token mixer and its MLP, the MLP
+#: module's input and its output (before a post-norm or a residual multiplier; `mlp_output` is the contribution).
+DERIVED = ("resid_mid", "mlp_input", "mlp_module_output")
 
 #: TransformerLens hook names of a block, by their suffix after ``blocks.L.``: the nncanon value (a value name, a
 #: `DERIVED` one, or a marker resolved per block: ``"mixer_output"``, ``"mlp_in"``, ``"q"``/``"k"`` and
@@ -69,6 +73,8 @@ TRANSFORMER_LENS = {
     "mlp.hook_pre": "pre_activations",
     "mlp.hook_pre_linear": "linear_activations",
     "mlp.hook_post": "neurons",
+    "mlp.hook_in": "mlp_input",
+    "mlp.hook_out": "mlp_module_output",
     "attn.hook_z": "attention_head_outputs",
     "attn.hook_q": "q",
     "attn.hook_k": "k",
@@ -112,7 +118,7 @@ MODEL_LEVEL = {
 FINAL_NAMES = {"ln_final.hook_scale": "final_norm_scale"}
 
 #: The values a point can be (the standard layer values and `DERIVED`), for messages.
-POINT_VALUES = ("layer_input", *COMPONENT_OF, "resid_mid", "mlp_input", "layer_output", *FINAL_VALUES)
+POINT_VALUES = ("layer_input", *COMPONENT_OF, *DERIVED, "layer_output", *FINAL_VALUES)
 
 _TL = re.compile(r"^blocks\.(-?\d+)\.(.+)$")
 _OURS = re.compile(r"^(?:model\.)?layers(?:\.|\[)(-?\d+)\]?\.(.+)$")
@@ -300,14 +306,19 @@ def point_reason(model: Any, layer: int, value: str) -> str | None:
     report = model.support()
     if value == "resid_mid":
         return _sequential_or_reason(model, layer)
-    if value == "mlp_input":
+    if value in ("mlp_input", "mlp_module_output"):
         reason = report.reason("mlp", layer=layer)
         if reason is not None:
             return reason
         mlp = model.layers[layer].mlp
         if not hasattr(mlp, "_module"):
-            return (f"layers[{layer}] runs its MLP inline, not as one module ({mlp!r}): it has no one input to read; "
-                    "its input is the stream its norm reads")
+            return (f"layers[{layer}] runs its MLP inline, not as one module ({mlp!r}): it has no one input or output "
+                    "to read; its input is the stream its norm reads, its output mlp_output")
+        if value == "mlp_module_output":
+            returned = _mlp_returns(model, layer)
+            if returned != "Tensor":
+                return (f"layers[{layer}]'s MLP module returns a {returned}, not one tensor: its output as a value is "
+                        "mlp_output (blocks.L.hook_mlp_out)")
         return None
     if value in FINAL_VALUES:
         try:
@@ -318,6 +329,22 @@ def point_reason(model: Any, layer: int, value: str) -> str | None:
     if value not in POINT_VALUES:
         return f"{value!r} is not a value of a block ({', '.join(POINT_VALUES)})"
     return report.reason(value, layer=layer)
+
+
+def _mlp_returns(model: Any, layer: int) -> str:
+    """The type name of what block ``layer``'s MLP module returns, asked of the model once per block kind (a plain
+    forward hook on the module during a one-token trace)."""
+    known, key = _asked_once(model, "_nncanon_sae_mlp_returns", layer, f"what layers[{layer}]'s MLP module returns")
+    if key not in known:
+        seen: list = []
+        handle = model.layers[layer].mlp._module.register_forward_hook(lambda m, a, out: seen.append(out))
+        try:
+            with torch.no_grad(), model.trace(torch.tensor([[1]])):
+                pass
+        finally:
+            handle.remove()
+        known[key] = type(seen[0]).__name__ if seen else "nothing (it did not run)"
+    return known[key]
 
 
 def mixers(model: Any, layer: int) -> list[str]:
@@ -347,20 +374,28 @@ def _sequential_or_reason(model: Any, layer: int) -> str | None:
     contributions = mixers(model, layer)
     if not contributions:
         return f"layers[{layer}] serves no token mixer's contribution, so the stream after it is not served"
-    known = model.__dict__.setdefault("_nncanon_sae_sequential", {})  # plain data: it travels with a remote request
-    key = (type(model.layers[layer]._module).__name__, layer if model.family.layout_of is not None else None)
+    known, key = _asked_once(model, "_nncanon_sae_sequential", layer, f"whether layers[{layer}] has a hook_resid_mid")
     if key not in known:
-        if model.interleaver.interleaving:
-            raise NestedTrace(
-                f"whether layers[{layer}] has a hook_resid_mid is asked of the model with a one-token trace, which "
-                "cannot run inside this trace: resolve the name before the trace (nncanon.sae.resolve(model, name), "
-                "which remembers the answer) and pass its Point inside")
         known[key] = _probe_sequential(model, layer, contributions[-1])
     if known[key]:
         return None
     return (f"layers[{layer}] is a parallel block ({model.family.residual}): its MLP reads the block's input, not the "
             f"stream after its token mixer, so it has no hook_resid_mid; TransformerLens's hook_mlp_in is "
             f"layer_input there")
+
+
+def _asked_once(model: Any, cache: str, layer: int, question: str) -> tuple[dict, tuple]:
+    """``(answers, key)``: the answers to a question asked of the model once per block kind with a one-token trace
+    (kept as plain data in ``model.__dict__[cache]``: they travel with a remote request), and block ``layer``'s key;
+    `NestedTrace` where the answer is not known yet and a trace of the model is running."""
+    known = model.__dict__.setdefault(cache, {})
+    key = (type(model.layers[layer]._module).__name__, layer if model.family.layout_of is not None else None)
+    if key not in known and model.interleaver.interleaving:
+        raise NestedTrace(
+            f"{question} is asked of the model with a one-token trace, which cannot run inside this trace: resolve "
+            "the name before the trace (nncanon.sae.resolve(model, name), which remembers the answer) and pass its "
+            "Point inside")
+    return known, key
 
 
 def _probe_sequential(model: Any, layer: int, mixer: str) -> bool:

@@ -85,15 +85,17 @@ class PointRead:
 def binding_of(model: Any, layer: int, value: str) -> Binding:
     """The `Binding` of a standard value of block ``layer`` (raising `ValueNotAvailable` with the reason where it
     is declined), or, for ``mlp_input``, one made for the MLP module's first input."""
-    if value == "mlp_input":
+    if value in ("mlp_input", "mlp_module_output"):
         mlp = model.layers[layer].mlp
-        return Binding("mlp_input", f"{mlp.path}.input", _MLP_INPUT, model._text_config, f"layers[{layer}].mlp")
+        key, site = ("input", _MLP_INPUT) if value == "mlp_input" else ("output", _MLP_OUTPUT)
+        return Binding(value, f"{mlp.path}.{key}", site, model._text_config, f"layers[{layer}].mlp")
     component = host(model, layer, value)
     binding = component._nncanon_binding(value)
     return binding
 
 
 _MLP_INPUT = Site(key="input")
+_MLP_OUTPUT = Site(key="output")
 
 
 def _read(binding: Binding, label: str) -> tuple[Any, torch.Tensor, bool, bool, Any, int]:

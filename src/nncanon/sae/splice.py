@@ -36,13 +36,14 @@ from ..served import check_write
 from ..traced import outside_trace, refuse_outside_trace
 from .dictionary import Dictionary, Normalization
 from .names import Point, resolve
+from .processing import IDENTITY, Mapping, mapping
 from .sites import PointRead, hand_back_now, open_point, value_at
 
 #: The order a block computes its points in (a trace reads several dictionaries in it).
 EXECUTION_ORDER = ("layer_input", "query_states", "key_states", "value_states", "attention_head_outputs",
                    "attention_output", "linear_attention_head_outputs", "linear_attention_output", "resid_mid",
                    "mlp_input", "router_logits", "expert_weights", "expert_indices", "shared_expert_output",
-                   "mlp_output", "layer_output")
+                   "mlp_module_output", "mlp_output", "layer_output")
 
 
 def execution_rank(point: Point) -> tuple[int, int]:
@@ -86,6 +87,10 @@ class AttachedDictionary:
         self.key = uuid.uuid4().hex
         self._edit: Any = None
         self._copies: dict[Any, Dictionary] = {}
+        #: What the point reads and the output point writes under the dictionary's processing
+        #: (`nncanon.sae.processing`): identity where it was trained on the unprocessed model.
+        self.reading: Mapping = IDENTITY
+        self.writing: Mapping = IDENTITY
 
     # -- values ---------------------------------------------------------------------------------------
 
@@ -127,7 +132,8 @@ class AttachedDictionary:
 
     @property
     def input(self) -> torch.Tensor:
-        """What the dictionary reads (``x``), in the point's shape (inside a trace; read it to save it)."""
+        """What the dictionary reads (``x``, under its processing: the centred stream of a
+        ``center_writing_weights`` dictionary), in the point's shape (inside a trace; read it to save it)."""
         outside = outside_trace(self.model, f"{self.label}.input")
         return outside if outside is not None else self._visit().x_in
 
@@ -144,7 +150,8 @@ class AttachedDictionary:
         return (f"{self.name}: {cfg.architecture}, {cfg.d_sae} features, at {self.point.label}"
                 + (f" -> {self.point_out.label}" if self.point_out != self.point else "")
                 + (f" ({self.point.name})" if self.point.name and self.point.name != self.point.label else "")
-                + f", {term}")
+                + f", {term}, reads under {self.dictionary.processing.describe()}"
+                + "".join(f"; {note}" for note in dict.fromkeys(self.reading.notes + self.writing.notes)))
 
     def __repr__(self) -> str:
         return f"AttachedDictionary({self.describe()})"
@@ -238,7 +245,8 @@ class _Visit:
             self.features = clean.clone()
             self.replaced = True  # the model's value is the reconstruction already
         else:
-            self.x_out = read.x
+            self.x_out = owner.writing.read(read.x)
+            x_in = owner.reading.read(x_in)
             self.replaced = False
             if graph and owner.error_term:
                 self.x_in = x_in.detach()
@@ -269,7 +277,9 @@ class _Visit:
         return out.reshape(self.read.x.shape).to(self.read.x.dtype)
 
     def reconstruction(self) -> torch.Tensor:
-        return self._shaped(self.dictionary.decode(self.features, self.state, self.x_in))
+        """In the model's space: the dictionary's processing undone (value == reconstruction + error)."""
+        return self.owner.writing.back(self._shaped(self.dictionary.decode(self.features, self.state, self.x_in)),
+                                       self.read.x)
 
     def error(self) -> torch.Tensor:
         return self.x_out - self._shaped(self.dictionary.decode(self._clean(), self.state, self.x_in))
@@ -284,7 +294,8 @@ class _Visit:
         read, features = self.read, self.features
         edited = features._version != self.version
         if not self.owner.error_term and not self.replaced:  # the edit: the value becomes the reconstruction
-            return read.apply(self._shaped(self.dictionary.decode(features, self.state, self.x_in)))
+            decoded = self._shaped(self.dictionary.decode(features, self.state, self.x_in))
+            return read.apply(self.owner.writing.back(decoded, read.x))
         if not edited and not (self.graph and features.requires_grad):
             return read.keep()
         clean = self._clean() if edited else features.detach()
@@ -355,7 +366,8 @@ def attach(model: Any, dictionary: Dictionary, hook_name: str | Point | None = N
         UnknownHookName, InvalidLayer, ValueNotAvailable: the hook name (`resolve`).
         NestedTrace: called inside a trace of the model.
         DictionaryMismatch: before any forward: the dictionary's input (output) width is not the point's, its dtype
-            is not the model's, its head is outside the point's heads, or the point is not one a dictionary reads.
+            is not the model's, its head is outside the point's heads, the point is not one a dictionary reads, or
+            the processing it was trained under cannot be reproduced at its point (`nncanon.sae.processing`).
     """
     if not isinstance(model, MountedModel):
         raise InvalidInput(f"attach takes a StandardizedTransformer, not a {type(model).__name__}")
@@ -380,6 +392,8 @@ def attach(model: Any, dictionary: Dictionary, hook_name: str | Point | None = N
     if where_out is not None:
         point_out = where_out if isinstance(where_out, Point) else resolve(model, where_out, cfg.hook_head_index_out)
     _check_fit(model, dictionary, point, point_out)
+    reading = mapping(model, dictionary.processing, point)
+    writing = reading if point_out == point else mapping(model, dictionary.processing, point_out)
     registry = model.__dict__.setdefault(REGISTRY, {})
     base = name or dictionary.name
     name, number = base, 1
@@ -387,6 +401,7 @@ def attach(model: Any, dictionary: Dictionary, hook_name: str | Point | None = N
         number += 1
         name = f"{base}#{number}"
     attachment = AttachedDictionary(model, dictionary, point, point_out, error_term, name)
+    attachment.reading, attachment.writing = reading, writing
     if not error_term:
         before = list(model._edits)
         with model.edit(inplace=True):
