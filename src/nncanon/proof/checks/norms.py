@@ -26,15 +26,19 @@ from ...reading import host
 from ..prompts import PROMPTS
 from .base import (
     GRADIENT_ABSOLUTE,
-    GRADIENT_TOLERANCE,
     NO_CACHE,
     TOLERANCE,
     CheckResult,
     compare,
     guarded,
+    scaled,
 )
 from .gradient_references import gradient_inputs, gradient_target, gradients_at
 from .references import encode, served
+
+#: The bar of the norm gradients, relative to each value's largest gradient (a scale's gradient is a sum over the
+#: hidden width, rounded relative to its terms).
+NORM_GRADIENT_BAR = 1e-3
 
 #: The consumer of each pre-norm (the component whose input it is), and the component each post-norm norms.
 _PRE = {"attention_norm": "self_attn", "linear_attention_norm": "linear_attn", "mlp_norm": "mlp"}
@@ -277,9 +281,9 @@ def _frozen(model: Any, chosen: dict, saved: dict, logits: torch.Tensor) -> tupl
 
 
 def check_norm_gradients(model: Any) -> list[CheckResult]:
-    """``.grad`` of each norm value equals plain PyTorch's gradient of the same logit with respect to a leaf scale
-    (or normalised value) that a forward hook on the norm module makes its output from: one trace for every value,
-    one plain backward for the scales and one for the normalised values."""
+    """``.grad`` of each norm value equals plain PyTorch's gradient of the same logit at a zero leaf a forward hook on
+    the norm module adds to its scale (or normalised value) in the formula: one trace for every value, one plain
+    backward for the scales and one for the normalised values."""
     every = _all_groups(model)
     names = tuple(n for groups in every.values() for _, listed in groups for n in listed)
     if not names:
@@ -307,12 +311,18 @@ def _norm_gradients(model: Any, every: dict) -> list[CheckResult]:
     results = []
     for (index, name), grad in grads.items():
         reference = expected[index, name]
-        # (a scale's gradient sums the hidden width's terms in another order than plain PyTorch's, and its rounding
-        # is relative to the terms, not the sum: the absolute bar is relative to the value's largest gradient)
-        absolute = max(GRADIENT_ABSOLUTE, 10 * GRADIENT_TOLERANCE * float(reference.detach().abs().max()))
-        results.append(compare("norm_gradients", index, (name,), grad, reference, GRADIENT_TOLERANCE,
-                               f"against a leaf {name} in a plain hook on its norm and torch.autograd.grad",
-                               absolute=absolute))
+        # A scale's gradient sums the hidden width's terms in another order than plain PyTorch's, and its rounding is
+        # relative to the terms, not to the sum: the difference is measured against the value's largest gradient
+        # (plus the gradient checks' absolute floor), ``max |ours - plain| / (max |plain| + floor / bar)``.
+        bar = scaled(NORM_GRADIENT_BAR)
+        size = float(reference.detach().abs().max()) + GRADIENT_ABSOLUTE / NORM_GRADIENT_BAR
+        if grad.shape != reference.shape:
+            results.append(compare("norm_gradients", index, (name,), grad, reference, bar))
+            continue
+        error = float((grad.detach().double() - reference.detach().double()).abs().max()) / size
+        results.append(CheckResult("norm_gradients", index, (name,), error <= bar, error, bar,
+                                   f"against a zero leaf added to {name} in a plain hook on its norm and "
+                                   "torch.autograd.grad, relative to its largest gradient", gradient=True))
     return results
 
 
