@@ -19,9 +19,10 @@ from nncanon.sae import resolve
 from nncanon.testing import PROMPTS
 
 #: What a norm value's reason may say: each is a property of the block (it has no such norm, one norm feeds two
-#: sublayers, its norm is gated or names no epsilon, it has no such component).
-PROPERTIES = ("has no", "have no", "calls no norm", "parallel block: one norm feeds both", "is gated", "names no epsilon",
-              "takes its epsilon", "post-LN", "does not run", "flattened")
+#: sublayers, its norm is gated or names no epsilon, it has no such component, it does not run, post-LN OPT).
+PROPERTIES = ("has no", "have no", "calls no norm", "parallel block: one norm feeds both", "is gated",
+              "names no epsilon", "takes its epsilon", "post-LN", "does not run", "flattened", "runs twice",
+              "is not a norm", "no norm of one stream")
 
 
 def test_every_block_serves_its_norms_or_says_why(model, variant):
