@@ -19,9 +19,10 @@ from nncanon.sae import resolve
 from nncanon.testing import PROMPTS
 
 #: What a norm value's reason may say: each is a property of the block (it has no such norm, one norm feeds two
-#: sublayers, its norm is gated or names no epsilon, it has no such component).
-PROPERTIES = ("has no", "have no", "calls no norm", "parallel block: one norm feeds both", "is gated", "names no epsilon",
-              "takes its epsilon", "post-LN", "does not run")
+#: sublayers, its norm is gated or names no epsilon, it has no such component, it does not run, post-LN OPT).
+PROPERTIES = ("has no", "have no", "calls no norm", "parallel block: one norm feeds both", "is gated",
+              "names no epsilon", "takes its epsilon", "post-LN", "does not run", "flattened", "runs twice",
+              "is not a norm", "no norm of one stream")
 
 
 def test_every_block_serves_its_norms_or_says_why(model, variant):
@@ -36,7 +37,8 @@ def test_every_block_serves_its_norms_or_says_why(model, variant):
         if report.available("self_attn", layer=index) and report.available("mlp", layer=index):
             for value in ("attention_norm_scale", "mlp_norm_scale"):
                 reason = report.reason(value, layer=index)
-                assert reason is None or any(p in reason for p in ("parallel block", "calls no norm", "post-LN")), reason
+                assert reason is None or any(p in reason for p in ("parallel block", "calls no norm", "post-LN",
+                                                                   "flattened")), reason
 
 
 def _scale_formula(module: torch.nn.Module, x: torch.Tensor, anatomy, doubled: bool) -> torch.Tensor:

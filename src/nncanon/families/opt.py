@@ -19,15 +19,23 @@ NORMS_POST_LN = ("this OPT configuration is post-LN (do_layer_norm_before=False,
                  "stream after each sublayer is added, not a sublayer's input")
 
 
+#: The MLP's norm runs where the block has flattened the tokens.
+FLAT_NORM = ("OPT runs its MLP's norm (final_layer_norm) on the batch's tokens flattened, (b·s, d), where a trace's "
+             "invokes cannot be told apart: its scale and normalised input are not served (read mlp_input's stream, "
+             "layers[i].layer_input + attention_output, and norm it)")
+
+
 def _declines(config: Any, layer: int) -> dict:
+    flat = dict.fromkeys(("mlp_norm_scale", "mlp_normalized"), FLAT_NORM)
     if getattr(config, "do_layer_norm_before", True):
-        return {}
+        return flat
     norms = dict.fromkeys(("attention_norm_scale", "attention_normalized", "mlp_norm_scale", "mlp_normalized"),
                           NORMS_POST_LN)
     return {
         "attention_output": POST_LN.format(what="attention"),
         "mlp_output": POST_LN.format(what="the MLP"),
         **norms,
+        **flat,
     }
 
 

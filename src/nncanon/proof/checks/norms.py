@@ -26,15 +26,19 @@ from ...reading import host
 from ..prompts import PROMPTS
 from .base import (
     GRADIENT_ABSOLUTE,
-    GRADIENT_TOLERANCE,
     NO_CACHE,
     TOLERANCE,
     CheckResult,
     compare,
     guarded,
+    scaled,
 )
 from .gradient_references import gradient_inputs, gradient_target, gradients_at
 from .references import encode, served
+
+#: The bar of the norm gradients, relative to each value's largest gradient (a scale's gradient is a sum over the
+#: hidden width, rounded relative to its terms).
+NORM_GRADIENT_BAR = 1e-4
 
 #: The consumer of each pre-norm (the component whose input it is), and the component each post-norm norms.
 _PRE = {"attention_norm": "self_attn", "linear_attention_norm": "linear_attn", "mlp_norm": "mlp"}
@@ -277,9 +281,9 @@ def _frozen(model: Any, chosen: dict, saved: dict, logits: torch.Tensor) -> tupl
 
 
 def check_norm_gradients(model: Any) -> list[CheckResult]:
-    """``.grad`` of each norm value equals plain PyTorch's gradient of the same logit with respect to a leaf scale
-    (or normalised value) that a forward hook on the norm module makes its output from: one trace for every value,
-    one plain backward for the scales and one for the normalised values."""
+    """``.grad`` of each norm value equals plain PyTorch's gradient of the same logit at a zero leaf a forward hook on
+    the norm module adds to its scale (or normalised value) in the formula: one trace for every value, one plain
+    backward for the scales and one for the normalised values."""
     every = _all_groups(model)
     names = tuple(n for groups in every.values() for _, listed in groups for n in listed)
     if not names:
@@ -302,46 +306,60 @@ def _norm_gradients(model: Any, every: dict) -> list[CheckResult]:
         with logit.backward():
             for key in reversed(list(values)):
                 grads[key] = values[key].grad.save()
-    expected = {**_plain_gradients(model, every, "scale", target), **_plain_gradients(model, every, "normalized",
-                                                                                        target)}
+    terms: dict = {}  # per scale, the size of the terms its gradient sums: sum over the width of |dL/dN · N| / scale
+    expected = {**_plain_gradients(model, every, "scale", target, terms),
+                **_plain_gradients(model, every, "normalized", target)}
     results = []
     for (index, name), grad in grads.items():
         reference = expected[index, name]
-        # (a scale's gradient sums the hidden width's terms in another order than plain PyTorch's, and its rounding
-        # is relative to the terms, not the sum: the absolute bar is relative to the value's largest gradient)
-        absolute = max(GRADIENT_ABSOLUTE, 10 * GRADIENT_TOLERANCE * float(reference.detach().abs().max()))
-        results.append(compare("norm_gradients", index, (name,), grad, reference, GRADIENT_TOLERANCE,
-                               f"against a leaf {name} in a plain hook on its norm and torch.autograd.grad",
-                               absolute=absolute))
+        # A scale's gradient sums the width's terms g·N/scale in another order than plain PyTorch's, and its rounding
+        # is relative to the terms, which cancel, not to the sum: the difference is measured per element against the
+        # terms' size (a normalised value's against its own), plus the gradient checks' absolute floor.
+        bar = scaled(NORM_GRADIENT_BAR)
+        if grad.shape != reference.shape:
+            results.append(compare("norm_gradients", index, (name,), grad, reference, bar))
+            continue
+        size = terms.get((index, name), reference.detach().abs()).double() + GRADIENT_ABSOLUTE / NORM_GRADIENT_BAR
+        error = float(((grad.detach().double() - reference.detach().double()).abs() / size).max())
+        results.append(CheckResult("norm_gradients", index, (name,), error <= bar, error, bar,
+                                   f"against a zero leaf added to {name} in a plain hook on its norm and "
+                                   "torch.autograd.grad, relative to the terms it sums", gradient=True))
     return results
 
 
-def _plain_gradients(model: Any, every: dict, part: str, target: tuple) -> dict:
+def _plain_gradients(model: Any, every: dict, part: str, target: tuple, terms: dict | None = None) -> dict:
     """d logit / d (a leaf scale, or normalised value) that a plain forward hook on each norm makes its output from,
-    keyed ``(layer, name)``."""
+    keyed ``(layer, name)``; for the scales, the size of the terms each gradient sums in ``terms``."""
     leaves: dict = {}
+    inner: dict = {}  # per scale: (a zero leaf on the normalised value, that value, the scale, the normalised axes)
     handles = []
     for index, groups in every.items():
         for site, names in groups:
             name = next((n for n in names if n.endswith("_scale") == (part == "scale")), None)
             if name is not None:
-                handles.append(site.envoy._module.register_forward_hook(_leaf_hook(site, part, leaves, (index, name)),
-                                                                        with_kwargs=True))
+                handles.append(site.envoy._module.register_forward_hook(
+                    _leaf_hook(site, part, leaves, (index, name), inner), with_kwargs=True))
     try:
         with torch.enable_grad():
             output = model._module(**gradient_inputs(model))
             keys = list(leaves)
-            grads = gradients_at(output, lambda logits: logits[target], [leaves[key] for key in keys])
+            grads = gradients_at(output, lambda logits: logits[target],
+                                 [*(leaves[key] for key in keys), *(inner[key][0] for key in keys if key in inner)])
     finally:
         for handle in handles:
             handle.remove()
-    return {key: torch.zeros_like(leaves[key]) if grad is None else grad
-            for key, grad in zip(keys, grads, strict=True)}
+    found = dict(zip(keys, grads[:len(keys)], strict=True))
+    if terms is not None:
+        for key, grad in zip([key for key in keys if key in inner], grads[len(keys):], strict=True):
+            _, normalized, scale, axes = inner[key]
+            if grad is not None:
+                terms[key] = ((grad * normalized).abs().sum(dim=axes, keepdim=True) / scale).detach()
+    return {key: torch.zeros_like(leaves[key]) if grad is None else grad for key, grad in found.items()}
 
 
-def _leaf_hook(site: Any, part: str, leaves: dict, key: tuple) -> Any:
+def _leaf_hook(site: Any, part: str, leaves: dict, key: tuple, inner: dict) -> Any:
     """A forward hook making the norm's first output the formula of a leaf scale (or normalised value) kept in
-    ``leaves[key]``."""
+    ``leaves[key]`` (for a scale, a second zero leaf on the normalised value in ``inner[key]``, for its terms)."""
 
     def replace(mod: Any, args: Any, kwargs: Any, out: Any) -> Any:
         if key in leaves:
@@ -354,7 +372,10 @@ def _leaf_hook(site: Any, part: str, leaves: dict, key: tuple) -> Any:
         # A zero leaf added where the value is used: its gradient is the value's, and the input's graph stays whole.
         if part == "scale":
             leaves[key] = torch.zeros_like(scale).requires_grad_()
-            return _reference(mod, site.anatomy, x, scale=scale + leaves[key])
+            normalized = centred / (scale + leaves[key])
+            second = torch.zeros_like(normalized).requires_grad_()
+            inner[key] = (second, normalized.detach(), scale.detach(), axes)
+            return _reference(mod, site.anatomy, x, normalized=(normalized + second).to(x.dtype))
         normalized = (centred / scale).to(x.dtype)
         leaves[key] = torch.zeros_like(normalized).requires_grad_()
         return _reference(mod, site.anatomy, x, normalized=normalized + leaves[key])
