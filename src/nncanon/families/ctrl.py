@@ -1,11 +1,25 @@
 """CTRL: ``transformer.h`` blocks with ``multi_head_attention`` and a ``Sequential`` ``ffn``."""
 
+import math
+
 from ..served import Site
-from .base import Family
+from .base import Embeddings, Family
+
+#: CTRL's positions: sinusoids indexed from a buffer inline in its forward.
+_SINUSOIDS = ("its sinusoidal position encodings are rows of a buffer (pos_encoding) that CTRLModel.forward indexes "
+              "inline and adds to the stream: no module outputs them, so there is no site to serve them at (they are "
+              "layers[0].layer_input - token_embeddings · sqrt(n_embd))")
+
+
+def _sqrt_width(config) -> float:
+    """``sqrt(n_embd)`` (``np.sqrt(d_model_size)``, multiplied in place)"""
+    return math.sqrt(config.n_embd)
+
 
 CTRL = Family(
     name="ctrl",
     model_types=("ctrl",),
+    embeddings=Embeddings(positions_kind=_SINUSOIDS, scale=_sqrt_width, in_place=True),
     layers="transformer.h",
     embed_tokens="transformer.w",
     norm="transformer.layernorm",

@@ -5,11 +5,13 @@ The one final norm runs twice: on the embeddings before block 0 and on the last 
 ``tanh(lm_head(norm(h)) / c) · c`` with ``c = final_logit_softcapping`` (no cap where unset).
 """
 
-from .base import Family, LogitStep
+from .base import Embeddings, Family, LogitStep
 
 NANOCHAT = Family(
     name="nanochat",
     model_types=("nanochat",),
+    embeddings=Embeddings(norm="model.norm"),
+    final_norm="lm_head",
     logit_steps=(LogitStep("softcap", "final_logit_softcapping"),),
 )
 
