@@ -11,15 +11,17 @@ _SINUSOIDS = ("its sinusoidal position encodings are rows of a buffer (pos_encod
               "layers[0].layer_input - token_embeddings · sqrt(n_embd))")
 
 
-def _sqrt_width(config) -> float:
-    """``sqrt(n_embd)`` (``np.sqrt(d_model_size)``, multiplied in place)"""
-    return math.sqrt(config.n_embd)
+def _entering(model, tokens, positions):
+    """``tokens · sqrt(n_embd) + pos_encoding[position]``, as CTRLModel.forward makes it (positions from 0)."""
+    inner = model.transformer
+    table = inner.pos_encoding.to(device=tokens.device, dtype=tokens.dtype)
+    return tokens * math.sqrt(inner.d_model_size) + table[: tokens.shape[1]]
 
 
 CTRL = Family(
     name="ctrl",
     model_types=("ctrl",),
-    embeddings=Embeddings(positions_kind=_SINUSOIDS, scale=_sqrt_width, in_place=True),
+    embeddings=Embeddings(positions_kind=_SINUSOIDS, in_place=True, combine=_entering),
     layers="transformer.h",
     embed_tokens="transformer.w",
     norm="transformer.layernorm",
