@@ -28,7 +28,7 @@ def model_sites(model: Any, family: Family, config: Any) -> tuple[dict[str, Bind
     bindings: dict[str, Binding] = {}
     declines: dict[str, str] = {}
     embeddings = family.embeddings
-    token = Site(family.embed_tokens, clone=embeddings.in_place)
+    token = Site(family.embed_tokens, clone=embeddings.in_place, leaf=True)
     bindings["token_embeddings"] = _binding("token_embeddings", model.get(family.embed_tokens), token, config)
     positions = model._optional(embeddings.positions)
     if positions is None:
@@ -36,7 +36,7 @@ def model_sites(model: Any, family: Family, config: Any) -> tuple[dict[str, Bind
             embeddings.no_positions(config) if embeddings.positions is None else
             f"this configuration has no {embeddings.positions} module")
     else:
-        site = Site(embeddings.positions, broadcast=True)
+        site = Site(embeddings.positions, broadcast=True, leaf=True)
         bindings["position_embeddings"] = _binding("position_embeddings", positions, site, config)
     path = final_norm_path(family)
     if path == "lm_head":

@@ -88,6 +88,9 @@ class Site:
             embeddings, from position ids ``[1, s]``): served with this invoke's rows, ``[b, s, ...]``, a copy whose
             edits are written back as a tensor with every row of the batch (the rows not written as the model's
             broadcast gives them, so a write stays in its invoke).
+        leaf: The tensor may be outside the autograd graph (XGLM's sinusoidal positions, an embedding whose weights
+            take no gradient): in a trace that tracks gradients, it is made to require one at the read (its data
+            untouched), so that the value's ``.grad`` is the gradient at it.
     """
 
     module: str = ""
@@ -107,6 +110,7 @@ class Site:
     private: bool = False
     part: tuple[int, int] | None = None
     broadcast: bool = False
+    leaf: bool = False
 
     def factor(self, config: Any) -> float:
         """The scale factor for ``config`` (``1.0`` where the site has none)."""
@@ -573,8 +577,10 @@ def read_site(binding: Binding, mediator: Mediator, label: str) -> tuple[Any, to
         raw = _value(binding, mediator, label)
         if binding.site.private:
             raw = _private(raw, binding.site, binding.location)
-        view = binding.read(raw, mediator)
         tensor = _pick(raw, binding.site)
+        if binding.site.leaf and torch.is_grad_enabled() and tensor.is_floating_point() and not tensor.requires_grad:
+            tensor.requires_grad_(True)  # (a tensor outside the graph is a leaf: its gradient is the one at it)
+        view = binding.read(raw, mediator)
         graph = tracks(tensor)
     return raw, view, graph, binding.site.needs_writeback or (graph and view is not tensor)
 

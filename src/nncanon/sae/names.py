@@ -26,6 +26,9 @@ TransformerLens                    nncanon
 ``blocks.L.attn.hook_q/k/v``       ``query_states`` / ``key_states`` / ``value_states`` (no rotary embedding)
 ``blocks.L.attn.hook_rot_q/k``     ``query_states`` / ``key_states`` (after a rotary embedding)
 ``blocks.L.attn.hook_pattern``     ``self_attn.attention_probabilities`` ``[b, H, q, k]``
+``hook_embed``                     ``model.token_embeddings`` (the token embedding module's output)
+``hook_pos_embed``                 ``model.position_embeddings`` (refused with the reason on a model without
+                                   absolute position embeddings: rotary, ALiBi, recurrent)
 =================================  =====================================================================
 """
 
@@ -40,6 +43,7 @@ import torch
 
 from ..components.layer import layer_index
 from ..errors import NestedTrace, UnknownHookName, ValueNotAvailable
+from ..model_sites import MODEL_SITES
 from ..reading import in_execution_order, read
 from ..support import COMPONENT_OF, layer_states
 
@@ -89,12 +93,11 @@ UNSERVED = {
     "hook_v_input": _PER_HEAD_INPUT,
 }
 
-#: TransformerLens hook names outside the blocks.
+#: TransformerLens hook names outside the blocks that name a model-level value (`nncanon.model_sites`).
+MODEL_VALUES = {"hook_embed": "token_embeddings", "hook_pos_embed": "position_embeddings"}
+
+#: TransformerLens hook names outside the blocks that nncanon does not serve, with the reason.
 MODEL_LEVEL = {
-    "hook_embed": "the token embedding alone is not a standard value; the stream entering the first block is "
-                  "layers[0].layer_input (blocks.0.hook_resid_pre)",
-    "hook_pos_embed": "the position embedding alone is not a standard value; the stream entering the first block is "
-                      "layers[0].layer_input (blocks.0.hook_resid_pre)",
     "ln_final.hook_normalized": "the final norm's output is not a standard value; model.project_on_vocab applies it "
                                 "(and the head) to any stream",
     "ln_final.hook_scale": "a norm's scale is not a standard value",
@@ -112,7 +115,7 @@ class Point:
     """A point of a model a dictionary reads or writes: block ``layer``'s ``value``.
 
     Attributes:
-        layer: The block (non-negative).
+        layer: The block (non-negative); ``None`` for a model-level value (``token_embeddings``, ``hook_embed``).
         value: A standard value of the block (``"layer_output"``, ``"attention_head_outputs"``...) or one of
             `DERIVED`: ``"resid_mid"`` (``layer_input`` plus the token mixer's contribution, between mixer and MLP)
             or ``"mlp_input"`` (the MLP module's input).
@@ -122,7 +125,7 @@ class Point:
             (``("layer_input", "attention_output")``).
     """
 
-    layer: int
+    layer: int | None
     value: str
     head: int | None = None
     name: str = ""
@@ -130,7 +133,10 @@ class Point:
 
     @property
     def label(self) -> str:
-        """``"layers[3].layer_output"`` (``"layers[3].attention_head_outputs[..., 2, :]"`` for one head)."""
+        """``"layers[3].layer_output"`` (``"layers[3].attention_head_outputs[..., 2, :]"`` for one head;
+        ``"model.token_embeddings"`` for a model-level value)."""
+        if self.layer is None:
+            return f"model.{self.value}"
         head = f"[..., {self.head}, :]" if self.head is not None else ""
         return f"layers[{self.layer}].{self.value}{head}"
 
@@ -162,6 +168,13 @@ def resolve(model: Any, name: str, head: int | None = None) -> Point:
     for level, reason in MODEL_LEVEL.items():
         if name == level:
             raise ValueNotAvailable(f"{name} is not available: {reason}")
+    value = MODEL_VALUES.get(name) or (name.removeprefix("model.") if name.removeprefix("model.") in MODEL_SITES
+                                       else None)
+    if value is not None:  # a model-level value: served or refused with the family's reason
+        reason = model.support().reason(value)
+        if reason is not None:
+            raise ValueNotAvailable(f"{name} is not available: {reason}")
+        return Point(None, value, head, name)
     found = _TL.match(name)
     if found is not None:
         layer = layer_index(int(found.group(1)), model.num_layers, f"{name} (model.layers)")

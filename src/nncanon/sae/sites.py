@@ -191,6 +191,8 @@ def value_at(model: Any, name: str | Point, head: int | None = None) -> torch.Te
     outside = outside_trace(model, f"{point.name or point.label}")
     if outside is not None:
         return outside
+    if point.layer is None:  # a model-level value (hook_embed): the served value itself
+        return getattr(model, point.value)
     if point.value == "attention_probabilities":  # no site of its own: served by the attention (eager or recomputed)
         return model.layers[point.layer].self_attn.attention_probabilities
     read = open_point(model, point)

@@ -202,17 +202,23 @@ def _gradients(model: Any, names: list[str]) -> list[CheckResult]:
     for name in names:
         site = model._model_bindings[name].site
 
-        def keep(tensor: torch.Tensor, name: str = name) -> None:
-            if tensor.requires_grad and (name == "final_norm_output" or name not in edges):
-                edges[name] = torch.autograd.graph.get_gradient_edge(tensor)
+        def keep(raw: Any, site: Any = site, name: str = name) -> Any:
+            """The module's tensor, made a leaf where it is outside the graph (`Site.leaf`), its edge kept."""
+            if name != "final_norm_output" and name in edges:
+                return raw
+            tensor = _pick(raw, site)
+            if not tensor.requires_grad:
+                tensor = tensor.detach().requires_grad_(True)
+                raw = _put(raw, site, tensor)
+            edges[name] = torch.autograd.graph.get_gradient_edge(tensor)
+            return raw
 
         module = site_module(model, name)
         if site.key == "input":
             handles.append(module.register_forward_pre_hook(
-                lambda mod, args, kwargs, site=site, keep=keep: keep(_pick((args, kwargs), site)), with_kwargs=True))
+                lambda mod, args, kwargs, keep=keep: keep((args, kwargs)), with_kwargs=True))
         else:
-            handles.append(module.register_forward_hook(lambda mod, args, out, site=site, keep=keep: keep(
-                _pick(out, site))))
+            handles.append(module.register_forward_hook(lambda mod, args, out, keep=keep: keep(out)))
     try:
         with torch.enable_grad():
             output = model._module(**gradient_inputs(model))
