@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from .families import Family
+from .order import MODEL_ORDER
 from .served import Binding, Site
 
 #: The model-level values read at a module, in the order the model computes them.
@@ -54,4 +55,5 @@ def model_sites(model: Any, family: Family, config: Any) -> tuple[dict[str, Bind
 
 
 def _binding(name: str, envoy: Any, site: Site, config: Any) -> Binding:
-    return Binding(name, f"{envoy.path}.{site.key}", site, config, "model")
+    order = f"this {config.model_type} model computes its values block by block, layers[0] first; {MODEL_ORDER}"
+    return Binding(name, f"{envoy.path}.{site.key}", site, config, "model", order=order)

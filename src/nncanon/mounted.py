@@ -126,9 +126,8 @@ class MountedModel(TransformersModel):
         #: What `mount` found each block's layout has not at all (`nncanon.mounting.mount`).
         self._unserved = mount(self, family, self._text_config)
         #: The model-level values read at a module (`nncanon.model_sites`), and the gradients of those declined.
-        self._model_bindings, absent = model_sites(self, family, self._text_config)
-        for name, reason in absent.items():
-            self._model_declines.setdefault(name, reason)
+        #: Those the family has not at all (no position embeddings on a rotary model): not served, not declined.
+        self._model_bindings, self._model_absent = model_sites(self, family, self._text_config)
         self._model_gradient_declines: dict[str, str] = {}
 
     def _nncanon_binding(self, name: str) -> Binding:
@@ -143,7 +142,7 @@ class MountedModel(TransformersModel):
     def _model_value_check(self, name: str, asked: str | None = None) -> None:
         """Raise `ValueNotAvailable` where the model-level value ``name`` is declined (``asked``: the value
         the user asked for, where it is computed from ``name``)."""
-        reason = self.__dict__.get("_model_declines", {}).get(name)
+        reason = self.__dict__.get("_model_declines", {}).get(name) or self.__dict__.get("_model_absent", {}).get(name)
         if reason is not None:
             raise ValueNotAvailable(f"model.{asked or name} is not available: {reason}")
 

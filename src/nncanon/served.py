@@ -577,10 +577,10 @@ def read_site(binding: Binding, mediator: Mediator, label: str) -> tuple[Any, to
         raw = _value(binding, mediator, label)
         if binding.site.private:
             raw = _private(raw, binding.site, binding.location)
-        tensor = _pick(raw, binding.site)
-        if binding.site.leaf and torch.is_grad_enabled() and tensor.is_floating_point() and not tensor.requires_grad:
-            tensor.requires_grad_(True)  # (a tensor outside the graph is a leaf: its gradient is the one at it)
+        if binding.site.leaf:
+            raw = _in_graph(raw, binding.site, binding.location)
         view = binding.read(raw, mediator)
+        tensor = _pick(raw, binding.site)
         graph = tracks(tensor)
     return raw, view, graph, binding.site.needs_writeback or (graph and view is not tensor)
 
@@ -600,6 +600,17 @@ def _private(raw: Any, site: Site, location: str) -> Any:
     raw = Mediator.value(location)  # the model's value now (in a batched trace, the batch rebuilt around the copy)
     _owner(_pick(raw, site)).__dict__["_nncanon_private"] = True
     return raw
+
+
+def _in_graph(raw: Any, site: Site, location: str) -> Any:
+    """The raw value with the site's tensor in the autograd graph (`Site.leaf`): where the trace tracks gradients and
+    the tensor is outside the graph, the model is handed a view of it made now from a leaf that requires a gradient
+    (the same data; made at the read, so the backward reaches it after the values the model computes later)."""
+    tensor = _pick(raw, site)
+    if not torch.is_grad_enabled() or not tensor.is_floating_point() or tensor.requires_grad:
+        return raw
+    Mediator.swap(location, _put(raw, site, tensor.detach().requires_grad_(True).view_as(tensor)))
+    return Mediator.value(location)
 
 
 def _owner(tensor: torch.Tensor) -> torch.Tensor:

@@ -154,7 +154,7 @@ class SupportReport:
     def __init__(self, layers: list[LayerSupport], model_type: str, family: str, provenance: str = "",
                  model_declines: dict | None = None, cause: str | None = None,
                  attached: list[str] | None = None, batch: str | None = None,
-                 model_gradient_declines: dict | None = None) -> None:
+                 model_gradient_declines: dict | None = None, model_absent: dict | None = None) -> None:
         self.layers = layers
         self.model_type = model_type
         self.family = family
@@ -163,6 +163,8 @@ class SupportReport:
         self.provenance = provenance
         #: Model-level values (``logits``, ``project_on_vocab``, ``skip_layers``) not served, with the reason.
         self.model_declines = dict(model_declines or {})
+        #: Model-level values the model has not at all (no position embeddings on a rotary model), with the reason.
+        self.model_absent = dict(model_absent or {})
         #: Model-level values served whose gradient (``.grad``) is not (its gradient check failed), with the reason.
         self.model_gradient_declines = dict(model_gradient_declines or {})
         #: The one reason that declines every value, where there is one (no twin of the config runs):
@@ -195,7 +197,7 @@ class SupportReport:
                    provenance.text if provenance is not None else "", model.__dict__.get("_model_declines"),
                    getattr(provenance, "cause", None), attached_lines(model),
                    model._batch_coupling() if hasattr(model, "_batch_coupling") else None,
-                   model.__dict__.get("_model_gradient_declines"))
+                   model.__dict__.get("_model_gradient_declines"), model.__dict__.get("_model_absent"))
 
     def _row(self, layer: int) -> LayerSupport:
         return self.layers[layer_index(layer, len(self.layers), "support()")]
@@ -209,7 +211,7 @@ class SupportReport:
         """Why ``value`` is not served on ``layer`` (a model-level value of `MODEL_VALUES`: without a layer), or
         ``None`` when it is."""
         if layer is None and value in MODEL_VALUES:
-            return self.model_declines.get(value)
+            return self.model_declines.get(value) or self.model_absent.get(value)
         self._check(value)
         if layer is None:
             raise TypeError(f"support().reason({value!r}) needs a layer: {value} is a value of each layer")
@@ -221,7 +223,7 @@ class SupportReport:
 
     def model_values(self) -> dict[str, str | None]:
         """Each model-level value (`MODEL_VALUES`): ``None`` where it is served, else the reason it is not."""
-        return {value: self.model_declines.get(value) for value in MODEL_VALUES}
+        return {value: self.reason(value) for value in MODEL_VALUES}
 
     def provenance_of(self, value: str, layer: int) -> str:
         """Where ``value`` on ``layer`` stands: the model's provenance where it is served (``proved on a
@@ -277,6 +279,7 @@ class SupportReport:
             "cause": self.cause,
             "model_declines": dict(self.model_declines),
             "model_values": self.model_values(),
+            "model_absent": dict(self.model_absent),
             "model_gradients_declined": dict(self.model_gradient_declines),
             "attached": list(self.attached),
             "batch": self.batch,
@@ -312,6 +315,7 @@ class SupportReport:
         ]
         served = [name for name, reason in self.model_values().items() if reason is None]
         head += [f"model values served: {', '.join(served)}"] if served else []
+        head += [f"model.{name}: none, {reason}" for name, reason in self.model_absent.items()]
         head += [f"model.{name} served, its .grad not: {reason}"
                  for name, reason in self.model_gradient_declines.items()]
         lines = [line for text in head for line in _wrapped(text)]

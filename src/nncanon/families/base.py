@@ -82,15 +82,13 @@ class MLPAnatomy:
 #: ``model.position_embeddings``.
 POSITION_KINDS = {
     "rotary": "its positions enter through a rotary embedding of the queries and keys inside attention, not the "
-              "residual stream: no position embedding is added to the stream",
-    "alibi": "its positions enter as an additive bias on the attention scores (ALiBi), not the residual stream: no "
-             "position embedding is added to the stream",
-    "recurrent": "it has no position embedding: its mixers are recurrent (a state-space or recurrent scan), so the "
-                 "order of the tokens is in their state, not in a vector added to the stream",
-    "nope": "its attention takes no position information (NoPE) and its recurrent mixers see the order of the tokens "
-            "through their state: no position embedding is added to the stream",
-    "relative": "its positions enter as a relative-position bias on the attention scores, not the residual stream: "
-                "no position embedding is added to the stream",
+              "residual stream",
+    "alibi": "its positions enter as an additive bias on the attention scores (ALiBi), not the residual stream",
+    "recurrent": "its mixers are recurrent (a state-space or recurrent scan): the order of the tokens is in their "
+                 "state, not in a vector added to the stream",
+    "nope": "its attention takes no position information (NoPE), and its recurrent mixers see the order of the "
+            "tokens through their state, not through a vector added to the stream",
+    "relative": "its positions enter as a relative-position bias on the attention scores, not the residual stream",
 }
 
 

@@ -124,7 +124,7 @@ def apply_proof(model: Any, proof: Proof, unserved: list[frozenset[str] | None] 
                           f"and recomputing them from the kernel's inputs is {reason}. Load it with "
                           f"StandardizedTransformer(..., attn_implementation=\"eager\") to read them.")
             (decline_gradient if gradient else decline)(layer, value, reason)
-    family_declines = dict(model._model_declines)  # (a value the family declines keeps its own reason)
+    family_declines = {**model._model_declines, **model._model_absent}  # (the family's own reasons stay)
     for value, reason, gradient in _unproved(proof, "model"):
         if value not in family_declines:
             (model._model_gradient_declines if gradient else model._model_declines)[value] = reason

@@ -29,7 +29,7 @@ from .references import encode
 
 def served_sites(model: Any) -> list[str]:
     """The model-level values of `MODEL_SITES` ``model`` serves (not declined), in the order the model computes them."""
-    declined = model.__dict__.get("_model_declines", {})
+    declined = {**model.__dict__.get("_model_declines", {}), **model.__dict__.get("_model_absent", {})}
     return [name for name in MODEL_SITES if name not in declined]
 
 
