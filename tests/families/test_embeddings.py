@@ -80,7 +80,7 @@ def test_an_assignment_is_the_same_replacement_by_a_plain_hook(model, variant):
         site = model._model_bindings[name].site
         calls = []
 
-        def replaced(raw, site=site, name=name):
+        def replaced(raw, site=site, name=name, calls=calls):
             calls.append(True)
             if name != "final_norm_output" and len(calls) > 1:
                 return raw
