@@ -94,7 +94,7 @@ UNSERVED = {
 }
 
 #: TransformerLens hook names outside the blocks that name a model-level value (`nncanon.model_sites`).
-MODEL_VALUES = {"hook_embed": "token_embeddings", "hook_pos_embed": "position_embeddings"}
+MODEL_HOOKS = {"hook_embed": "token_embeddings", "hook_pos_embed": "position_embeddings"}
 
 #: TransformerLens hook names outside the blocks that nncanon does not serve, with the reason.
 MODEL_LEVEL = {
@@ -168,7 +168,7 @@ def resolve(model: Any, name: str, head: int | None = None) -> Point:
     for level, reason in MODEL_LEVEL.items():
         if name == level:
             raise ValueNotAvailable(f"{name} is not available: {reason}")
-    value = MODEL_VALUES.get(name) or (name.removeprefix("model.") if name.removeprefix("model.") in MODEL_SITES
+    value = MODEL_HOOKS.get(name) or (name.removeprefix("model.") if name.removeprefix("model.") in MODEL_SITES
                                        else None)
     if value is not None:  # a model-level value: served or refused with the family's reason
         reason = model.support().reason(value)
