@@ -145,6 +145,7 @@ def _embeddings(model: torch.nn.Module, run: Recording, entering: list[Call]) ->
     norm = next((c.name for c in entering if c.name != positions and any(True for _ in run.modules[c.name].parameters())
                  and is_norm(run.modules[c.name], c)), None)
     rotary = any(re.search("rotary|rope", type(m).__name__, re.IGNORECASE) for m in model.modules())
-    kind = "rotary" if rotary or positions is not None else ("inferred: no position embedding module runs before the first block, and the model "
-                                    "has no rotary embedding module (its positions, if any, enter inside the blocks)")
+    kind = "rotary" if rotary or positions is not None else (
+        "inferred: no position embedding module runs before the first block, and the model has no rotary embedding "
+        "module (its positions, if any, enter inside the blocks)")
     return Embeddings(positions=positions, positions_kind=kind, norm=norm)
