@@ -84,13 +84,6 @@ class Site:
         part: ``(i, n)``: the value is part ``i`` of ``n`` equal parts of the tensor's last axis (a fused
             projection, Phi-3's ``gate_up_proj``, whose output the MLP chunks into its gate and linear paths),
             served as a view of that slice.
-        broadcast: The tensor may hold one row that the model broadcasts over the batch (GPT-2's position
-            embeddings, from position ids ``[1, s]``): served with this invoke's rows, ``[b, s, ...]``, a copy whose
-            edits are written back as a tensor with every row of the batch (the rows not written as the model's
-            broadcast gives them, so a write stays in its invoke).
-        leaf: The tensor may be outside the autograd graph (XGLM's sinusoidal positions, an embedding whose weights
-            take no gradient): in a trace that tracks gradients, it is made to require one at the read (its data
-            untouched), so that the value's ``.grad`` is the gradient at it.
     """
 
     module: str = ""
@@ -109,8 +102,6 @@ class Site:
     transposed: bool = False
     private: bool = False
     part: tuple[int, int] | None = None
-    broadcast: bool = False
-    leaf: bool = False
 
     def factor(self, config: Any) -> float:
         """The scale factor for ``config`` (``1.0`` where the site has none)."""
@@ -120,7 +111,7 @@ class Site:
     def needs_writeback(self) -> bool:
         """Whether the served tensor is not a view of the model's own, so edits must be written back."""
         return (self.scale is not None or self.clone or self.bias is not None or self.stacked
-                or self.weighted is not None or self.broadcast)
+                or self.weighted is not None)
 
 
 def stacked_as_served(tensor: torch.Tensor) -> torch.Tensor:
@@ -203,27 +194,6 @@ def _rows(mediator: Mediator) -> tuple[int, tuple[int, int] | None]:
     return batcher.total, (tuple(group) if group is not None else None)
 
 
-def _invoke_rows(tensor: torch.Tensor, mediator: Mediator) -> int:
-    """The rows of this invoke a `Site.broadcast` tensor stands for: its own where it has more than one (nnsight
-    narrowed it to this invoke, or the model computed every row), else this invoke's (or the batch's) rows."""
-    if tensor.shape[0] != 1:
-        return tensor.shape[0]
-    total, rows = _rows(mediator)
-    return rows[1] if rows is not None else max(total, 1)
-
-
-def _widen_broadcast(value: torch.Tensor, tensor: torch.Tensor, mediator: Mediator | None) -> torch.Tensor:
-    """A `Site.broadcast` value of this invoke's rows, ``[n, ...]``, as the model's tensor for the whole batch: the
-    other invokes' rows are the model's one row, broadcast as the model would have broadcast it."""
-    total, rows = _rows(mediator) if mediator is not None else (0, None)
-    if rows is None:
-        return value
-    start, size = rows
-    before = tensor.expand(start, *tensor.shape[1:])
-    after = tensor.expand(total - start - size, *tensor.shape[1:])
-    return torch.cat([before, value, after], dim=0)
-
-
 @dataclass
 class Binding:
     """A site bound to one block of one model: the location it is read at, and how.
@@ -269,8 +239,6 @@ class Binding:
         tensor = _pick(raw, self.site)
         if self.site.stacked:
             return stacked_as_served(self._own_rows(tensor, mediator))
-        if self.site.broadcast:
-            return tensor.expand(_invoke_rows(tensor, mediator), *tensor.shape[1:]).clone()
         bias = self._bias(raw)
         if bias is not None:
             tensor = tensor + bias
@@ -327,8 +295,6 @@ class Binding:
         """``value`` (served shape) laid out as the model's ``tensor``: heads merged back, merged axes
         split again, a flattened token axis restored. On a flattened site, whose raw tensor holds every
         invoke's rows, this invoke's rows are placed into a copy of ``tensor``."""
-        if self.site.broadcast and value.shape[0] != tensor.shape[0]:
-            return _widen_broadcast(value, tensor, mediator)
         if self.site.heads_first:
             value = value.transpose(1, 2)
         if self.site.transposed:
@@ -577,8 +543,6 @@ def read_site(binding: Binding, mediator: Mediator, label: str) -> tuple[Any, to
         raw = _value(binding, mediator, label)
         if binding.site.private:
             raw = _private(raw, binding.site, binding.location)
-        if binding.site.leaf:
-            raw = _in_graph(raw, binding.site, binding.location)
         view = binding.read(raw, mediator)
         tensor = _pick(raw, binding.site)
         graph = tracks(tensor)
@@ -600,17 +564,6 @@ def _private(raw: Any, site: Site, location: str) -> Any:
     raw = Mediator.value(location)  # the model's value now (in a batched trace, the batch rebuilt around the copy)
     _owner(_pick(raw, site)).__dict__["_nncanon_private"] = True
     return raw
-
-
-def _in_graph(raw: Any, site: Site, location: str) -> Any:
-    """The raw value with the site's tensor in the autograd graph (`Site.leaf`): where the trace tracks gradients and
-    the tensor is outside the graph, the model is handed a view of it made now from a leaf that requires a gradient
-    (the same data; made at the read, so the backward reaches it after the values the model computes later)."""
-    tensor = _pick(raw, site)
-    if not torch.is_grad_enabled() or not tensor.is_floating_point() or tensor.requires_grad:
-        return raw
-    Mediator.swap(location, _put(raw, site, tensor.detach().requires_grad_(True).view_as(tensor)))
-    return Mediator.value(location)
 
 
 def _owner(tensor: torch.Tensor) -> torch.Tensor:
