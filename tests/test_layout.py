@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("errors", "versions", "quiet", "threads", "hub", "registry", "scope", "nnsight_internals",
                     "quantization")),
     ("surface", ("order", "gradients", "served", "components", "families", "mounting", "support", "reading",
-                 "resuming", "steering", "inputs", "skipping", "traced", "mounted")),
+                 "resuming", "steering", "inputs", "skipping", "traced", "mounted", "model_sites")),
     ("proof", ("proof",)),
     ("inference", ("inference",)),
     ("model", ("loading", "model")),

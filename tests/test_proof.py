@@ -469,7 +469,8 @@ def test_a_proof_made_without_the_gradient_checks_is_proved_again(monkeypatch, t
     monkeypatch.setattr(proof_verdict, "CHECKS", everything)
     new = _load(hf, verify="auto")._provenance.proof
     assert not new.from_cache and new.key != old.key
-    assert {r.check for r in new.verdict.results if r.gradient} == {"gradients", "gradient_writes"}
+    assert {r.check for r in new.verdict.results if r.gradient} == {"gradients", "gradient_writes",
+                                                                    "embedding_gradients"}
     assert new.verdict.proved(0, "attention_head_outputs", gradient=True)
     assert len(list((tmp_path / "proofs").glob("*.json"))) == 2
 

@@ -20,10 +20,11 @@ from .errors import InvalidInput, InvalidSkip, InvalidWrite, NestedTrace, SizeNo
 from .families import Family
 from .gradients import forward_guard
 from .inputs import check_batch, refuse_no_prompt
+from .model_sites import final_norm_path, model_sites
 from .mounting import mount
 from .quantization import float_dtype, head_dtype, is_quantized
 from .quiet import wrapping_quietly
-from .served import check_write, model_value, served_as_stacked
+from .served import Binding, check_write, model_value, served, served_as_stacked
 from .skipping import (
     check_not_generating_with_cache,
     check_replacement,
@@ -125,7 +126,14 @@ class MountedModel(TransformersModel):
         self._model_declines: dict[str, str] = dict(declines(self._text_config) if callable(declines) else declines)
         #: What `mount` found each block's layout has not at all (`nncanon.mounting.mount`).
         self._unserved = mount(self, family, self._text_config)
+        #: The model-level values read at a module (`nncanon.model_sites`), and the gradients of those declined.
+        #: Those the family has not at all (no position embeddings on a rotary model): not served, not declined.
+        self._model_bindings, self._model_absent = model_sites(self, family, self._text_config)
+        self._model_gradient_declines: dict[str, str] = {}
+        #: The final norm's values (`nncanon.components.norms`), or why the model has none (then absent).
         self._final_norm = self._mount_final_norm()
+        if isinstance(self._final_norm, str):
+            self._model_absent = {**self._model_absent, **dict.fromkeys(FINAL_VALUES, self._final_norm)}
 
     def _mount_final_norm(self) -> dict[str, NormBinding] | str:
         """The final norm's values (`nncanon.components.norms`), or why the model has none to serve."""
@@ -152,14 +160,19 @@ class MountedModel(TransformersModel):
             raise ValueNotAvailable(f"model.{name} is not available: {found}")
         return found[name]
 
+    def _nncanon_binding(self, name: str) -> Binding:
+        """The binding of the model-level value ``name`` (`served` reads it), or `ValueNotAvailable` with the reason."""
+        self._model_value_check(name)
+        return self._model_bindings[name]
+
     def _nncanon_gradient_reason(self, name: str) -> str | None:
-        """Why ``model.<name>.grad`` is not served (``None``: a final-norm value's gradient is proved with it)."""
-        return None
+        """Why the gradient of the model-level value ``name`` is not served (its gradient check failed), or ``None``."""
+        return self.__dict__.get("_model_gradient_declines", {}).get(name)
 
     def _model_value_check(self, name: str, asked: str | None = None) -> None:
         """Raise `ValueNotAvailable` where the model-level value ``name`` is declined (``asked``: the value
         the user asked for, where it is computed from ``name``)."""
-        reason = self.__dict__.get("_model_declines", {}).get(name)
+        reason = self.__dict__.get("_model_declines", {}).get(name) or self.__dict__.get("_model_absent", {}).get(name)
         if reason is not None:
             raise ValueNotAvailable(f"model.{asked or name} is not available: {reason}")
 
@@ -376,6 +389,35 @@ class MountedModel(TransformersModel):
 
     # -- model-level values --------------------------------------------------
 
+    token_embeddings = served("token_embeddings", "the token embedding module's output", """The token embeddings,
+        ``[batch, seq, hidden]``: the output of the token embedding module (``embed_tokens``, GPT-2's ``wte``), the
+        TransformerLens ``hook_embed``.
+
+        A scale the module applies itself is in it (Gemma's ``sqrt(hidden_size)``, inside its scaled embedding); one the
+        model's forward applies after it is not (Granite's ``embedding_multiplier``): the load-time proof checks that
+        ``layers[0].layer_input`` is ``norm(project(token_embeddings) · scale + position_embeddings)`` with the family's
+        own terms (`nncanon.families.Embeddings`). Writable (a write replaces the embedding rows of its invoke) and with
+        ``.grad``, the gradient at the embeddings.""")
+
+    position_embeddings = served("position_embeddings", "the absolute position embeddings", """The absolute position
+        embeddings, ``[batch, seq, hidden]``: the output of the position embedding module (GPT-2's ``wpe``, OPT's
+        learned positions with their offset, XGLM's sinusoidal ones), the TransformerLens ``hook_pos_embed``; a model
+        that broadcasts one row over the batch is served its rows for each prompt. Writable, with ``.grad``.
+
+        Raises:
+            ValueNotAvailable: on a model whose positions do not enter the stream (rotary, ALiBi, a recurrent mixer),
+                saying which.""")
+
+    final_norm_output = served("final_norm_output", "what the head reads: the final norm's output", """The final
+        norm's output, ``[batch, seq, hidden]``, weight (and bias) applied: what the head reads (through the modules
+        `Family.before_head` names where a family has them, OPT's ``project_out``). ``lm_head`` of it, with the family's
+        logit post-processing, is ``logits``; ``project_on_vocab(layers[-1].layer_output)`` normalises the stream to it.
+        TransformerLens's ``ln_final.hook_normalized`` is the norm's output before its weight (TransformerLens folds the
+        weight into the unembedding): that one is not this. Writable (a write reaches the head), with ``.grad``.
+
+        Raises:
+            ValueNotAvailable: on a configuration without a final norm (OPT's post-LN).""")
+
     final_norm_scale = norm_value("final_norm_scale", *DESCRIPTIONS["final_norm_scale"])
     final_normalized = norm_value("final_normalized", *DESCRIPTIONS["final_normalized"])
 
@@ -459,6 +501,36 @@ class MountedModel(TransformersModel):
 
     def _project(self, hidden: torch.Tensor) -> torch.Tensor:
         """`project_on_vocab` of a tensor."""
+        return self._from_final_norm(self._to_final_norm(hidden))
+
+    def _head_stages(self) -> list[tuple[str, Any]]:
+        """What the model runs from the stream leaving its last block to the head's input, by name: the final norm
+        (``norm``, its path), the modules before the head (their paths), then ``lm_head`` (the divisor and cast of the
+        head's input). `final_norm_output` is the output of the stage `Family.final_norm` names."""
+        stages: list[tuple[str, Any]] = []
+        if self.norm is not None:
+            stages.append((self._family.norm, self.norm))
+        paths = [path for path in self._family.before_head if self._optional(path) is not None]
+        stages += list(zip(paths, self._before_head, strict=True))
+
+        def head_input(x: torch.Tensor) -> torch.Tensor:
+            input_divisor = self._family.step_factor("divide_input", self._text_config)
+            if input_divisor is not None:
+                x = x / input_divisor
+            if self._family.casts_head_input:  # as the model does: lm_head(h.to(lm_head.weight.dtype))
+                x = x.to(head_dtype(self.lm_head._module, x.dtype))
+            return x
+
+        return [*stages, ("lm_head", head_input)]
+
+    def _final_stage(self) -> int:
+        """The index in `_head_stages` whose output is `final_norm_output`."""
+        path = final_norm_path(self._family)
+        names = [name for name, _ in self._head_stages()]
+        return names.index(path) if path in names else 0
+
+    def _to_final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The final norm's output (`final_norm_output`) from a residual-stream state: `project_on_vocab` up to it."""
         x = hidden
         if self._family.collapse is not None:
             x = self._family.collapse(self._module, x)
@@ -467,15 +539,19 @@ class MountedModel(TransformersModel):
         stream_divisor = self._family.step_factor("divide_stream", self._text_config)
         if stream_divisor is not None:
             x = x / stream_divisor
-        if self.norm is not None:
-            x = self.norm(x)
-        for module in self._before_head:
-            x = module(x)
-        input_divisor = self._family.step_factor("divide_input", self._text_config)
-        if input_divisor is not None:
-            x = x / input_divisor
-        if self._family.casts_head_input:  # as the model does: lm_head(h.to(lm_head.weight.dtype))
-            x = x.to(head_dtype(self.lm_head._module, x.dtype))
+        stages = self._head_stages()
+        if self.norm is None and final_norm_path(self._family) != "lm_head":
+            return x  # (no final norm: `final_norm_output` is declined, the stages all follow)
+        for _, stage in stages[: self._final_stage() + 1]:
+            x = stage(x)
+        return x
+
+    def _from_final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits from the final norm's output: the modules before the head, the head, the logit post-processing."""
+        stages = self._head_stages()
+        first = 0 if self.norm is None and final_norm_path(self._family) != "lm_head" else self._final_stage() + 1
+        for _, stage in stages[first:]:
+            x = stage(x)
         return apply_logit_steps(self.lm_head(x), self._family, self._text_config)
 
     def skip_layers(self, start: int, end: int | None = None, skip_with: torch.Tensor | None = None) -> None:

@@ -55,12 +55,17 @@ def layer_of(label: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+#: Where the model-level values fall in the order a model computes its values.
+MODEL_ORDER = ("model.token_embeddings and position_embeddings come before layers[0]; model.final_norm_output, "
+               "logits and next_token_probs come last")
+
+
 def block_order(components: list[str], layer: int, count: int, model_type: str) -> str:
     """The sentence saying in which order this model computes block ``layer``'s values."""
     inside = ", then ".join(["layer_input", *components, "layer_output"])
     return (
         f"this {model_type} model computes its values block by block, layers[0] to layers[{count - 1}], "
-        f"and inside layers[{layer}]: {inside}; model.logits and next_token_probs come last"
+        f"and inside layers[{layer}]: {inside}; {MODEL_ORDER}"
     )
 
 

@@ -85,6 +85,10 @@ COMPONENTS = ("self_attn", "linear_attn", "mlp")
 INNER_VALUES = ("attention_input", "linear_attention_input", "pre_activations", "linear_activations", "neurons")
 
 
+#: The model-level values, in the order ``support()`` reports them (each served once per model, not per layer).
+MODEL_VALUES = ("token_embeddings", "position_embeddings", "final_norm_scale", "final_normalized", "final_norm_output",
+                "logits", "next_token_probs", "project_on_vocab", "skip_layers")
+
 _ANY_LAYER = re.compile(r"layers\[\d+\]")
 
 #: The column headings of ``print(model.support())``: short names, each spelled out in the table's legend.
@@ -174,7 +178,8 @@ class SupportReport:
 
     def __init__(self, layers: list[LayerSupport], model_type: str, family: str, provenance: str = "",
                  model_declines: dict | None = None, cause: str | None = None,
-                 attached: list[str] | None = None, batch: str | None = None) -> None:
+                 attached: list[str] | None = None, batch: str | None = None,
+                 model_gradient_declines: dict | None = None, model_absent: dict | None = None) -> None:
         self.layers = layers
         self.model_type = model_type
         self.family = family
@@ -183,6 +188,10 @@ class SupportReport:
         self.provenance = provenance
         #: Model-level values (``logits``, ``project_on_vocab``, ``skip_layers``) not served, with the reason.
         self.model_declines = dict(model_declines or {})
+        #: Model-level values the model has not at all (no position embeddings on a rotary model), with the reason.
+        self.model_absent = dict(model_absent or {})
+        #: Model-level values served whose gradient (``.grad``) is not (its gradient check failed), with the reason.
+        self.model_gradient_declines = dict(model_gradient_declines or {})
         #: The one reason that declines every value, where there is one (no twin of the config runs):
         #: printed once, at the top; each value's reason (`reason`, `to_dict`) still says it in full.
         self.cause = cause
@@ -212,23 +221,34 @@ class SupportReport:
         return cls(rows, model._text_config.model_type, model.family.name,
                    provenance.text if provenance is not None else "", model.__dict__.get("_model_declines"),
                    getattr(provenance, "cause", None), attached_lines(model),
-                   model._batch_coupling() if hasattr(model, "_batch_coupling") else None)
+                   model._batch_coupling() if hasattr(model, "_batch_coupling") else None,
+                   model.__dict__.get("_model_gradient_declines"), model.__dict__.get("_model_absent"))
 
     def _row(self, layer: int) -> LayerSupport:
         return self.layers[layer_index(layer, len(self.layers), "support()")]
 
     def _check(self, value: str) -> None:
         if value not in LAYER_VALUES:
-            raise KeyError(f"{value!r} is not a standard value; the values are: {', '.join(LAYER_VALUES)}")
+            raise KeyError(f"{value!r} is not a standard value; the values are: {', '.join(LAYER_VALUES)}; the "
+                           f"model-level values (asked without a layer): {', '.join(MODEL_VALUES)}")
 
-    def reason(self, value: str, layer: int) -> str | None:
-        """Why ``value`` is not served on ``layer``, or ``None`` when it is."""
+    def reason(self, value: str, layer: int | None = None) -> str | None:
+        """Why ``value`` is not served on ``layer`` (a model-level value of `MODEL_VALUES`: without a layer), or
+        ``None`` when it is."""
+        if layer is None and value in MODEL_VALUES:
+            return self.model_declines.get(value) or self.model_absent.get(value)
         self._check(value)
+        if layer is None:
+            raise TypeError(f"support().reason({value!r}) needs a layer: {value} is a value of each layer")
         return self._row(layer).reasons[value]
 
-    def available(self, value: str, layer: int) -> bool:
-        """Whether ``layer`` serves ``value``."""
+    def available(self, value: str, layer: int | None = None) -> bool:
+        """Whether ``layer`` serves ``value`` (a model-level value: whether the model does)."""
         return self.reason(value, layer) is None
+
+    def model_values(self) -> dict[str, str | None]:
+        """Each model-level value (`MODEL_VALUES`): ``None`` where it is served, else the reason it is not."""
+        return {value: self.reason(value) for value in MODEL_VALUES}
 
     def provenance_of(self, value: str, layer: int) -> str:
         """Where ``value`` on ``layer`` stands: the model's provenance where it is served (``proved on a
@@ -236,12 +256,14 @@ class SupportReport:
         reason = self.reason(value, layer)
         return self.provenance if reason is None else f"declined: {reason}"
 
-    def gradient_reason(self, value: str, layer: int) -> str | None:
+    def gradient_reason(self, value: str, layer: int | None = None) -> str | None:
         """Why ``value.grad`` is not served on ``layer`` (the value is not, it has none, or its gradient
         check failed on the load-time proof), or ``None`` when it is."""
         reason = self.reason(value, layer)
         if reason is not None:
             return reason
+        if layer is None:
+            return self.model_gradient_declines.get(value)
         if value == "expert_indices":
             return "expert_indices are integers: they have no gradient"
         return self._row(layer).gradient_reasons.get(value)
@@ -281,6 +303,9 @@ class SupportReport:
             "provenance": self.provenance,
             "cause": self.cause,
             "model_declines": dict(self.model_declines),
+            "model_values": self.model_values(),
+            "model_absent": dict(self.model_absent),
+            "model_gradients_declined": dict(self.model_gradient_declines),
             "attached": list(self.attached),
             "batch": self.batch,
             "layers": [
@@ -313,6 +338,11 @@ class SupportReport:
             *(f"model.{name} not served: {reason}" for name, reason in self.model_declines.items()
               if name not in by_cause),
         ]
+        served = [name for name, reason in self.model_values().items() if reason is None]
+        head += [f"model values served: {', '.join(served)}"] if served else []
+        head += [f"model.{name}: none, {reason}" for name, reason in self.model_absent.items()]
+        head += [f"model.{name} served, its .grad not: {reason}"
+                 for name, reason in self.model_gradient_declines.items()]
         lines = [line for text in head for line in _wrapped(text)]
         if everywhere:
             lines += _wrapped("served on every layer: " + ", ".join(everywhere))

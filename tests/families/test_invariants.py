@@ -19,6 +19,7 @@ import torch
 import transformers
 
 from nncanon import InvalidSkip, InvalidWrite, SizeNotAvailable
+from nncanon.model_sites import MODEL_SITES
 from nncanon.proof.checks import CHECKS
 from nncanon.proof.checks.base import GRADIENT_VALUES, HEAD_VALUES, KERNEL_INPUTS
 from nncanon.proof.checks.references import served
@@ -130,6 +131,12 @@ def test_every_served_value_is_proved(model, variant, verdict):
             continue
         assert verdict.proved(None, value) or _upstream_doubt(verdict, variant, None, value), (
             f"{value}: {verdict.why_not(None, value)}")
+    for value in MODEL_SITES:  # the model-level values read at a module, and their gradients
+        if not report.available(value):
+            continue
+        for gradient in (False, True):
+            assert verdict.proved(None, value, gradient) or _upstream_doubt(verdict, variant, None, value, gradient), (
+                f"model.{value}{'.grad' if gradient else ''}: {verdict.why_not(None, value, gradient)}")
 
 
 def test_probabilities_recomputed_where_eager_serves_them(model, variant, verdict):

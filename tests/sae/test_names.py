@@ -49,8 +49,9 @@ def test_names_without_a_meaning_here_say_why(llama):
     assert resolve(llama, "blocks.0.mlp.hook_post").value == "neurons"
     with pytest.raises(ValueNotAvailable, match="scores before the softmax are not a standard value"):
         resolve(llama, "blocks.0.attn.hook_attn_scores")
-    with pytest.raises(ValueNotAvailable, match=r"layers\[0\]\.layer_input"):
-        resolve(llama, "hook_embed")
+    assert resolve(llama, "hook_embed").label == "model.token_embeddings"
+    with pytest.raises(ValueNotAvailable, match="rotary embedding of the queries and keys"):
+        resolve(llama, "hook_pos_embed")
 
 
 def test_a_parallel_block_has_no_resid_mid_and_its_mlp_in_is_the_block_input():

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import OutOfScopeModel, UnknownFamilyError
 from ..scope import NOT_YET, out_of_scope_reason
-from .base import Family, LogitStep, MLPAnatomy
+from .base import Embeddings, Family, LogitStep, MLPAnatomy
 
 ADDING_A_FAMILY = "docs/adding-a-family.md"
 
@@ -63,4 +63,4 @@ def family_for(config: Any) -> Family:
     return family
 
 
-__all__ = ["REGISTRY", "Family", "LogitStep", "MLPAnatomy", "family_for", "registered_model_types"]
+__all__ = ["REGISTRY", "Embeddings", "Family", "LogitStep", "MLPAnatomy", "family_for", "registered_model_types"]

@@ -78,6 +78,60 @@ class MLPAnatomy:
     combine: Callable[[Any, Any, Any], Any] | None = field(default=None, compare=False)
 
 
+#: Why a family has no absolute position embeddings, by kind (`Embeddings.positions_kind`): the refusal of
+#: ``model.position_embeddings``.
+POSITION_KINDS = {
+    "rotary": "its positions enter through a rotary embedding of the queries and keys inside attention, not the "
+              "residual stream",
+    "alibi": "its positions enter as an additive bias on the attention scores (ALiBi), not the residual stream",
+    "recurrent": "its mixers are recurrent (a state-space or recurrent scan): the order of the tokens is in their "
+                 "state, not in a vector added to the stream",
+    "nope": "its attention takes no position information (NoPE), and its recurrent mixers see the order of the "
+            "tokens through their state, not through a vector added to the stream",
+    "relative": "its positions enter as a relative-position bias on the attention scores, not the residual stream",
+}
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    """How a family's embeddings become the stream entering block 0, by module paths from the ``*ForCausalLM`` root.
+
+    ``layers[0].layer_input == norm(project(token_embeddings) · scale + position_embeddings)`` (on a multi-stream
+    model, its first stream), where ``token_embeddings`` is the output of `Family.embed_tokens` (a scale the module
+    applies itself, Gemma's ``sqrt(hidden_size)``, is in it) and ``position_embeddings`` that of ``positions``; the
+    load-time proof checks it (``embeddings``), and a family whose formula does not hold has its token embeddings
+    declined with the check's numbers.
+
+    Attributes:
+        positions: The absolute position embedding module (GPT-2's ``transformer.wpe``), ``None`` where the model has
+            none.
+        positions_kind: Why the model has none: a key of `POSITION_KINDS` (``"rotary"``, ``"alibi"``, ``"recurrent"``,
+            ``"nope"``, ``"relative"``), a sentence, or a function of the config that returns either.
+        scale: The factor the model's forward multiplies the token embeddings by (Granite's ``embedding_multiplier``):
+            a config attribute or a function of the config; ``None``: none outside the embedding module.
+        project: A module applied to the token embeddings before the positions are added (OPT's ``project_in``; a
+            path the configuration leaves out is passed over).
+        norm: A module applied to the sum (BLOOM's ``word_embeddings_layernorm``).
+        in_place: The model changes the token embeddings in place after the module returns (CTRL's ``*=``): they are
+            served as a copy, their edits written back.
+        combine: ``(model, tokens, positions) -> stream`` where the model combines them otherwise (ZAYA's
+            ``(tokens + bias) · scale`` by its own parameters); ``model`` is the unwrapped transformers model.
+    """
+
+    positions: str | None = None
+    positions_kind: str | Callable[[Any], str] = "rotary"
+    scale: str | Callable[[Any], Any] | None = None
+    project: str | None = None
+    norm: str | None = None
+    in_place: bool = False
+    combine: Callable[[Any, Any, Any], Any] | None = field(default=None, compare=False)
+
+    def no_positions(self, config: Any) -> str:
+        """Why a model with ``config`` has no absolute position embeddings (`positions_kind`)."""
+        kind = self.positions_kind(config) if callable(self.positions_kind) else self.positions_kind
+        return POSITION_KINDS.get(kind, kind)
+
+
 @dataclass(frozen=True)
 class Family:
     """How one architecture family lays out the standard values.
@@ -180,6 +234,11 @@ class Family:
             ``None``: the final norm takes the stream as it is.
         refuse_skip: ``(config, start, end) -> reason or None``: skips of blocks ``start..end`` the model
             cannot run (Gemma-3n: a skipped block that stores keys/values a later block reuses).
+        embeddings: How the embeddings become the stream entering block 0 (`Embeddings`): the position
+            embeddings, a scale, a projection or norm between them and block 0.
+        final_norm: The module whose output is ``model.final_norm_output`` (``None``: ``norm``), one of ``norm`` and
+            ``before_head`` (HY-V4's ``model.norm`` after its streams are collapsed), or ``"lm_head"``: the head's
+            input, where the final norm module also runs elsewhere (nanochat norms the embeddings with it).
         mlp_anatomy: Where the MLP keeps its neurons (`MLPAnatomy`); ``"auto"``: found in the MLP module's
             structure at load (`nncanon.components.anatomy.discover`); a string other than ``"auto"``: why the
             neurons are not served, a property of the family (a mixture of experts' experts run fused).
@@ -235,6 +294,8 @@ class Family:
     refuse_skip: Callable[[Any, int, int], str | None] | None = field(default=None, compare=False)
     mlp_anatomy: MLPAnatomy | str = "auto"
     norms: dict[str, str] = field(default_factory=dict, compare=False)
+    embeddings: Embeddings = Embeddings()
+    final_norm: str | None = None
 
     def for_layer(self, config: Any, layer: int) -> tuple[Family, str | None]:
         """The layout of block ``layer`` (this record with its kind's fields), and the kind's name."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..components.kernel import split_kernel
 from ..served import Site
-from .base import Family
+from .base import Embeddings, Family
 
 
 def _declines(config: Any, layer: int) -> dict:
@@ -46,6 +46,7 @@ def _alpha(module: Any, kwargs: dict, head_dim: int) -> float:
 BLOOM = Family(
     name="bloom",
     model_types=("bloom",),
+    embeddings=Embeddings(positions_kind="alibi", norm="transformer.word_embeddings_layernorm"),
     layers="transformer.h",
     embed_tokens="transformer.word_embeddings",
     norm="transformer.ln_f",

@@ -9,13 +9,14 @@ query is already scaled by ``1/√head_dim`` (XGLM scales its projection), so ``
 
 from ..components.kernel import split_kernel, unscaled
 from ..served import Site
-from .base import Family
+from .base import Embeddings, Family
 
 _RESIDUAL = "h = x + self_attn(self_attn_layer_norm(x)); y = h + fc2(act(fc1(final_layer_norm(h))))"
 
 XGLM = Family(
     name="xglm",
     model_types=("xglm",),
+    embeddings=Embeddings(positions="model.embed_positions"),
     norm="model.layer_norm",
     mlp=None,
     mlp_output=Site("fc2"),
@@ -29,6 +30,7 @@ XGLM = Family(
 BIOGPT = Family(
     name="biogpt",
     model_types=("biogpt",),
+    embeddings=Embeddings(positions="biogpt.embed_positions"),
     layers="biogpt.layers",
     embed_tokens="biogpt.embed_tokens",
     norm="biogpt.layer_norm",

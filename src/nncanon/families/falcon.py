@@ -23,7 +23,7 @@ from typing import Any
 from ..components.kernel import RECOMPUTED, sdpa_kernel
 from ..served import Site
 from ..versions import transformers_minor
-from .base import Family
+from .base import Embeddings, Family
 
 #: The pre-5.25 modeling code (attention inline, an ``alibi`` argument, eager adding ALiBi twice).
 _OLD_CODE = transformers_minor() < (5, 25)
@@ -61,9 +61,15 @@ def _kv_heads(config: Any) -> int:
     return 1
 
 
+def _positions(config: Any) -> str:
+    """ALiBi where the config asks for it, else rotary"""
+    return "alibi" if getattr(config, "alibi", False) else "rotary"
+
+
 FALCON = Family(
     name="falcon",
     model_types=("falcon",),
+    embeddings=Embeddings(positions_kind=_positions),
     layers="transformer.h",
     embed_tokens="transformer.word_embeddings",
     norm="transformer.ln_f",

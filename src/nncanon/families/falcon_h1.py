@@ -12,11 +12,12 @@ times ``lm_head_multiplier``; ``embedding_multiplier`` scales the embeddings bef
 """
 
 from ..served import Site
-from .base import Family, LogitStep
+from .base import Embeddings, Family, LogitStep
 
 FALCON_H1 = Family(
     name="falcon_h1",
     model_types=("falcon_h1",),
+    embeddings=Embeddings(scale="embedding_multiplier"),
     norm="model.final_layernorm",
     mixer="mamba",
     mixer_output=Site("mamba", scale="ssm_out_multiplier"),

@@ -10,7 +10,7 @@ the kernel's per-head inputs (``query_states``...), read at that function's call
 
 from ..components.kernel import STATES
 from ..served import Site
-from .base import Family
+from .base import Embeddings, Family
 
 _REORDERED = ("under eager attention this config (reorder_and_upcast_attn) computes attention in "
               "GPT2Attention._upcast_and_reordered_attn, without calling transformers' attention interface")
@@ -30,6 +30,7 @@ def _probabilities(config) -> tuple[str, ...] | None:
 GPT2 = Family(
     name="gpt2",
     model_types=("gpt2", "gpt_bigcode", "gpt-sw3"),
+    embeddings=Embeddings(positions="transformer.wpe"),
     layers="transformer.h",
     embed_tokens="transformer.wte",
     norm="transformer.ln_f",

@@ -7,11 +7,12 @@ the causal and local-window positions itself, from its ``bias`` buffer.
 
 from ..components.kernel import method_kernel, unscaled
 from ..served import Site
-from .base import Family
+from .base import Embeddings, Family
 
 GPT_NEO = Family(
     name="gpt_neo",
     model_types=("gpt_neo",),
+    embeddings=Embeddings(positions="transformer.wpe"),
     layers="transformer.h",
     embed_tokens="transformer.wte",
     norm="transformer.ln_f",

@@ -10,11 +10,12 @@ model then scales each head's output by ``sigmoid(logsumexp - sink)``.
 """
 
 from ..served import Site
-from .base import Family, LogitStep
+from .base import Embeddings, Family, LogitStep
 
 GRANITE = Family(
     name="granite",
     model_types=("granite", "granite_swa"),
+    embeddings=Embeddings(scale="embedding_multiplier"),
     attention_output=Site("self_attn", index=0, scale="residual_multiplier"),
     mlp_output=Site("mlp", scale="residual_multiplier"),
     logit_steps=(LogitStep("divide", "logits_scaling"),),

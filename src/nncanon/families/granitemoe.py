@@ -11,7 +11,7 @@ Logits are ``lm_head(norm(h)) / logits_scaling``.
 """
 
 from ..served import Site
-from .base import Family, LogitStep
+from .base import Embeddings, Family, LogitStep
 from .moe import INDICES_FIRST, router_sites
 
 _R = "residual_multiplier"
@@ -25,6 +25,7 @@ def _family(name: str, model_types: tuple[str, ...], shared: bool, indices_first
     return Family(
         name=name,
         model_types=model_types,
+        embeddings=Embeddings(scale="embedding_multiplier"),
         mlp="block_sparse_moe",
         attention_output=Site("self_attn", index=0, scale=_R),
         mlp_output=Site("block_sparse_moe", scale=_R),

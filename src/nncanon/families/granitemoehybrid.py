@@ -13,7 +13,7 @@ Logits are ``lm_head(norm(h)) / logits_scaling``.
 """
 
 from ..served import Site
-from .base import Family, LogitStep
+from .base import Embeddings, Family, LogitStep
 from .moe import INDICES_FIRST, router_sites
 
 _R = "residual_multiplier"
@@ -23,9 +23,15 @@ def _kinds(config, layer: int) -> tuple[str, str]:
     return config.layers_block_type[layer], "moe" if config.num_local_experts > 0 else "dense"
 
 
+def _positions(config) -> str:
+    """Rotary where ``position_embedding_type`` is ``"rope"``, else none (NoPE attention beside Mamba)"""
+    return "rotary" if getattr(config, "position_embedding_type", None) == "rope" else "nope"
+
+
 GRANITEMOEHYBRID = Family(
     name="granitemoehybrid",
     model_types=("granitemoehybrid",),
+    embeddings=Embeddings(positions_kind=_positions, scale="embedding_multiplier"),
     attention_output=Site("self_attn", index=0, scale=_R),
     logit_steps=(LogitStep("divide", "logits_scaling"),),
     residual=(

@@ -9,11 +9,12 @@ multiplied by ``embedding_multiplier`` before block 0, and the logits are
 """
 
 from ..served import Site
-from .base import Family, LogitStep
+from .base import Embeddings, Family, LogitStep
 
 HYPERCLOVAX = Family(
     name="hyperclovax",
     model_types=("hyperclovax",),
+    embeddings=Embeddings(scale="embedding_multiplier"),
     attention_output=Site("post_norm1", scale="residual_multiplier"),
     mlp_output=Site("post_norm2", scale="residual_multiplier"),
     logit_steps=(LogitStep("multiply", "logits_scaling"),),

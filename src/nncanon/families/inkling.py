@@ -17,7 +17,7 @@ cut to ``unpadded_vocab_size`` when set.
 """
 
 from ..served import Site
-from .base import Family, LogitStep
+from .base import Embeddings, Family, LogitStep
 
 
 def _sliding_heads(config, layer: int) -> tuple[int, int]:
@@ -33,6 +33,7 @@ def _kinds(config, layer: int) -> tuple[str, str]:
 INKLING = Family(
     name="inkling",
     model_types=("inkling_text",),
+    embeddings=Embeddings(positions_kind="relative"),
     attention_output=Site("attn_sconv"),
     mlp_output=Site("mlp_sconv"),
     logit_steps=(

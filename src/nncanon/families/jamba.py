@@ -11,7 +11,7 @@ dense elsewhere. Jamba's Mamba-1 mixer has no heads; Bamba's Mamba-2 mixer is
 
 from ..served import Site
 from ..versions import transformers_minor
-from .base import Family
+from .base import Embeddings, Family
 from .moe import router_sites
 
 _RESIDUAL = "h = x + mixer(input_layernorm(x)); y = h + feed_forward(pre_ff_layernorm(h)), mixer = mamba or self_attn"
@@ -34,6 +34,7 @@ def _jamba_kinds(config, layer: int) -> tuple[str, str]:
 JAMBA = Family(
     name="jamba",
     model_types=("jamba",),
+    embeddings=Embeddings(positions_kind="nope"),
     norm="model.final_layernorm",
     mlp="feed_forward",
     mlp_output=Site("feed_forward"),

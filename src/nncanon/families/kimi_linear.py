@@ -12,7 +12,7 @@ sigmoid, group-limited router (``mlp.gate``, fp32 logits) and ungated shared exp
 """
 
 from ..served import Site
-from .base import Family
+from .base import Embeddings, Family
 
 _KDA = dict(
     attention=None,
@@ -38,6 +38,7 @@ def _family(name: str) -> Family:
     return Family(
         name=name,
         model_types=(name,),
+        embeddings=Embeddings(positions_kind="nope"),
         residual=(
             "h = x + self_attn(input_layernorm(x)); y = h + mlp(post_attention_layernorm(h)), self_attn = KDA or MLA"
         ),

@@ -5,11 +5,12 @@ run before the ``decoder`` projection, so the lens runs it too.
 """
 
 from ..served import Site
-from .base import Family
+from .base import Embeddings, Family
 
 MODERNBERT_DECODER = Family(
     name="modernbert-decoder",
     model_types=("modernbert-decoder",),
+    embeddings=Embeddings(norm="model.embeddings.norm"),
     embed_tokens="model.embeddings.tok_embeddings",
     norm="model.final_norm",
     before_head=("lm_head",),

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..components.kernel import split_kernel
 from ..served import Site
-from .base import Family
+from .base import Embeddings, Family
 
 
 def _softmax_scale(module: Any, kwargs: dict, head_dim: int) -> float:
@@ -20,6 +20,7 @@ def _softmax_scale(module: Any, kwargs: dict, head_dim: int) -> float:
 MPT = Family(
     name="mpt",
     model_types=("mpt",),
+    embeddings=Embeddings(positions_kind="alibi"),
     layers="transformer.blocks",
     embed_tokens="transformer.wte",
     norm="transformer.norm_f",

@@ -9,11 +9,12 @@ the MoE's input; the router computes its logits in fp32 (``mixer.gate``).
 """
 
 from ..served import Site
-from .base import Family
+from .base import Embeddings, Family
 
 NEMOTRON_H = Family(
     name="nemotron_h",
     model_types=("nemotron_h",),
+    embeddings=Embeddings(positions_kind="nope"),
     embed_tokens="model.embeddings",
     norm="model.norm_f",
     attention=None,

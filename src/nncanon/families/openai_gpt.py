@@ -12,7 +12,7 @@ from typing import Any
 
 from ..components.kernel import method_kernel
 from ..served import Site
-from .base import Family
+from .base import Embeddings, Family
 
 POST_LN = (
     "OpenAI GPT blocks are post-LN (h = ln_1(x + attn(x)); y = ln_2(h + mlp(h))): each sublayer is "
@@ -35,6 +35,7 @@ def _scale(module: Any, kwargs: dict, head_dim: int) -> float:
 OPENAI_GPT = Family(
     name="openai-gpt",
     model_types=("openai-gpt",),
+    embeddings=Embeddings(positions="transformer.positions_embed"),
     layers="transformer.h",
     embed_tokens="transformer.tokens_embed",
     norm=None,

@@ -8,7 +8,7 @@ values are declined there. Its lens runs ``project_out`` after the (absent) fina
 from typing import Any
 
 from ..served import Site
-from .base import Family
+from .base import Embeddings, Family
 
 POST_LN = (
     "this OPT configuration is post-LN (do_layer_norm_before=False, as OPT-350m): the block "
@@ -42,6 +42,7 @@ def _declines(config: Any, layer: int) -> dict:
 OPT = Family(
     name="opt",
     model_types=("opt",),
+    embeddings=Embeddings(positions="model.decoder.embed_positions", project="model.decoder.project_in"),
     layers="model.decoder.layers",
     embed_tokens="model.decoder.embed_tokens",
     norm="model.decoder.final_layer_norm",

@@ -11,15 +11,23 @@ are soft-capped by ``logits_soft_cap``. Before transformers 5.23 the block types
 ``recurrent`` and ``attention`` (same modules, same code): `_KIND` maps them to the 5.23 names.
 """
 
+import torch
+
 from ..served import Site
-from .base import Family, LogitStep
+from .base import Embeddings, Family, LogitStep
 
 #: Pre-5.23 names of ``config.layers_block_type`` -> the layout kinds (the 5.23 names).
 _KIND = {"recurrent": "linear_attention", "attention": "sliding_attention"}
 
+def _normalizer(config) -> float:
+    """``sqrt(hidden_size)`` rounded to bf16 (the model's ``normalizer`` buffer)"""
+    return float(torch.tensor(config.hidden_size**0.5, dtype=torch.bfloat16))
+
+
 RECURRENT_GEMMA = Family(
     name="recurrent_gemma",
     model_types=("recurrent_gemma",),
+    embeddings=Embeddings(scale=_normalizer),
     norm="model.final_norm",
     attention="temporal_block",
     attention_output=Site("temporal_block", index=0),

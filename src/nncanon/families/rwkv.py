@@ -16,7 +16,7 @@ layer's output is the logits. (In training mode the model does not rescale; nnca
 """
 
 from ..served import Site
-from .base import Family, LogitStep, MLPAnatomy
+from .base import Embeddings, Family, LogitStep, MLPAnatomy
 
 _PRE_LN = (
     "layers[0] normalises its own input before anything else: y = h + feed_forward(ln2(h)), "
@@ -38,6 +38,7 @@ def _declines(config, layer: int) -> dict:
 RWKV = Family(
     name="rwkv",
     model_types=("rwkv",),
+    embeddings=Embeddings(positions_kind="recurrent"),
     layers="rwkv.blocks",
     embed_tokens="rwkv.embeddings",
     norm="rwkv.ln_out",

@@ -11,7 +11,7 @@ Mamba-2's scan output, after its gated group RMSNorm, is ``num_heads × head_dim
 """
 
 from ..served import Site
-from .base import Family
+from .base import Embeddings, Family
 
 _SSM = dict(
     layers="backbone.layers",
@@ -24,6 +24,7 @@ _SSM = dict(
     mlp_output=None,
     residual="y = x + mixer(norm(x)) (x upcast to fp32 first when residual_in_fp32)",
     casts_head_input=True,
+    embeddings=Embeddings(positions_kind="recurrent"),
 )
 
 MAMBA = Family(name="mamba", model_types=("mamba", "falcon_mamba"), **_SSM)

@@ -10,11 +10,12 @@ Prompts longer than ``max_inference_chunksize`` run every block once per chunk.
 """
 
 from ..served import Site
-from .base import Family, LogitStep
+from .base import Embeddings, Family, LogitStep
 
 XLSTM = Family(
     name="xlstm",
     model_types=("xlstm",),
+    embeddings=Embeddings(positions_kind="recurrent"),
     casts_head_input=True,
     layers="backbone.blocks",
     embed_tokens="backbone.embeddings",

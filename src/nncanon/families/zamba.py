@@ -15,7 +15,7 @@ Both Mamba mixers have heads at ``out_proj``'s input (``n_mamba_heads``).
 """
 
 from ..served import Site
-from .base import Family, MLPAnatomy
+from .base import Embeddings, Family, MLPAnatomy
 
 _REASON = (
     "layers[{layer}] is a hybrid block: its shared transformer (attention, then MLP) adds nothing to the "
@@ -32,10 +32,16 @@ def _declines(config, layer: int) -> dict:
     return {"attention_output": reason, "mlp_output": reason}
 
 
+def _positions(config) -> str:
+    """Rotary where the shared attention uses it (Zamba2's ``use_mem_rope``), else none (NoPE attention beside Mamba)"""
+    return "rotary" if getattr(config, "use_mem_rope", False) else "nope"
+
+
 def _zamba(name: str, shared: str, anatomy: MLPAnatomy | str = "auto") -> Family:
     return Family(
         name=name,
         model_types=(name,),
+        embeddings=Embeddings(positions_kind=_positions),
         norm="model.final_layernorm",
         attention=None,
         mlp=None,

@@ -19,8 +19,10 @@ experts pass over) and ``expert_weights`` the weights the experts run with (0 fo
 logits (``[b, s, num_experts + 1]``) are served where the router binds them, so a write reroutes.
 """
 
+import torch
+
 from ..served import Site
-from .base import Family
+from .base import Embeddings, Family
 
 _RESIDUAL = (
     "a ZAYA block rescales the residual stream itself at each sublayer, h = (sublayer + b_h)·s_h + "
@@ -32,9 +34,16 @@ def _declines(config, layer: int) -> dict:
     return {"attention_output": _RESIDUAL, "mlp_output": _RESIDUAL}
 
 
+def _entering(model, tokens, positions):
+    """``((tokens + input_hidden_states_bias) · input_hidden_states_scale)`` in fp32, as ZAYA's forward makes it."""
+    inner = model.model
+    return ((tokens + inner.input_hidden_states_bias) * inner.input_hidden_states_scale).to(torch.float32)
+
+
 ZAYA = Family(
     name="zaya",
     model_types=("zaya",),
+    embeddings=Embeddings(combine=_entering),
     mlp_output=Site("mlp", index=0),
     router_logits=Site("mlp.gate", op="router_logits_0"),
     expert_weights=Site("mlp.gate", index=1, flat=True),

@@ -187,6 +187,7 @@ def _family(name: str, skeleton: Any, base: dict, kinds: dict[str, dict], rule: 
         norm=skeleton.norm,
         lm_head=skeleton.lm_head,
         before_head=skeleton.before_head,
+        embeddings=skeleton.embeddings,
         logit_steps=steps,
         residual="inferred: y = x + " + " + ".join(
             f"{role}" for role in ("attention", "mixer", "mlp") if base.get(role)

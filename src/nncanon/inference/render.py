@@ -6,11 +6,12 @@ import dataclasses
 import json
 from typing import Any
 
-from ..families.base import Family
+from ..families.base import Embeddings, Family
 from ..served import Site
 
 _DEFAULT = Family(name="", model_types=())
 _SITE_DEFAULT = Site()
+_EMBEDDINGS_DEFAULT = Embeddings()
 _VOLATILE = {"transformers_version", "_name_or_path", "architectures", "dtype", "torch_dtype", "auto_map",
              "_attn_implementation_autoset"}
 
@@ -30,6 +31,10 @@ def site_source(site: Site) -> str:
 def _value_source(value: Any) -> str:
     if isinstance(value, Site):
         return site_source(value)
+    if isinstance(value, Embeddings):  # the fields that differ from the defaults
+        parts = [f"{f.name}={getattr(value, f.name)!r}" for f in dataclasses.fields(Embeddings)
+                 if getattr(value, f.name) != getattr(_EMBEDDINGS_DEFAULT, f.name)]
+        return f"Embeddings({', '.join(parts)})"
     if isinstance(value, tuple) and value and all(hasattr(v, "op") for v in value):
         return "(" + ", ".join(f"LogitStep({s.op!r}, {s.attribute!r})" for s in value) + ",)"
     return repr(value)
@@ -60,7 +65,7 @@ def family_source(inferred: Any) -> str:
     own = {f.name: getattr(family, f.name) for f in dataclasses.fields(Family)}
     own["name"] = family.model_types[0]
     lines = [
-        "from nncanon.families.base import Family, LogitStep",
+        "from nncanon.families.base import Embeddings, Family, LogitStep",
         "from nncanon.served import Site",
         "",
         f"{family.model_types[0].upper().replace('-', '_')} = Family(",

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import UnknownFamilyError
+from ..families.base import Embeddings
 from .recording import Call, Recording
 
 _TOWER = re.compile(r"vision|visual|audio|image|encoder")
@@ -31,6 +32,7 @@ class Skeleton:
     before_head: tuple[str, ...]
     width: int
     tried: list[str] = field(default_factory=list)
+    embeddings: Embeddings = Embeddings()
 
 
 def path_of(model: torch.nn.Module, module: torch.nn.Module | None) -> str | None:
@@ -125,4 +127,25 @@ def find_skeleton(model: torch.nn.Module, run: Recording) -> Skeleton:
     norm = None
     if top and is_norm(run.modules[top[0].name], top[0]):
         norm = top.pop(0).name
-    return Skeleton(layers, embed, head, norm, tuple(c.name for c in top), width, tried)
+    first = run.calls[f"{layers}.0"]
+    entering = [c for c in run.calls.values() if c.end < first.start and c.name != embed
+                and not c.name.startswith(f"{embed}.")]
+    entering = [c for c in entering if not any(c.name.startswith(f"{o.name}.") for o in entering)]
+    return Skeleton(layers, embed, head, norm, tuple(c.name for c in top), width, tried,
+                    _embeddings(model, run, entering))
+
+
+def _embeddings(model: torch.nn.Module, run: Recording, entering: list[Call]) -> Embeddings:
+    """How the embeddings enter block 0, from the modules that ran between the token embedding and it: an
+    ``nn.Embedding`` there is the position embedding, a norm with weights the embedding norm (the proof checks the
+    formula). Without one, why there is none: a rotary embedding where the model has one, else what was seen."""
+    entering.sort(key=lambda c: c.start)
+    positions = next((c.name for c in entering if isinstance(run.modules[c.name], torch.nn.Embedding)
+                      or "Positional" in type(run.modules[c.name]).__name__), None)
+    norm = next((c.name for c in entering if c.name != positions and any(True for _ in run.modules[c.name].parameters())
+                 and is_norm(run.modules[c.name], c)), None)
+    rotary = any(re.search("rotary|rope", type(m).__name__, re.IGNORECASE) for m in model.modules())
+    kind = "rotary" if rotary or positions is not None else (
+        "inferred: no position embedding module runs before the first block, and the model has no rotary embedding "
+        "module (its positions, if any, enter inside the blocks)")
+    return Embeddings(positions=positions, positions_kind=kind, norm=norm)

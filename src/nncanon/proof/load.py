@@ -23,6 +23,7 @@ import torch
 
 from ..components.kernel import RECOMPUTED
 from ..components.norms import FINAL_VALUES
+from ..model_sites import MODEL_SITES
 from ..mounted import MountedModel
 from ..mounting import decline, decline_gradient
 from ..quantization import Quantization
@@ -124,8 +125,10 @@ def apply_proof(model: Any, proof: Proof, unserved: list[frozenset[str] | None] 
                           f"and recomputing them from the kernel's inputs is {reason}. Load it with "
                           f"StandardizedTransformer(..., attn_implementation=\"eager\") to read them.")
             (decline_gradient if gradient else decline)(layer, value, reason)
-    for value, reason, _ in _unproved(proof, "model"):
-        model._model_declines[value] = reason
+    family_declines = {**model._model_declines, **model._model_absent}  # (the family's own reasons stay)
+    for value, reason, gradient in _unproved(proof, "model"):
+        if value not in family_declines:
+            (model._model_gradient_declines if gradient else model._model_declines)[value] = reason
     text = proof.describe()
     if quantization is not None:  # the twin was quantized (or cast) as the model is: say so
         text = text.replace("a twin of this config", f"{quantization.provenance()} of this config", 1)
@@ -159,10 +162,13 @@ def _unproved(proof: Proof, twin: int | str | None) -> list[tuple[str, str | Non
 
         known = []
         if twin == "model":
-            for value in ("logits", "project_on_vocab", "skip_layers", *FINAL_VALUES):
+            for value in ("logits", "project_on_vocab", "skip_layers", *MODEL_SITES, *FINAL_VALUES):
                 reason = _not_proved(proof, None, value, None, model_level=True)
                 if reason is not None:
                     known.append((value, reason, False))
+                elif value in MODEL_SITES and (reason := _not_proved(proof, None, value, None, model_level=True,
+                                                                      gradient=True)):
+                    known.append((value, reason, True))
         for value in [] if twin == "model" else [v for v in LAYER_VALUES if v not in COMPONENTS]:
             if twin is None:
                 known.append((value, None, False))

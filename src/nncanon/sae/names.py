@@ -36,6 +36,9 @@ TransformerLens                    nncanon
 ``blocks.L.ln1_post.hook_scale``   ``self_attn.attention_post_norm_scale`` (post-norm blocks: Gemma-2/3, OLMo-2)
 ``blocks.L.ln2_post.hook_scale``   ``mlp.mlp_post_norm_scale``
 ``ln_final.hook_scale``            ``model.final_norm_scale``
+``hook_embed``                     ``model.token_embeddings`` (the token embedding module's output)
+``hook_pos_embed``                 ``model.position_embeddings`` (refused with the reason on a model without
+                                   absolute position embeddings: rotary, ALiBi, recurrent)
 =================================  =====================================================================
 """
 
@@ -51,6 +54,7 @@ import torch
 from ..components.layer import layer_index
 from ..components.norms import FINAL_VALUES
 from ..errors import NestedTrace, UnknownHookName, ValueNotAvailable
+from ..model_sites import MODEL_SITES
 from ..reading import in_execution_order, read
 from ..support import COMPONENT_OF, layer_states
 
@@ -104,21 +108,20 @@ UNSERVED = {
     "hook_v_input": _PER_HEAD_INPUT,
 }
 
-#: TransformerLens hook names outside the blocks.
+#: TransformerLens hook names outside the blocks that name a model-level value (`nncanon.model_sites`).
+MODEL_HOOKS = {"hook_embed": "token_embeddings", "hook_pos_embed": "position_embeddings"}
+
+#: TransformerLens hook names outside the blocks that nncanon does not serve, with the reason.
 MODEL_LEVEL = {
-    "hook_embed": "the token embedding alone is not a standard value; the stream entering the first block is "
-                  "layers[0].layer_input (blocks.0.hook_resid_pre)",
-    "hook_pos_embed": "the position embedding alone is not a standard value; the stream entering the first block is "
-                      "layers[0].layer_input (blocks.0.hook_resid_pre)",
     "ln_final.hook_normalized": "the final norm's output is not a standard value; model.project_on_vocab applies it "
                                 "(and the head) to any stream",
 }
 
-#: TransformerLens hook names of the final norm: the model's values they name (read on the last block's point).
+#: TransformerLens hook names of the final norm: the model-level values they name.
 FINAL_NAMES = {"ln_final.hook_scale": "final_norm_scale"}
 
 #: The values a point can be (the standard layer values and `DERIVED`), for messages.
-POINT_VALUES = ("layer_input", *COMPONENT_OF, *DERIVED, "layer_output", *FINAL_VALUES)
+POINT_VALUES = ("layer_input", *COMPONENT_OF, *DERIVED, "layer_output")
 
 _TL = re.compile(r"^blocks\.(-?\d+)\.(.+)$")
 _OURS = re.compile(r"^(?:model\.)?layers(?:\.|\[)(-?\d+)\]?\.(.+)$")
@@ -129,7 +132,7 @@ class Point:
     """A point of a model a dictionary reads or writes: block ``layer``'s ``value``.
 
     Attributes:
-        layer: The block (non-negative).
+        layer: The block (non-negative); ``None`` for a model-level value (``token_embeddings``, ``hook_embed``).
         value: A standard value of the block (``"layer_output"``, ``"attention_head_outputs"``...) or one of
             `DERIVED`: ``"resid_mid"`` (``layer_input`` plus the token mixer's contribution, between mixer and MLP)
             or ``"mlp_input"`` (the MLP module's input).
@@ -139,7 +142,7 @@ class Point:
             (``("layer_input", "attention_output")``).
     """
 
-    layer: int
+    layer: int | None
     value: str
     head: int | None = None
     name: str = ""
@@ -147,8 +150,9 @@ class Point:
 
     @property
     def label(self) -> str:
-        """``"layers[3].layer_output"`` (``"layers[3].attention_head_outputs[..., 2, :]"`` for one head)."""
-        if self.value in FINAL_VALUES:  # (the final norm's, on the model: its point is the last block's)
+        """``"layers[3].layer_output"`` (``"layers[3].attention_head_outputs[..., 2, :]"`` for one head;
+        ``"model.token_embeddings"`` for a model-level value)."""
+        if self.layer is None:
             return f"model.{self.value}"
         head = f"[..., {self.head}, :]" if self.head is not None else ""
         return f"layers[{self.layer}].{self.value}{head}"
@@ -181,9 +185,13 @@ def resolve(model: Any, name: str, head: int | None = None) -> Point:
     for level, reason in MODEL_LEVEL.items():
         if name == level:
             raise ValueNotAvailable(f"{name} is not available: {reason}")
-    if name in FINAL_NAMES or name.removeprefix("model.") in FINAL_VALUES:
-        return _checked(model, Point(model.num_layers - 1, FINAL_NAMES.get(name, name.removeprefix("model.")), head,
-                                     name))
+    bare = name.removeprefix("model.")
+    value = MODEL_HOOKS.get(name) or FINAL_NAMES.get(name) or (bare if bare in (*MODEL_SITES, *FINAL_VALUES) else None)
+    if value is not None:  # a model-level value: served or refused with the family's reason
+        reason = model.support().reason(value)
+        if reason is not None:
+            raise ValueNotAvailable(f"{name} is not available: {reason}")
+        return Point(None, value, head, name)
     found = _TL.match(name)
     if found is not None:
         layer = layer_index(int(found.group(1)), model.num_layers, f"{name} (model.layers)")
@@ -319,12 +327,6 @@ def point_reason(model: Any, layer: int, value: str) -> str | None:
             if returned != "Tensor":
                 return (f"layers[{layer}]'s MLP module returns a {returned}, not one tensor: its output as a value is "
                         "mlp_output (blocks.L.hook_mlp_out)")
-        return None
-    if value in FINAL_VALUES:
-        try:
-            model._nncanon_norm(value)
-        except ValueNotAvailable as error:
-            return str(error).split(" is not available: ", 1)[-1]
         return None
     if value not in POINT_VALUES:
         return f"{value!r} is not a value of a block ({', '.join(POINT_VALUES)})"

@@ -19,7 +19,7 @@ import torch
 from nnsight.intervention.eproperty import WriteBack
 from nnsight.intervention.interleaver import Mediator
 
-from ..components.norms import FINAL_VALUES, NORM_VALUES
+from ..components.norms import NORM_VALUES
 from ..gradients import first_read_in_backward, in_backward
 from ..reading import host
 from ..reading import read as read_value
@@ -195,10 +195,10 @@ def value_at(model: Any, name: str | Point, head: int | None = None) -> torch.Te
     outside = outside_trace(model, f"{point.name or point.label}")
     if outside is not None:
         return outside
+    if point.layer is None:  # a model-level value (hook_embed): the served value itself
+        return getattr(model, point.value)
     if point.value == "attention_probabilities":  # no site of its own: served by the attention (eager or recomputed)
         return model.layers[point.layer].self_attn.attention_probabilities
-    if point.value in FINAL_VALUES:  # the final norm's: the model's own values
-        return getattr(model, point.value)
     if point.value in NORM_VALUES:  # a norm's values: computed from the norm's input, served by their component
         return read_value(model, point.layer, point.value)
     read = open_point(model, point)

@@ -391,6 +391,10 @@ def attach(model: Any, dictionary: Dictionary, hook_name: str | Point | None = N
     point_out = point
     if where_out is not None:
         point_out = where_out if isinstance(where_out, Point) else resolve(model, where_out, cfg.hook_head_index_out)
+    for each in (point, point_out):
+        if each.layer is None:
+            raise DictionaryMismatch(f"{dictionary.name} reads {each.label} ({each.name}): a dictionary attaches at a "
+                                     "block's value; read a model-level value with nncanon.sae.value_at")
     _check_fit(model, dictionary, point, point_out)
     reading = mapping(model, dictionary.processing, point)
     writing = reading if point_out == point else mapping(model, dictionary.processing, point_out)

@@ -23,6 +23,9 @@ One module per kind of equality, each stating the equalities it asserts, with th
   sublayer, a post-norm norms its output; a written scale equals a plain hook making the output the formula with it;
   every clean scale written back leaves the logits), ``norm_gradients`` (a gradient check);
 - `routing`: ``routing`` (valid, distinct experts; masking one takes its output out of every token);
+- `embeddings`: ``embeddings`` (the token and position embeddings and the final norm's output: reads, the family's
+  formula of the embeddings into block 0, the head of the final norm's output is the logits, a write is a plain
+  hook's edit), ``embedding_gradients``;
 - `skips`: ``skip`` (skipped blocks pass the stream), ``resume`` (a resumed forward is the forward);
 - `gradients` (`Check.gradient`: they prove ``value.grad`` apart from the value): ``gradients``,
   ``gradient_writes``; `quantized`: ``quantized_gradients`` (every quantized layer passes its gradient on).
@@ -33,6 +36,7 @@ One module per kind of equality, each stating the equalities it asserts, with th
 from __future__ import annotations
 
 from .base import Check, check
+from .embeddings import check_embedding_gradients, check_embeddings
 from .gradients import check_gradient_writes, check_gradients
 from .heads import check_heads, check_probabilities
 from .kernel import check_kernel, check_recomputed
@@ -49,8 +53,8 @@ CHECKS: tuple[Check, ...] = (
     *(check(function) for function in (
         check_read, check_identity, check_ablation, check_invokes, check_locality, check_heads,
         check_probabilities, check_kernel, check_recomputed, check_neurons, check_norms, check_routing, check_lens,
-        check_skip, check_resume,
+        check_skip, check_resume, check_embeddings,
     )),
     *(check(function, gradient=True) for function in (check_gradients, check_gradient_writes, check_norm_gradients,
-                                                      check_quantized_gradients)),
+                                                      check_quantized_gradients, check_embedding_gradients)),
 )

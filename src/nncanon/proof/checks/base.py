@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ...components.kernel import STATES
+from ...model_sites import MODEL_SITES
 from ...support import COMPONENTS, LAYER_VALUES
 
 #: Sums of fp32 tensors computed in another order than the model's (a parallel block adds its
@@ -51,7 +52,8 @@ ROUTING = ("router_logits", "expert_weights", "expert_indices")
 
 
 #: Model-level values the checks prove (not per layer).
-MODEL_VALUES = ("logits", "project_on_vocab", "skip_layers", "resume", "final_norm_scale", "final_normalized")
+MODEL_VALUES = ("logits", "project_on_vocab", "skip_layers", "resume", *MODEL_SITES, "final_norm_scale",
+                "final_normalized")
 
 
 #: The values a gradient reaches (``expert_indices`` are integers).

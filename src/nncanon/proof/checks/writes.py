@@ -4,6 +4,8 @@
   that computes a batch's tokens together, bitsandbytes LLM.int8, only that it reaches its own).
 - ``locality``: in bf16, a write at one position leaves every other position bit-identical (on a model that computes
   a batch's tokens together, bitsandbytes LLM.int8, only that it reaches its own).
+
+Both cover the model-level values read at a module (`nncanon.model_sites`) with the block values.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ...quantization import batch_coupling, detected
 from ...reading import CONTRIBUTIONS, host
 from ..prompts import PROMPTS
 from .base import HEAD_VALUES, INPUT_VALUES, KERNEL_INPUTS, CheckResult, guarded
+from .embeddings import served_sites
 from .references import encode, fresh_copy, served, whole_layers
 
 
@@ -34,18 +37,20 @@ def check_invokes(model: Any) -> list[CheckResult]:
         for name in served(model, index, writable):
             results += guarded("invokes", index, (name,), lambda index=index, name=name: [
                 _invokes(model, index, name, clean, coupled)])
+    for name in served_sites(model):  # the model-level values read at a module (`nncanon.model_sites`)
+        results += guarded("invokes", None, (name,), lambda name=name: [_invokes(model, None, name, clean, coupled)])
     return results
 
 
-def _three_invokes(model: Any, write: tuple[int, str] | None) -> tuple[torch.Tensor, ...]:
-    """The logits of three invokes (the first prompt twice, then the second), ``write``'s value zeroed past
-    the first position in the middle one."""
+def _three_invokes(model: Any, write: tuple[int | None, str] | None) -> tuple[torch.Tensor, ...]:
+    """The logits of three invokes (the first prompt twice, then the second), ``write``'s value (``(layer, name)``;
+    layer ``None``: a model-level value) changed past the first position in the middle one."""
     with torch.no_grad(), model.trace() as tracer:
         with tracer.invoke(PROMPTS[0]):
             first = model.logits.save()
         with tracer.invoke(PROMPTS[0]):
             if write is not None:  # (large, and never 0: an edit that a quantized model's rounding cannot absorb)
-                value = getattr(host(model, *write), write[1])
+                value = getattr(model if write[0] is None else host(model, *write), write[1])
                 value[:, 1:] = value[:, 1:] * 3 + 1
             middle = model.logits.save()
         with tracer.invoke(PROMPTS[1]):
@@ -53,7 +58,7 @@ def _three_invokes(model: Any, write: tuple[int, str] | None) -> tuple[torch.Ten
     return first, middle, last
 
 
-def _invokes(model: Any, index: int, name: str, clean: list, coupled: str | None) -> CheckResult:
+def _invokes(model: Any, index: int | None, name: str, clean: list, coupled: str | None) -> CheckResult:
     if not clean:
         clean.append(_three_invokes(model, None))
     runs = {False: clean[0], True: _three_invokes(model, (index, name))}
@@ -87,7 +92,30 @@ def check_locality(model: Any) -> list[CheckResult]:
         for name in served(bf16, index):
             results += guarded("locality", index, (name,), lambda index=index, name=name: [
                 _locality(bf16, index, name, name in token_shift_after, clean, coupled)])
+    for name in served_sites(bf16):  # the model-level values read at a module (`nncanon.model_sites`)
+        results += guarded("locality", None, (name,), lambda name=name: [_model_locality(bf16, name, coupled)])
     return results
+
+
+def _model_locality(model: Any, name: str, coupled: str | None) -> CheckResult:
+    """A model-level value written at one position: the stream entering block 0 (the embeddings) or the logits (the
+    final norm's output) moves there only."""
+    position = 2
+    observed = "logits" if name == "final_norm_output" else "layers[0].layer_input"
+    runs = []
+    for write in (False, True):
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            if write:
+                getattr(model, name)[:, position] += 0.5
+            runs.append((model.logits if name == "final_norm_output" else model.layers[0].layer_input).save())
+    clean, written = runs
+    others = [i for i in range(clean.shape[1]) if i != position]
+    moved = float((written[:, others].float() - clean[:, others].float()).abs().max())
+    reached = not torch.equal(written[:, position], clean[:, position])
+    note = f"other positions of {observed}, bf16" + ("" if reached else "; the write did not reach the model") + (
+        f"; not asserted: the model computes a batch's tokens together ({coupled.split(' (')[0]})"
+        if coupled is not None and moved > 0 else "")
+    return CheckResult("locality", None, (name,), reached and (moved == 0.0 or coupled is not None), moved, 0.0, note)
 
 
 def _bf16_copy(model: Any) -> Any:
