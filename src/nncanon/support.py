@@ -15,10 +15,14 @@ LAYER_VALUES = (
     "layer_output",
     "self_attn",
     "attention_input",
+    "query_states_before_norm",
+    "key_states_before_norm",
     "query_states",
     "key_states",
     "value_states",
+    "attention_scores",
     "attention_probabilities",
+    "attention_gate",
     "attention_head_outputs",
     "attention_output",
     "linear_attn",
@@ -39,10 +43,14 @@ LAYER_VALUES = (
 #: The component each value is served on.
 COMPONENT_OF = {
     "attention_input": "self_attn",
+    "query_states_before_norm": "self_attn",
+    "key_states_before_norm": "self_attn",
     "query_states": "self_attn",
     "key_states": "self_attn",
     "value_states": "self_attn",
+    "attention_scores": "self_attn",
     "attention_probabilities": "self_attn",
+    "attention_gate": "self_attn",
     "attention_head_outputs": "self_attn",
     "attention_output": "self_attn",
     "linear_attention_input": "linear_attn",
@@ -59,9 +67,10 @@ COMPONENT_OF = {
 }
 COMPONENTS = ("self_attn", "linear_attn", "mlp")
 
-#: The values inside a block that are neither the stream nor a contribution to it: what the token mixers receive
-#: and the MLP's neurons.
-INNER_VALUES = ("attention_input", "linear_attention_input", "pre_activations", "linear_activations", "neurons")
+#: The values inside a block that are neither the stream nor a contribution to it: what the token mixers receive,
+#: queries and keys before their norms, an attention's output gate, and the MLP's neurons.
+INNER_VALUES = ("attention_input", "linear_attention_input", "query_states_before_norm", "key_states_before_norm",
+                "attention_gate", "pre_activations", "linear_activations", "neurons")
 
 
 _ANY_LAYER = re.compile(r"layers\[\d+\]")
@@ -70,6 +79,8 @@ _ANY_LAYER = re.compile(r"layers\[\d+\]")
 SHORT = {
     "layer_input": "layer_input", "layer_output": "layer_output", "self_attn": "attn", "attention_input": "attn_in",
     "query_states": "q", "key_states": "k", "value_states": "v", "attention_probabilities": "probs",
+    "query_states_before_norm": "q_in", "key_states_before_norm": "k_in", "attention_scores": "scores",
+    "attention_gate": "gate",
     "attention_head_outputs": "heads", "attention_output": "attn_out", "linear_attn": "mixer",
     "linear_attention_input": "mixer_in", "linear_attention_head_outputs": "mixer_heads",
     "linear_attention_output": "mixer_out", "mlp": "mlp", "router_logits": "router", "expert_weights": "weights",
