@@ -72,7 +72,8 @@ def _combined(role: type, custom: type) -> type:
 
 
 class ProbabilitiesReason:
-    """The reason ``attention_probabilities`` (or, ``name``, ``attention_scores``) is not served, or ``None``: under eager attention they are
+    """The reason ``attention_probabilities`` (or, ``name``, ``attention_scores``) is not served, or ``None``:
+    under eager attention they are
     read where they multiply the values; under another implementation, recomputed from the attention
     interface's inputs (`nncanon.components.kernel`) where that is exact for the module and proved.
 

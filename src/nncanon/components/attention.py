@@ -28,8 +28,7 @@ from .kernel import (
     INTERFACE_KERNEL,
     implementation,
     probabilities_in_graph,
-    recompute_probabilities,
-    recompute_scores,
+    recompute_both,
     scores_operation,
 )
 
@@ -184,7 +183,10 @@ class AttentionEnvoy(Component, Envoy):
         if not self._eager():
             return self._recomputed("attention_scores")
         operation, listed = self._scores_operation()
-        scores = self._per_head(operation.input[0] if listed else operation.input)
+        raw = operation.input[0] if listed else operation.input
+        scores = self._per_head(raw)
+        if scores is not raw:  # the model is handed a view of the served tensor: its gradient reaches it
+            operation.input = scores.flatten(0, 1)
         note_read(Mediator.current("attention_scores"), label)
         reason = self._nncanon_gradient_reason("attention_scores")
         if reason is not None:
@@ -229,20 +231,21 @@ class AttentionEnvoy(Component, Envoy):
         return (implementation(self._module) or implementation(self.root._module)) == "eager"
 
     def _recomputed(self, name: str) -> torch.Tensor:
-        """``name`` (the probabilities, or the scores) recomputed from the kernel call's inputs; read-only: an edit, in place or through any
-        view (``.data``, a NumPy array), is refused when the worker moves on (it would change nothing in the model).
+        """``name`` (the probabilities, or the scores) recomputed from the kernel call's inputs; read-only: an
+        edit, in place or through any view (``.data``, a NumPy array), is refused when the worker moves on (it would
+        change nothing in the model).
 
         They are served at the call's output, as eager's are served inside the kernel: the read runs the model on
         to the kernel's output (its inputs as every write before the read left them), so a kernel input of the same
         call read or written after them is out of order (`nncanon.order`), never a write the kernel sees and the
-        probabilities do not. Where the trace tracks gradients, they are computed without a graph and put into it
-        at that output (`probabilities_in_graph`), which the model is handed back bit for bit, so that ``.grad``
-        is the exact gradient at the probabilities (the scores are served without a gradient).
+        probabilities do not. The scores and the probabilities are recomputed together, at the first read of
+        either; the other is kept for a read of it at the same visit. Where the trace tracks gradients, the
+        probabilities are computed without a graph and put into it at that output (`probabilities_in_graph`), which
+        the model is handed back bit for bit, so that ``.grad`` is the exact gradient at the probabilities (the
+        scores are served without a gradient).
         """
         binding = self._nncanon.bindings["query_states"]
         label = f"{self._nncanon.where}.{name}"
-        scores = name == "attention_scores"
-        key = name if scores else None  # (what a second read of the same value is answered from)
         if in_backward():
             raise first_read_in_backward(label)
         binding.prepare()
@@ -250,21 +253,21 @@ class AttentionEnvoy(Component, Envoy):
         output_at = binding.location.rpartition(".")[0] + ".output"
         after = mediator.wanted(output_at)
         waiting = mediator.transform
-        if waiting is not None and waiting.key == (key, output_at, after):
-            return waiting.view  # read again: the model is at the kernel's output already
+        if waiting is not None and waiting.key == (None, output_at, after):
+            return waiting.view[name]  # read again: the model is at the kernel's output already
         raw = _value(binding, mediator, label)
         args, kwargs = raw
         kernel = self._nncanon.kernel or INTERFACE_KERNEL
         states = kernel.inputs(args, kwargs)
-        graph = any(tracks(state) for state in states) and not scores
+        graph = any(tracks(state) for state in states)
         try:
             with torch.no_grad():
-                probabilities = (recompute_scores if scores else recompute_probabilities)(
-                    self._module, args, kwargs, kernel)
+                scores, probabilities = recompute_both(self._module, args, kwargs, kernel)
         except ValueNotAvailable as error:  # an AttributeError: Python hands the read to __getattr__, which
             self.__dict__["_nncanon_raised"] = error  # raises this one again (its reason, not "no attribute")
             raise
         where = self._nncanon.where
+        used = implementation(self._module) or implementation(self.root._module)
         result = _value(binding, mediator, label, output_at)
         if graph:
             at_output = kernel.output
@@ -272,20 +275,21 @@ class AttentionEnvoy(Component, Envoy):
                 probabilities, result if at_output is None else result[at_output], states[2],
                 heads_first=kernel.output_heads_first)
             result = output if at_output is None else (*result[:at_output], output, *result[at_output + 1:])
-            refuse_gradient_write(probabilities, GRADIENT_WRITE_REASON.format(
-                implementation=implementation(self._module) or implementation(self.root._module)))
-        kept = probabilities.detach().clone()
+            refuse_gradient_write(probabilities, GRADIENT_WRITE_REASON.format(implementation=used))
+        served_now = {"attention_scores": scores, "attention_probabilities": probabilities}
+        kept = {each: tensor.detach().clone() for each, tensor in served_now.items()}
 
         def refuse_edits() -> Any:
-            if not same_bits(probabilities, kept):
-                raise _read_only(where, name)
+            for each, tensor in served_now.items():
+                if not same_bits(tensor, kept[each]):
+                    raise _read_only(where, each)
             return result
 
-        mediator.transform = WriteBack(refuse_edits, probabilities, key, output_at, after)
-        if scores:
-            refuse_gradient(probabilities, SCORES_GRADIENT_REASON.format(
-                implementation=implementation(self._module) or implementation(self.root._module)))
-        return mark(probabilities, label)
+        mediator.transform = WriteBack(refuse_edits, served_now, None, output_at, after)
+        refuse_gradient(scores, SCORES_GRADIENT_REASON.format(implementation=used))
+        mark(scores, f"{where}.attention_scores")
+        mark(probabilities, f"{where}.attention_probabilities")
+        return served_now[name]
 
     def _probability_operation(self) -> Any:
         """The source operation whose first input is the probabilities."""

@@ -375,7 +375,7 @@ def _sdpa_scores(module: torch.nn.Module, kernel: Kernel, query: torch.Tensor, k
 
 
 class _SoftmaxInput(torch.overrides.TorchFunctionMode):
-    """Keeps what the softmax of an ``eager_attention_forward`` receives (`recompute_scores`): the input of its
+    """Keeps what the softmax of an ``eager_attention_forward`` receives (`recompute_both`): the input of its
     last softmax call, or, where a sink column is concatenated to the scores before it (gpt-oss), the scores
     before that concatenation (the first tensor of the last ``torch.cat`` before the softmax)."""
 
@@ -398,28 +398,28 @@ class _SoftmaxInput(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def recompute_scores(module: torch.nn.Module, args: tuple, kwargs: dict, kernel: Kernel | None = None
-                     ) -> torch.Tensor:
-    """The scores ``[b, heads, q, k]`` of one ``kernel`` call, recomputed from its arguments as
-    `recompute_probabilities` recomputes the probabilities: what the softmax of the family's own
-    ``eager_attention_forward`` receives (scaled, soft-capped, masked; where a sink logit is concatenated
-    before the softmax, the scores without it), or ``q·kᵀ·scale + mask`` for a direct sdpa call.
+def recompute_both(module: torch.nn.Module, args: tuple, kwargs: dict, kernel: Kernel | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(scores, probabilities)`` ``[b, heads, q, k]`` of one ``kernel`` call, recomputed from its arguments in
+    one go: the probabilities as `recompute_probabilities` recomputes them, and the scores, what the softmax of the
+    family's own ``eager_attention_forward`` receives there (scaled, soft-capped, masked; where a sink logit is
+    concatenated before the softmax, the scores without it), or ``q·kᵀ·scale + mask`` for a direct sdpa call.
 
     Raises:
-        ValueNotAvailable: as `recompute_probabilities` does.
+        ValueNotAvailable: as `recompute_probabilities` does, or the eager code calls no softmax.
     """
     kernel = INTERFACE_KERNEL if kernel is None else kernel
     if kernel.recompute == "sdpa":
-        recompute_probabilities(module, args, kwargs, kernel)  # (its refusals: the scores' too)
+        probabilities = recompute_probabilities(module, args, kwargs, kernel)  # (its refusals: the scores' too)
         query, key, _ = kernel.inputs(args, kwargs)
-        return _sdpa_scores(module, kernel, query, key, kernel.call_mask(args, kwargs), kwargs)
+        return _sdpa_scores(module, kernel, query, key, kernel.call_mask(args, kwargs), kwargs), probabilities
     with _SoftmaxInput() as kept:
-        recompute_probabilities(module, args, kwargs, kernel)
+        probabilities = recompute_probabilities(module, args, kwargs, kernel)
     if kept.scores is None:
         raise ValueNotAvailable(
             f"{type(module).__module__}.eager_attention_forward calls no softmax: its scores cannot be recomputed. "
             "Load the model with StandardizedTransformer(..., attn_implementation=\"eager\") to read them.")
-    return kept.scores
+    return kept.scores, probabilities
 
 
 def split_kernel(op: str, value_op: str, args: tuple[int | str, int | str, int | str],
