@@ -88,7 +88,8 @@ def _write(model: Any, index: int) -> CheckResult:
         _edit(scores.unflatten(0, (-1, heads)) if scores.dim() == 3 else scores)
         reference = plain.output.logits.save()
     result = compare("scores", index, ("attention_scores",), ours, reference, 0.0,
-                     "head 0's score + 1 at the last query for its own key against the same edit at the softmax of a plain copy")
+                     "head 0's score + 1 at the last query for its own key against the same edit at the softmax of "
+                     "a plain copy")
     if result.passed and torch.equal(ours, clean):
         return CheckResult("scores", index, ("attention_scores",), False, 0.0, 0.0,
                            "the write to the scores did not move the logits")
