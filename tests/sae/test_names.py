@@ -57,8 +57,9 @@ def test_names_without_a_meaning_here_say_why(llama):
     with pytest.raises(InvalidLayer, match="this model has 2 layers"):
         resolve(llama, "blocks.7.hook_resid_post")
     assert resolve(llama, "blocks.0.mlp.hook_post").value == "neurons"
-    with pytest.raises(ValueNotAvailable, match="scores before the softmax are not a standard value"):
-        resolve(llama, "blocks.0.attn.hook_attn_scores")
+    assert resolve(llama, "blocks.0.attn.hook_attn_scores").value == "attention_scores"
+    with pytest.raises(ValueNotAvailable, match="a norm's scale is not a standard value"):
+        resolve(llama, "blocks.0.ln1.hook_scale")
     with pytest.raises(ValueNotAvailable, match=r"layers\[0\]\.layer_input"):
         resolve(llama, "hook_embed")
 

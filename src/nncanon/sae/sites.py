@@ -191,8 +191,8 @@ def value_at(model: Any, name: str | Point, head: int | None = None) -> torch.Te
     outside = outside_trace(model, f"{point.name or point.label}")
     if outside is not None:
         return outside
-    if point.value == "attention_probabilities":  # no site of its own: served by the attention (eager or recomputed)
-        return model.layers[point.layer].self_attn.attention_probabilities
+    if point.value in ("attention_probabilities", "attention_scores"):  # no site of their own: served by the
+        return getattr(model.layers[point.layer].self_attn, point.value)  # attention (eager or recomputed)
     read = open_point(model, point)
     held = _Held(read)
     if read._mid or read._hand_back:
