@@ -58,8 +58,6 @@ def test_names_without_a_meaning_here_say_why(llama):
         resolve(llama, "blocks.7.hook_resid_post")
     assert resolve(llama, "blocks.0.mlp.hook_post").value == "neurons"
     assert resolve(llama, "blocks.0.attn.hook_attn_scores").value == "attention_scores"
-    with pytest.raises(ValueNotAvailable, match="a norm's scale is not a standard value"):
-        resolve(llama, "blocks.0.ln1.hook_scale")
     with pytest.raises(ValueNotAvailable, match=r"layers\[0\]\.layer_input"):
         resolve(llama, "hook_embed")
 
