@@ -462,7 +462,10 @@ def mount(model: Any, family: Family, config: Any) -> list[frozenset[str] | None
             _route(layer, "mlp", None, None, hidden)
             state.reasons["mlp"] = f"{label}: it has no MLP"
 
-        for name, reason in spec.declined(config, index).items():
+        declined = spec.declined(config, index)
+        if "attention_probabilities" in declined:  # the scores are the probabilities' softmax input: declined alike
+            declined = {"attention_scores": declined["attention_probabilities"], **declined}
+        for name, reason in declined.items():
             decline(layer, name, reason)
         unserved.append(shape.unserved)
     return unserved

@@ -26,6 +26,7 @@ from .base import Component
 from .kernel import (
     GRADIENT_WRITE_REASON,
     INTERFACE_KERNEL,
+    has_sinks,
     implementation,
     probabilities_in_graph,
     recompute_both,
@@ -219,7 +220,7 @@ class AttentionEnvoy(Component, Envoy):
     def _scores_operation(self) -> tuple[Any, bool]:
         """The source operation whose input holds the scores (`nncanon.components.kernel.scores_operation`)."""
         try:
-            return scores_operation(self.source, self._nncanon.probabilities)
+            return scores_operation(self.source, self._nncanon.probabilities, has_sinks(self._module))
         except ValueNotAvailable as error:
             raised = ValueNotAvailable(f"{self._nncanon.where}.attention_scores is not available: {error}")
             self.__dict__["_nncanon_raised"] = raised

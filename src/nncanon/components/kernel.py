@@ -434,12 +434,13 @@ def split_kernel(op: str, value_op: str, args: tuple[int | str, int | str, int |
                   bias=bias)
 
 
-def scores_operation(source: Any, path: tuple[str, ...] | None) -> tuple[Any, bool]:
+def scores_operation(source: Any, path: tuple[str, ...] | None, sinks: bool = False) -> tuple[Any, bool]:
     """The operation of an attention forward whose input holds its scores, under eager attention: the softmax
     call of the source that computes the probabilities (``source``: the attention module's nnsight ``.source``,
     inside a trace; ``path``: the family's path to the probabilities' operation, `Family.probabilities`, whose
     source is searched, else the attention interface call's), and ``True`` where the scores are the first tensor
-    of the list a concatenation before that softmax receives (a sink column appended to them, gpt-oss).
+    of the list a concatenation before that softmax receives (``sinks``: the module has sink logits, a column the
+    eager code appends to the scores: gpt-oss).
 
     Raises:
         ValueNotAvailable: that source calls no softmax.
@@ -456,6 +457,11 @@ def scores_operation(source: Any, path: tuple[str, ...] | None) -> tuple[Any, bo
         raise ValueNotAvailable("its eager attention calls no softmax whose input would be the scores")
     before = names[: names.index(softmaxes[-1])]
     concatenations = [name for name in before if name.startswith("torch_cat_")]
-    if concatenations:
+    if sinks and concatenations:
         return getattr(source, concatenations[-1]), True
     return getattr(source, softmaxes[-1]), False
+
+
+def has_sinks(module: torch.nn.Module) -> bool:
+    """Whether attention ``module`` has sink logits (``module.sinks``, one per head: gpt-oss)."""
+    return isinstance(getattr(module, "sinks", None), torch.Tensor)

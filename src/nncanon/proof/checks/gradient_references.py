@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ...components.kernel import scores_operation
+from ...components.kernel import has_sinks, scores_operation
 from ...reading import host
 from ...served import _pick, _put, operation_name
 from .base import GRADIENT_TOKEN, NO_CACHE
@@ -92,7 +92,8 @@ def _scores_gradient(model: Any, layer: int, inputs: dict, metric: Callable, kee
     path = ".".join((model.family.layers, str(layer), model.family.for_layer(model._text_config, layer)[0].attention))
     with torch.enable_grad():
         with plain.trace(**inputs):
-            operation, listed = scores_operation(plain.get(path).source, attention._nncanon.probabilities)
+            operation, listed = scores_operation(plain.get(path).source, attention._nncanon.probabilities,
+                                             has_sinks(attention._module))
             keep((layer, "attention_scores"), operation.input[0] if listed else operation.input)
             output = plain.output.save()
         keep.backward(output, metric)

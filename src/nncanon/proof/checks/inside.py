@@ -1,7 +1,7 @@
 """Inside attention: its scores, its queries and keys before their norms, its output gate.
 
 - ``scores``: ``softmax(attention_scores)`` (with the sink column where the attention appends one) equals
-  ``attention_probabilities``; under eager, one head's score raised by 1 (one query, one key) gives the logits that the
+  ``attention_probabilities``; under eager, one score raised by 1 (one head, query and key) gives the logits that the
   same edit made by nnsight's source hooks at the softmax of a plain copy gives, bit for bit.
 - ``qk_norm``: the q/k norm module applied to the value (laid out as the module received it) is the module's own
   output (a plain hook), and the value's leading axes are the queries' ``[b, s]``.
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ...components.inside import BEFORE_NORM
-from ...components.kernel import scores_operation
+from ...components.kernel import has_sinks, scores_operation
 from ..prompts import PROMPTS
 from .base import TOLERANCE, CheckResult, compare, guarded
 from .references import encode, hf_block, plain_copy
@@ -38,17 +38,25 @@ def check_scores(model: Any) -> list[CheckResult]:
 def with_sinks(scores: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
     """``scores`` ``[b, H, q, k]`` with the attention's sink logits (``module.sinks``, ``[H]``) as one more column,
     where it has them (gpt-oss); else ``scores``."""
-    sinks = getattr(module, "sinks", None)
-    if not isinstance(sinks, torch.Tensor):
+    if not has_sinks(module):
         return scores
+    sinks = module.sinks
     return torch.cat([scores, sinks.reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1).to(scores.dtype)], dim=-1)
 
 
-def probabilities_of(scores: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
-    """The probabilities ``scores`` make: ``softmax`` in fp32 over the scores (and the sink column, dropped after),
-    cast to the scores' dtype."""
-    logits = with_sinks(scores, module)
-    return torch.softmax(logits.float(), dim=-1)[..., : scores.shape[-1]].to(scores.dtype)
+def probabilities_of(scores: torch.Tensor, module: torch.nn.Module, like: torch.Tensor | None = None
+                     ) -> torch.Tensor:
+    """The probabilities ``scores`` make: ``softmax`` in fp32, cast to the scores' dtype. Where the attention has
+    sink logits, they are either one more column of the softmax, dropped after (gpt-oss), or only scale the output
+    after it (Granite's sliding-window attention): the one of the two closer to ``like`` (the probabilities served
+    beside them), or the first without it."""
+    plain = torch.softmax(scores.float(), dim=-1).to(scores.dtype)
+    if not has_sinks(module):
+        return plain
+    sunk = torch.softmax(with_sinks(scores, module).float(), dim=-1)[..., : scores.shape[-1]].to(scores.dtype)
+    if like is None:
+        return sunk
+    return min((sunk, plain), key=lambda each: float((each.double() - like.double()).abs().max()))
 
 
 def _softmax(model: Any, index: int) -> CheckResult:
@@ -62,34 +70,46 @@ def _softmax(model: Any, index: int) -> CheckResult:
             scores = attention.attention_scores.save()
         with torch.no_grad(), model.trace(PROMPTS):
             probabilities = attention.attention_probabilities.save()
-    return compare("scores", index, ("attention_scores",), probabilities_of(scores, attention._module), probabilities,
-                   TOLERANCE, "softmax(scores) against attention_probabilities")
+    return compare("scores", index, ("attention_scores",), probabilities_of(scores, attention._module, probabilities),
+                   probabilities, TOLERANCE, "softmax(scores) (with its sink column, where the sinks are one) against "
+                   "attention_probabilities")
 
 
-def _edit(scores: torch.Tensor) -> None:
-    """The write both sides make: head 0's score of the last query for its own key raised by 1 (in place; one key,
-    as raising a whole row would leave its softmax as it is, and its own, which no window masks)."""
-    scores[:, 0, -1, -1] += 1.0
+def write_position(probabilities: torch.Tensor) -> tuple[int, int]:
+    """``(head, key)`` where raising one score of the last query moves its probabilities most: the largest
+    ``p·(1 - p)`` (a score's own derivative through the softmax; 0 for a masked key, and for the one key a row
+    attends). One key, as raising a whole row would leave its softmax as it is."""
+    last = probabilities[0, :, -1].double()
+    moves = last * (1 - last)
+    flat = int(moves.flatten().argmax())
+    return flat // last.shape[-1], flat % last.shape[-1]
 
 
 def _write(model: Any, index: int) -> CheckResult:
     attention = model.layers[index].self_attn
     with torch.no_grad(), model.trace(PROMPTS[0]):
+        probabilities = attention.attention_probabilities.save()
+        clean = model.logits.save()
+    head, key = write_position(probabilities)
+
+    def _edit(scores: torch.Tensor) -> None:  # the write both sides make, in place
+        scores[:, head, -1, key] += 1.0
+
+    with torch.no_grad(), model.trace(PROMPTS[0]):
         _edit(attention.attention_scores)
         ours = model.logits.save()
-    with torch.no_grad(), model.trace(PROMPTS[0]):
-        clean = model.logits.save()
     plain = plain_copy(model)
     path = ".".join((model.family.layers, str(index), model.family.for_layer(model._text_config, index)[0].attention))
     with torch.no_grad(), plain.trace(**encode(model)):
-        operation, listed = scores_operation(plain.get(path).source, attention._nncanon.probabilities)
+        operation, listed = scores_operation(plain.get(path).source, attention._nncanon.probabilities,
+                                             has_sinks(attention._module))
         scores = operation.input[0] if listed else operation.input
         heads = attention._nncanon.bindings["attention_head_outputs"].heads
         _edit(scores.unflatten(0, (-1, heads)) if scores.dim() == 3 else scores)
         reference = plain.output.logits.save()
     result = compare("scores", index, ("attention_scores",), ours, reference, 0.0,
-                     "head 0's score + 1 at the last query for its own key against the same edit at the softmax of "
-                     "a plain copy")
+                     f"head {head}'s score + 1 at the last query for key {key} against the same edit at the softmax "
+                     "of a plain copy")
     if result.passed and torch.equal(ours, clean):
         return CheckResult("scores", index, ("attention_scores",), False, 0.0, 0.0,
                            "the write to the scores did not move the logits")
