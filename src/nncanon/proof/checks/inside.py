@@ -22,8 +22,9 @@ from .references import encode, hf_block, plain_copy
 
 
 def check_scores(model: Any) -> list[CheckResult]:
-    """``softmax(attention_scores) == attention_probabilities`` (the sink column, where the attention has one, a
-    column of the softmax); under eager, a write to the scores is the same edit at the softmax of a plain copy."""
+    """``softmax(attention_scores) == attention_probabilities`` (with the sink column where the attention's sinks
+    are a column of the softmax); under eager, a write to the scores is the same edit at the softmax of a plain
+    copy."""
     results = []
     report = model.support()
     for index in report.layers_with("attention_scores"):
