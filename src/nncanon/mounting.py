@@ -31,6 +31,7 @@ from .components import (
     VirtualMLP,
 )
 from .components.anatomy import NEURON_VALUES, discover, neuron_sites
+from .components.attention import SCORES_GRADIENT_REASON
 from .components.inside import inside_sites
 from .components.kernel import (
     RECOMPUTED,
@@ -96,6 +97,21 @@ class ProbabilitiesReason:
             reason = reason.replace("attention probabilities are", "attention scores are", 1).replace(
                 "to read them", "to read the scores")
         return reason
+
+
+class ScoresGradientReason:
+    """Why ``attention_scores.grad`` is not served (``None`` under eager, where the scores are the model's own):
+    under another implementation the scores are recomputed beside the kernel, which computes none to differentiate."""
+
+    def __init__(self, attention: Envoy) -> None:
+        self.attention = attention
+
+    def __call__(self) -> str | None:
+        if self.attention._eager():
+            return None
+        implementation = kernel_implementation(self.attention._module) or kernel_implementation(
+            self.attention.root._module)
+        return SCORES_GRADIENT_REASON.format(implementation=implementation)
 
 
 class KernelReason:
@@ -423,6 +439,7 @@ def mount(model: Any, family: Family, config: Any) -> list[frozenset[str] | None
             reasons[RECOMPUTED] = None
             attention._nncanon = shape.state(layer, config, f"{where}.self_attn", order, sites, reasons, set(absent),
                                              probabilities=shape.probabilities, kernel=kernel)
+            attention._nncanon.gradient_reasons["attention_scores"] = ScoresGradientReason(attention)
         else:
             _route(layer, "self_attn", None, None, hidden)
             mixer_note = f"; its token mixer is layers[{index}].linear_attn" if spec.mixer else ""
