@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from nnsight.intervention.envoy import Envoy
 from nnsight.intervention.eproperty import WriteBack
-from nnsight.intervention.interleaver import Mediator
+from nnsight.intervention.interleaver import Mediator, OutOfOrderError
 
 from ..errors import InvalidWrite, ValueNotAvailable
 from ..gradients import (
@@ -19,7 +19,7 @@ from ..gradients import (
     same_bits,
     tracks,
 )
-from ..order import note_read
+from ..order import note_read, translated
 from ..served import _value, check_write, served
 from ..traced import outside_trace, refuse_outside_trace
 from .base import Component
@@ -184,7 +184,12 @@ class AttentionEnvoy(Component, Envoy):
         if not self._eager():
             return self._recomputed("attention_scores")
         operation, listed = self._scores_operation()
-        raw = operation.input[0] if listed else operation.input
+        try:
+            raw = operation.input[0] if listed else operation.input
+        except OutOfOrderError as error:  # (read after a value the model computes later: named)
+            binding = self._nncanon.bindings.get("attention_output")
+            raise translated(error, Mediator.current("attention_scores"), label,
+                             binding.order if binding is not None else "") from None
         scores = self._per_head(raw)
         if scores is not raw:  # the model is handed a view of the served tensor: its gradient reaches it
             operation.input = scores.flatten(0, 1)
