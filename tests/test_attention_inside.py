@@ -41,7 +41,7 @@ def test_the_inner_values_read_in_the_models_order(gated):
     assert scores.shape == probabilities.shape == (batch, gated.num_heads, seq, seq)
     assert gate.shape == (batch, seq, heads.shape[-2] * heads.shape[-1])
     torch.testing.assert_close(probabilities_of(scores, attention._module), probabilities)
-    with pytest.raises(nncanon.OutOfOrderRead, match="attention_scores was read, after .*attention_probabilities"):
+    with pytest.raises(nncanon.OutOfOrderRead, match=r"attention_scores was read, after .*attention_probabilities"):
         with torch.no_grad(), gated.trace(PROMPTS[0]):
             attention.attention_probabilities.save()
             attention.attention_scores.save()
