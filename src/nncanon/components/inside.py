@@ -3,11 +3,12 @@
 - The q/k norms: a child module named as transformers names them (``q_norm``/``k_norm``, ``q_layernorm``/
   ``k_layernorm``, ``query_layernorm``/``key_layernorm``), read at its input. Whether it receives its tensor
   sequence-first (``[b, s, H, d]`` or ``[b, s, H·d]``) or heads-first (``[b, H, s, d]``: Gemma-3, Apertus,
-  StableLM) is read from the forward's code: heads-first where the expression the norm is called on, or the last
-  assignment of the variable it is called on, transposes (``.transpose(1, 2)``). The ``qk_norm`` check proves the
-  layout at load (the value's leading axes are the queries').
-- The output gate: the one ``sigmoid`` (or ``softplus``) operation of the forward (``attn_output *
-  torch.sigmoid(gate)``), read at its output, found among the forward's operations at the first read.
+  StableLM, HunYuan) is read from the forward's code: heads-first where the expression the norm is called on
+  transposes (``.transpose(1, 2)``) or reads a variable that does, as last assigned. The ``qk_norm`` check proves
+  the layout at load (the value's leading axes are the queries').
+- The output gate: the last ``sigmoid`` (or ``softplus``) call of the forward after its attention-interface call
+  (``attn_output * torch.sigmoid(gate)``), read at its output, found among the forward's operations at the first
+  read.
 
 Read once per attention class (a `ProcessCache`), from the class's code and children: nothing runs.
 """
@@ -63,7 +64,7 @@ def _find(cls: type, path: str, children: tuple[str, ...]) -> tuple[dict[str, Si
             reasons[name] = NO_NORM if pair is None or pair[0] not in children else NO_KEY_NORM
             continue
         sites[name] = Site(f"{path}.{norm}", key="input", heads_first=_heads_first(tree, norm))
-    gate = _gate_activation(cls)
+    gate = _gate_activation(tree)
     if gate is None:
         reasons["attention_gate"] = NO_GATE
     else:
@@ -84,24 +85,29 @@ def _transposes(node: ast.AST) -> bool:
 
 
 def _heads_first(tree: ast.AST | None, norm: str) -> bool:
-    """Whether the forward calls ``self.<norm>`` on a heads-first tensor: the argument transposes, or the variable
-    it is, as last assigned before the call, does."""
+    """Whether the forward calls ``self.<norm>`` on a heads-first tensor: its argument transposes (``.transpose``),
+    or reads a variable that was heads-first when the call is made (a variable is heads-first where the expression
+    last assigned to it transposes or reads a heads-first variable: rotary applied to heads-first queries keeps
+    them so)."""
     if tree is None:
         return False
-    assigned: dict[str, ast.AST] = {}
+    heads_first: dict[str, bool] = {}
     nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.Call))]
     for node in sorted(nodes, key=lambda n: (n.lineno, n.col_offset, isinstance(n, ast.Call))):  # source order
-        if isinstance(node, ast.Assign):
+        if isinstance(node, ast.Call) and _is_norm(node.func, norm):
+            return bool(node.args) and _layout(node.args[0], heads_first)
+        if isinstance(node, ast.Assign) and not _calls(node.value, norm):
+            layout = _layout(node.value, heads_first)
             for target in node.targets:
-                names = target.elts if isinstance(target, ast.Tuple) else [target]
-                for each in names:
+                for each in target.elts if isinstance(target, ast.Tuple) else [target]:
                     if isinstance(each, ast.Name):
-                        if _calls(node.value, norm):
-                            return _argument_transposes(node.value, norm, assigned)
-                        assigned[each.id] = node.value
-        elif isinstance(node, ast.Call) and _is_norm(node.func, norm):
-            return _argument_transposes(node, norm, assigned)
+                        heads_first[each.id] = layout
     return False
+
+
+def _layout(node: ast.AST, heads_first: dict[str, bool]) -> bool:
+    """Whether expression ``node`` is heads-first: it transposes, or reads a heads-first variable."""
+    return _transposes(node) or any(isinstance(n, ast.Name) and heads_first.get(n.id, False) for n in ast.walk(node))
 
 
 def _is_norm(func: ast.AST, norm: str) -> bool:
@@ -113,18 +119,20 @@ def _calls(node: ast.AST, norm: str) -> bool:
     return any(isinstance(n, ast.Call) and _is_norm(n.func, norm) for n in ast.walk(node))
 
 
-def _argument_transposes(node: ast.AST, norm: str, assigned: dict[str, ast.AST]) -> bool:
-    call = next(n for n in ast.walk(node) if isinstance(n, ast.Call) and _is_norm(n.func, norm))
-    if not call.args:
-        return False
-    argument = call.args[0]
-    if isinstance(argument, ast.Name) and argument.id in assigned:
-        return _transposes(assigned[argument.id])
-    return _transposes(argument)
+def _gate_activation(tree: ast.AST | None) -> str | None:
+    """The activation of an output gate (``"sigmoid"``, ``"softplus"``): the last such call the forward makes after
+    its attention-interface call (one before it is no output gate: Doge's dynamic mask); ``None`` for none."""
+    if tree is None:
+        return None
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    kernel = [n.lineno for n in calls if isinstance(n.func, ast.Name) and n.func.id == "attention_interface"]
+    if not kernel:
+        return None
+    after = sorted((n for n in calls if n.lineno > max(kernel) and _activation(n.func) is not None),
+                   key=lambda n: (n.lineno, n.col_offset))
+    return _activation(after[-1].func) if after else None
 
 
-def _gate_activation(cls: type) -> str | None:
-    """The activation of an output gate the forward applies (``"sigmoid"``, ``"softplus"``), ``None`` for none."""
-    code = getattr(inspect.unwrap(cls.forward), "__code__", None)
-    names = set(code.co_names) if code is not None else set()
-    return next((name for name in GATE_ACTIVATIONS if name in names), None)
+def _activation(func: ast.AST) -> str | None:
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+    return name if name in GATE_ACTIVATIONS else None
