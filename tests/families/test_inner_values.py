@@ -144,7 +144,7 @@ def test_attention_serves_its_scores_and_inner_values_or_says_why(model, variant
     """Every attention serving its probabilities serves its scores, and ``softmax(scores)`` is the probabilities
     (with the sink column where the attention has sinks); queries and keys before their norms are served where the
     attention has a q/k norm module, the output gate where its forward gates its output (a sigmoid or softplus
-    multiplier), and each says why elsewhere."""
+    after the kernel call), and each says why elsewhere."""
     from nncanon.components.inside import NORM_NAMES
     from nncanon.proof.checks.inside import probabilities_of
 
@@ -168,7 +168,8 @@ def test_attention_serves_its_scores_and_inner_values_or_says_why(model, variant
             if not has:
                 assert "norm" in report.reason(name, layer=index)
         source = __import__("inspect").getsource(type(module).forward)
-        gated = any(f"{word}(" in source for word in ("sigmoid", "softplus"))
+        after = source.split("attention_interface(")[-1] if "attention_interface(" in source else ""
+        gated = any(f"{word}(" in after for word in ("sigmoid", "softplus"))  # (before the kernel: Doge's mask)
         assert report.available("attention_gate", layer=index) == gated, report.reason("attention_gate", index)
         if not gated:
             assert "does not gate its output" in report.reason("attention_gate", layer=index)
