@@ -145,10 +145,7 @@ def operation_name(names: Any, op: str) -> str | None:
     with ``*`` (``"*sigmoid*"``), the last that contains it (``None``: there is none)."""
     if not op.endswith("*"):
         return op
-    if op.startswith("*"):  # ``"*sigmoid*"``: the last name that contains the rest
-        found = [name for name in names if op[1:-1] in name]
-        return found[-1] if found else None
-    found = [name for name in names if name.startswith(op[:-1])]
+    found = [name for name in names if (op[1:-1] in name if op.startswith("*") else name.startswith(op[:-1]))]
     return found[-1] if found else None
 
 

@@ -6,28 +6,28 @@ trained with nncanon by an nncanon value (``layers.12.layer_output``). `resolve`
 `Point` (a block and the value read there), or says why the name has no meaning on this model, as ``support()``
 does; `value_at` reads the point inside a trace. The table, with what each TransformerLens name means here:
 
-==================================  =====================================================================
-TransformerLens                     nncanon
-==================================  =====================================================================
-``blocks.L.hook_resid_pre``         ``layers[L].layer_input``
-``blocks.L.hook_resid_mid``         ``layer_input + attention_output`` (the token mixer's contribution), where
-                                    the MLP reads the stream after the mixer (not on a parallel block)
-``blocks.L.hook_resid_post``        ``layers[L].layer_output``
-``blocks.L.hook_attn_out``          ``self_attn.attention_output`` (a hybrid's linear mixer:
-                                    ``linear_attn.linear_attention_output``)
-``blocks.L.hook_mlp_out``           ``mlp.mlp_output``
-``blocks.L.hook_mlp_in``            what the MLP's norm reads: ``hook_resid_mid``, on a parallel block ``layer_input``
-``blocks.L.ln2.hook_normalized``    ``mlp_input``: the MLP module's input (its norm applied, with the norm's weights)
-``blocks.L.ln1.hook_normalized``    ``self_attn.attention_input`` (a hybrid's linear mixer: ``linear_attention_input``)
-``blocks.L.mlp.hook_pre``           ``mlp.pre_activations`` (the gate path of a gated MLP)
-``blocks.L.mlp.hook_pre_linear``    ``mlp.linear_activations`` (a gated MLP's linear path)
-``blocks.L.mlp.hook_post``          ``mlp.neurons``: what the down projection receives
-``blocks.L.attn.hook_z``            ``self_attn.attention_head_outputs`` ``[b, s, H, head_dim]``
-``blocks.L.attn.hook_q/k/v``        ``query_states`` / ``key_states`` / ``value_states`` (no rotary embedding)
-``blocks.L.attn.hook_rot_q/k``      ``query_states`` / ``key_states`` (after a rotary embedding)
-``blocks.L.attn.hook_attn_scores``  ``self_attn.attention_scores`` ``[b, H, q, k]``: what the softmax receives
-``blocks.L.attn.hook_pattern``      ``self_attn.attention_probabilities`` ``[b, H, q, k]``
-==================================  =====================================================================
+=================================  =====================================================================
+TransformerLens                    nncanon
+=================================  =====================================================================
+``blocks.L.hook_resid_pre``        ``layers[L].layer_input``
+``blocks.L.hook_resid_mid``        ``layer_input + attention_output`` (the token mixer's contribution), where
+                                   the MLP reads the stream after the mixer (not on a parallel block)
+``blocks.L.hook_resid_post``       ``layers[L].layer_output``
+``blocks.L.hook_attn_out``         ``self_attn.attention_output`` (a hybrid's linear mixer:
+                                   ``linear_attn.linear_attention_output``)
+``blocks.L.hook_mlp_out``          ``mlp.mlp_output``
+``blocks.L.hook_mlp_in``           what the MLP's norm reads: ``hook_resid_mid``, on a parallel block ``layer_input``
+``blocks.L.ln2.hook_normalized``   ``mlp_input``: the MLP module's input (its norm applied, with the norm's weights)
+``blocks.L.ln1.hook_normalized``   ``self_attn.attention_input`` (a hybrid's linear mixer: ``linear_attention_input``)
+``blocks.L.mlp.hook_pre``          ``mlp.pre_activations`` (the gate path of a gated MLP)
+``blocks.L.mlp.hook_pre_linear``   ``mlp.linear_activations`` (a gated MLP's linear path)
+``blocks.L.mlp.hook_post``         ``mlp.neurons``: what the down projection receives
+``blocks.L.attn.hook_z``           ``self_attn.attention_head_outputs`` ``[b, s, H, head_dim]``
+``blocks.L.attn.hook_q/k/v``       ``query_states`` / ``key_states`` / ``value_states`` (no rotary embedding)
+``blocks.L.attn.hook_rot_q/k``     ``query_states`` / ``key_states`` (after a rotary embedding)
+``blocks.L.attn.hook_pattern``     ``self_attn.attention_probabilities`` ``[b, H, q, k]``; ``attn.hook_attn_scores``:
+                                   ``self_attn.attention_scores`` ``[b, H, q, k]``, what the softmax receives
+=================================  =====================================================================
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ TRANSFORMER_LENS = {
     "attn.hook_v": "value_states",
     "attn.hook_rot_q": "rot_q",
     "attn.hook_rot_k": "rot_k",
-    "attn.hook_attn_scores": "attention_scores",
     "attn.hook_pattern": "attention_probabilities",
+    "attn.hook_attn_scores": "attention_scores",
 }
 
 _PER_HEAD_INPUT = ("TransformerLens copies attention's input once per head (use_split_qkv_input): nncanon serves the "
