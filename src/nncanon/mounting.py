@@ -31,6 +31,8 @@ from .components import (
     VirtualMLP,
 )
 from .components.anatomy import NEURON_VALUES, discover, neuron_sites
+from .components.attention import SCORES_GRADIENT_REASON
+from .components.inside import inside_sites
 from .components.kernel import (
     RECOMPUTED,
     STATES,
@@ -72,7 +74,8 @@ def _combined(role: type, custom: type) -> type:
 
 
 class ProbabilitiesReason:
-    """The reason ``attention_probabilities`` is not served, or ``None``: under eager attention they are
+    """The reason ``attention_probabilities`` (or, ``name``, ``attention_scores``) is not served, or ``None``:
+    under eager attention they are
     read where they multiply the values; under another implementation, recomputed from the attention
     interface's inputs (`nncanon.components.kernel`) where that is exact for the module and proved.
 
@@ -80,8 +83,8 @@ class ProbabilitiesReason:
     model), through the envoy tree, so it travels with a remote request.
     """
 
-    def __init__(self, attention: Envoy) -> None:
-        self.attention = attention
+    def __init__(self, attention: Envoy, name: str = "attention_probabilities") -> None:
+        self.attention, self.name = attention, name
 
     def __call__(self) -> str | None:
         if self.attention._eager():
@@ -91,7 +94,25 @@ class ProbabilitiesReason:
         reason = recompute_reason(type(self.attention._module), implementation, self.attention._nncanon.kernel)
         if reason is None:
             reason = self.attention._nncanon.reason(RECOMPUTED)
+        if reason is not None and self.name == "attention_scores":  # recomputed as the probabilities are
+            reason = reason.replace("attention probabilities are", "attention scores are", 1).replace(
+                "to read them", "to read the scores")
         return reason
+
+
+class ScoresGradientReason:
+    """Why ``attention_scores.grad`` is not served (``None`` under eager, where the scores are the model's own):
+    under another implementation the scores are recomputed beside the kernel, which computes none to differentiate."""
+
+    def __init__(self, attention: Envoy) -> None:
+        self.attention = attention
+
+    def __call__(self) -> str | None:
+        if self.attention._eager():
+            return None
+        implementation = kernel_implementation(self.attention._module) or kernel_implementation(
+            self.attention.root._module)
+        return SCORES_GRADIENT_REASON.format(implementation=implementation)
 
 
 class KernelReason:
@@ -119,14 +140,24 @@ def _child(layer: Envoy, path: str) -> Envoy:
 
 
 def _bind(layer: Envoy, config: Any, label: str, order: str, name: str, site: Site,
-          heads: int | None = None, lazy: bool = False) -> Binding:
+          heads: int | None = None, lazy: bool = False, inside: str | None = None) -> Binding:
     """``name`` bound to ``site`` of block ``layer``; ``label`` names it in messages (``"layers[3].self_attn"``).
-    A ``lazy`` operation site is found in the forward's operations at its first read, like a pattern."""
+    A ``lazy`` operation site is found in the forward's operations at its first read, like a pattern. ``inside``:
+    the module (a path under the block) whose forward calls the site's module, whose operation hooks are installed
+    before a read (a read pauses the model inside that forward, where hooks installed later would not fire: a
+    query norm's input, then the kernel's inputs, in one trace)."""
     if site.op is None:
         if not site.module:
             return Binding(name, f"{layer.path}.{site.key}", site, config, label, heads, None, order)
         _child(layer, site.module)  # fail at load if the path is wrong
-        return Binding(name, f"{layer.path}.{site.module}.{site.key}", site, config, label, heads, None, order)
+        prepare = None
+        if inside is not None:
+            outer = _child(layer, inside)
+
+            def prepare(outer: Envoy = outer) -> None:
+                outer.source  # noqa: B018 - installs nnsight's operation hooks (idempotent)
+
+        return Binding(name, f"{layer.path}.{site.module}.{site.key}", site, config, label, heads, prepare, order)
     module = _child(layer, site.module) if site.module else layer
     path = f"{layer.path}.{site.module}" if site.module else layer.path
     if site.op.endswith("*") or lazy:
@@ -179,7 +210,8 @@ def _kernel_sites(attention: Envoy, path: str, declared: Kernel | str | None) ->
 
 def _made(layer: Envoy, config: Any, where: str, order: str, sites: tuple) -> dict[str, Binding]:
     """The bindings of one component of block ``layer``: ``sites`` are ``(name, site, heads)``, or
-    ``(name, site, heads, True)`` for a site found in the forward's operations at its first read."""
+    ``(name, site, heads, True)`` for a site found in the forward's operations at its first read, or
+    ``(name, site, heads, False, inside)`` for a site inside the forward of module ``inside`` (`_bind`)."""
     return {entry[0]: _bind(layer, config, where, order, *entry) for entry in sites}
 
 
@@ -400,10 +432,15 @@ def mount(model: Any, family: Family, config: Any) -> list[frozenset[str] | None
                     sites = cached[1]
                 else:
                     sites = (*((name, site, None, True) for name, site in inputs.items()), *sites)
+            inner, absent = inside_sites(attention._module, spec.attention)
+            sites = _with_inside(sites, inner, spec.attention)
+            reasons.update({name: f"{label}: {reason}" for name, reason in absent.items()})
             reasons["attention_probabilities"] = ProbabilitiesReason(attention)
+            reasons["attention_scores"] = ProbabilitiesReason(attention, "attention_scores")
             reasons[RECOMPUTED] = None
-            attention._nncanon = shape.state(layer, config, f"{where}.self_attn", order, sites, reasons,
+            attention._nncanon = shape.state(layer, config, f"{where}.self_attn", order, sites, reasons, set(absent),
                                              probabilities=shape.probabilities, kernel=kernel)
+            attention._nncanon.gradient_reasons["attention_scores"] = ScoresGradientReason(attention)
         else:
             _route(layer, "self_attn", None, None, hidden)
             mixer_note = f"; its token mixer is layers[{index}].linear_attn" if spec.mixer else ""
@@ -444,7 +481,10 @@ def mount(model: Any, family: Family, config: Any) -> list[frozenset[str] | None
             state.reasons["mlp"] = f"{label}: it has no MLP"
 
         _mount_norms(layer, spec, where, label, order)
-        for name, reason in spec.declined(config, index).items():
+        declined = spec.declined(config, index)
+        if "attention_probabilities" in declined:  # the scores are the probabilities' softmax input: declined alike
+            declined = {"attention_scores": declined["attention_probabilities"], **declined}
+        for name, reason in declined.items():
             decline(layer, name, reason)
         unserved.append(shape.unserved)
     return unserved
@@ -488,6 +528,24 @@ def _mount_norms(layer: Envoy, spec: Family, where: str, label: str, order: str)
         site = NormSite(found, _child(layer, found), anatomy, state.where, order, scale)
         state.norms.update({name: NormBinding(name, site, "scale" if name == scale else "normalized")
                             for name in names})
+
+
+def _with_inside(sites: tuple, inner: dict[str, Site], attention: str) -> tuple:
+    """An attention's ``sites`` with those inside its forward (`nncanon.components.inside`): the q/k values before
+    their norms (their module's input, read with the attention's operation hooks installed), the output gate (an
+    operation found at its first read). Kept per ``(sites, inner)`` so blocks of a layout share one tuple."""
+    if not inner:
+        return sites
+    key = (id(sites), id(inner))
+    known = _WITH_INSIDE.get(key)
+    if known is None or known[0] is not sites or known[1] is not inner:
+        extra = tuple((name, site, None, True) if site.op is not None else (name, site, None, False, attention)
+                      for name, site in inner.items())
+        known = _WITH_INSIDE[key] = (sites, inner, (*extra, *sites))
+    return known[2]
+
+
+_WITH_INSIDE: dict[tuple[int, int], tuple] = ProcessCache()
 
 
 def _mount_idle(model: Any, family: Family, config: Any, index: int, reason: str, running: list[int]) -> None:

@@ -141,10 +141,11 @@ def describe_factor(attribute: str | Callable[[Any], Any]) -> str:
 
 def operation_name(names: Any, op: str) -> str | None:
     """The operation ``op`` names among a forward's operation ``names``: ``op`` itself, or for a pattern
-    ending in ``*`` (``"attention_interface_*"``), the last name that starts with the rest (``None``: there is none)."""
+    ending in ``*`` (``"attention_interface_*"``), the last name that starts with the rest, for one also starting
+    with ``*`` (``"*sigmoid*"``), the last that contains it (``None``: there is none)."""
     if not op.endswith("*"):
         return op
-    found = [name for name in names if name.startswith(op[:-1])]
+    found = [name for name in names if (op[1:-1] in name if op.startswith("*") else name.startswith(op[:-1]))]
     return found[-1] if found else None
 
 

@@ -18,12 +18,16 @@ LAYER_VALUES = (
     "attention_norm_scale",
     "attention_normalized",
     "attention_input",
+    "query_states_before_norm",
+    "key_states_before_norm",
     "query_norm_scale",
     "key_norm_scale",
     "query_states",
     "key_states",
     "value_states",
+    "attention_scores",
     "attention_probabilities",
+    "attention_gate",
     "attention_head_outputs",
     "attention_post_norm_scale",
     "attention_output",
@@ -52,12 +56,16 @@ COMPONENT_OF = {
     "attention_norm_scale": "self_attn",
     "attention_normalized": "self_attn",
     "attention_input": "self_attn",
+    "query_states_before_norm": "self_attn",
+    "key_states_before_norm": "self_attn",
     "query_norm_scale": "self_attn",
     "key_norm_scale": "self_attn",
     "query_states": "self_attn",
     "key_states": "self_attn",
     "value_states": "self_attn",
+    "attention_scores": "self_attn",
     "attention_probabilities": "self_attn",
+    "attention_gate": "self_attn",
     "attention_head_outputs": "self_attn",
     "attention_post_norm_scale": "self_attn",
     "attention_output": "self_attn",
@@ -80,9 +88,10 @@ COMPONENT_OF = {
 }
 COMPONENTS = ("self_attn", "linear_attn", "mlp")
 
-#: The values inside a block that are neither the stream nor a contribution to it: what the token mixers receive
-#: and the MLP's neurons.
-INNER_VALUES = ("attention_input", "linear_attention_input", "pre_activations", "linear_activations", "neurons")
+#: The values inside a block that are neither the stream nor a contribution to it: what the token mixers receive,
+#: queries and keys before their norms, an attention's output gate, and the MLP's neurons.
+INNER_VALUES = ("attention_input", "linear_attention_input", "query_states_before_norm", "key_states_before_norm",
+                "attention_gate", "pre_activations", "linear_activations", "neurons")
 
 
 #: The model-level values, in the order ``support()`` reports them (each served once per model, not per layer).
@@ -95,6 +104,8 @@ _ANY_LAYER = re.compile(r"layers\[\d+\]")
 SHORT = {
     "layer_input": "layer_input", "layer_output": "layer_output", "self_attn": "attn", "attention_input": "attn_in",
     "query_states": "q", "key_states": "k", "value_states": "v", "attention_probabilities": "probs",
+    "query_states_before_norm": "q_in", "key_states_before_norm": "k_in", "attention_scores": "scores",
+    "attention_gate": "gate",
     "attention_head_outputs": "heads", "attention_output": "attn_out", "linear_attn": "mixer",
     "linear_attention_input": "mixer_in", "linear_attention_head_outputs": "mixer_heads",
     "linear_attention_output": "mixer_out", "mlp": "mlp", "router_logits": "router", "expert_weights": "weights",

@@ -1,4 +1,5 @@
-"""The values inside a block, on every registered variant: what its token mixers receive and its MLP's neurons.
+"""The values inside a block, on every registered variant: what its token mixers receive, attention's scores, its
+queries and keys before their norms and its output gate, and its MLP's neurons.
 
 The checks that prove them are the verifier's (``read``, ``invokes``, ``neurons``, the gradient checks: they run in
 ``test_invariants.py::test_check_holds``). Here: every block serves them or declines them for a reason that is a
@@ -13,7 +14,7 @@ import torch
 from nncanon.proof.checks.references import encode, finish, hf_block, plain_copy
 from nncanon.reading import host
 from nncanon.sae import resolve
-from nncanon.served import _pick, _put
+from nncanon.served import _pick, _put, operation_name
 from nncanon.support import INNER_VALUES
 from nncanon.testing import PROMPTS
 
@@ -58,7 +59,8 @@ def _plain_edit_logits(model, index: int, value: str, inputs: dict) -> torch.Ten
         plain = plain_copy(model)
         path = ".".join(part for part in (model.family.layers, str(index), site.module) if part)
         with torch.no_grad(), plain.trace(**inputs):
-            operation = getattr(plain.get(path).source, site.op)
+            source = plain.get(path).source
+            operation = getattr(source, operation_name(source.names, site.op))
             _edit(finish(_pick(operation.output, site), binding, inputs))
             logits = plain.output.logits.save()
         return logits
@@ -136,3 +138,68 @@ def test_a_square_mlps_down_projection_is_told_by_its_name():
     unnamed.down_proj = None
     unnamed.w_out = torch.nn.Linear(8, 8)
     assert "no one down projection" in discover(unnamed, "mlp", 8)
+
+
+def test_attention_serves_its_scores_and_inner_values_or_says_why(model, variant):
+    """Every attention serving its probabilities serves its scores, and ``softmax(scores)`` is the probabilities
+    (with the sink column where the attention has sinks); queries and keys before their norms are served where the
+    attention has a q/k norm module, the output gate where its forward gates its output (a sigmoid or softplus
+    after the kernel call), and each says why elsewhere."""
+    from nncanon.components.inside import NORM_NAMES
+    from nncanon.proof.checks.inside import probabilities_of
+
+    report = model.support()
+    for index in report.layers_with("self_attn"):
+        attention = model.layers[index].self_attn
+        module = attention._module
+        if report.available("attention_probabilities", layer=index):
+            assert report.available("attention_scores", layer=index), report.reason("attention_scores", index)
+            with torch.no_grad(), model.trace(PROMPTS):
+                scores = attention.attention_scores.save()
+                probabilities = attention.attention_probabilities.save()
+            assert scores.shape == probabilities.shape
+            made = probabilities_of(scores, module, probabilities)
+            torch.testing.assert_close(made, probabilities, rtol=1e-5, atol=1e-6)
+        else:
+            assert report.reason("attention_scores", layer=index) is not None
+        for name, index_in_pair in (("query_states_before_norm", 0), ("key_states_before_norm", 1)):
+            has = any(isinstance(getattr(module, pair[index_in_pair], None), torch.nn.Module) for pair in NORM_NAMES)
+            assert report.available(name, layer=index) == has, f"layers[{index}].{name}: {report.reason(name, index)}"
+            if not has:
+                assert "norm" in report.reason(name, layer=index)
+        source = __import__("inspect").getsource(type(module).forward)
+        after = source.split("attention_interface(")[-1] if "attention_interface(" in source else ""
+        gated = any(f"{word}(" in after for word in ("sigmoid", "softplus"))  # (before the kernel: Doge's mask)
+        assert report.available("attention_gate", layer=index) == gated, report.reason("attention_gate", index)
+        if not gated:
+            assert "does not gate its output" in report.reason("attention_gate", layer=index)
+
+
+def test_a_write_to_the_scores_is_the_probabilities_it_makes(model, variant):
+    """On the first and last block serving scores (eager), one score raised by 1 (the last query, a key it attends
+    with others) gives the logits that writing the probabilities those scores make gives: the write reaches the
+    softmax."""
+    from nncanon.proof.checks.inside import probabilities_of, write_position
+
+    layers = model.support().layers_with("attention_scores")
+    for index in sorted({layers[0], layers[-1]} if layers else set()):
+        attention = model.layers[index].self_attn
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            probabilities = attention.attention_probabilities.save()
+            clean = model.logits.save()
+        head, key = write_position(probabilities)
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            attention.attention_scores[:, head, -1, key] += 1.0
+            ours = model.logits.save()
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            scores = attention.attention_scores.clone()
+            scores[:, head, -1, key] += 1.0
+            attention.attention_probabilities = probabilities_of(scores, attention._module, probabilities)
+            reference = model.logits.save()
+        assert not torch.equal(ours, clean), f"layers[{index}]: the write did not move the logits"
+        torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5, msg=f"layers[{index}]")
+
+
+def test_transformer_lens_scores_name(model):
+    for index in model.support().layers_with("attention_scores"):
+        assert resolve(model, f"blocks.{index}.attn.hook_attn_scores").value == "attention_scores"

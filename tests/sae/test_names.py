@@ -47,8 +47,7 @@ def test_names_without_a_meaning_here_say_why(llama):
     with pytest.raises(InvalidLayer, match="this model has 2 layers"):
         resolve(llama, "blocks.7.hook_resid_post")
     assert resolve(llama, "blocks.0.mlp.hook_post").value == "neurons"
-    with pytest.raises(ValueNotAvailable, match="scores before the softmax are not a standard value"):
-        resolve(llama, "blocks.0.attn.hook_attn_scores")
+    assert resolve(llama, "blocks.0.attn.hook_attn_scores").value == "attention_scores"
     assert resolve(llama, "hook_embed").label == "model.token_embeddings"
     with pytest.raises(ValueNotAvailable, match="rotary embedding of the queries and keys"):
         resolve(llama, "hook_pos_embed")

@@ -361,13 +361,65 @@ def recompute_probabilities(module: torch.nn.Module, args: tuple, kwargs: dict,
 def _sdpa_probabilities(module: torch.nn.Module, kernel: Kernel, query: torch.Tensor, key: torch.Tensor,
                         mask: Any, kwargs: dict) -> torch.Tensor:
     """``softmax(q·kᵀ·scale + mask)`` of a direct sdpa call, in fp32, cast to the query's dtype."""
+    return torch.softmax(_sdpa_scores(module, kernel, query, key, mask, kwargs).float(), dim=-1).to(query.dtype)
+
+
+def _sdpa_scores(module: torch.nn.Module, kernel: Kernel, query: torch.Tensor, key: torch.Tensor,
+                 mask: Any, kwargs: dict) -> torch.Tensor:
+    """``q·kᵀ·scale + mask`` of a direct sdpa call ``[b, heads, q, k]``: what its softmax receives."""
     if kwargs.get("enable_gqa") and key.shape[-3] != query.shape[-3]:
         key = key.repeat_interleave(query.shape[-3] // key.shape[-3], dim=-3)
     scores = (query @ key.transpose(-1, -2)) * kernel.scale(module, kwargs, query.shape[-1])
     additive = _additive_mask(mask, query, key, bool(kwargs.get(kernel.causal, False)))
-    if additive is not None:
-        scores = scores + additive
-    return torch.softmax(scores.float(), dim=-1).to(query.dtype)
+    return scores if additive is None else scores + additive
+
+
+class _SoftmaxInput(torch.overrides.TorchFunctionMode):
+    """Keeps what the softmax of an ``eager_attention_forward`` receives (`recompute_both`): the input of its
+    last softmax call, or, where a sink column is concatenated to the scores before it (gpt-oss), the scores
+    before that concatenation (the first tensor of the last ``torch.cat`` before the softmax)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scores: torch.Tensor | None = None
+        self.before_sink: torch.Tensor | None = None
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name == "cat" and args and isinstance(args[0], (list, tuple)) and args[0]:
+            self.before_sink = args[0][0]
+        elif name == "softmax" and args:
+            self.scores = args[0]
+            sunk = self.before_sink
+            if sunk is not None and sunk.shape[:-1] == self.scores.shape[:-1] and (
+                    sunk.shape[-1] + 1 == self.scores.shape[-1]):
+                self.scores = sunk
+        return func(*args, **kwargs)
+
+
+def recompute_both(module: torch.nn.Module, args: tuple, kwargs: dict, kernel: Kernel | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(scores, probabilities)`` ``[b, heads, q, k]`` of one ``kernel`` call, recomputed from its arguments in
+    one go: the probabilities as `recompute_probabilities` recomputes them, and the scores, what the softmax of the
+    family's own ``eager_attention_forward`` receives there (scaled, soft-capped, masked; where a sink logit is
+    concatenated before the softmax, the scores without it), or ``q·kᵀ·scale + mask`` for a direct sdpa call.
+
+    Raises:
+        ValueNotAvailable: as `recompute_probabilities` does, or the eager code calls no softmax.
+    """
+    kernel = INTERFACE_KERNEL if kernel is None else kernel
+    if kernel.recompute == "sdpa":
+        probabilities = recompute_probabilities(module, args, kwargs, kernel)  # (its refusals: the scores' too)
+        query, key, _ = kernel.inputs(args, kwargs)
+        return _sdpa_scores(module, kernel, query, key, kernel.call_mask(args, kwargs), kwargs), probabilities
+    with _SoftmaxInput() as kept:
+        probabilities = recompute_probabilities(module, args, kwargs, kernel)
+    if kept.scores is None:
+        raise ValueNotAvailable(
+            f"{type(module).__module__}.eager_attention_forward calls no softmax: its scores cannot be recomputed. "
+            "Load the model with StandardizedTransformer(..., attn_implementation=\"eager\") to read them.")
+    return kept.scores, probabilities
 
 
 def split_kernel(op: str, value_op: str, args: tuple[int | str, int | str, int | str],
@@ -380,3 +432,36 @@ def split_kernel(op: str, value_op: str, args: tuple[int | str, int | str, int |
     return Kernel(op, args, mask=None, output=None, output_heads_first=True, key_transposed=True,
                   structural_mask=True, scale=scale, name=name, value_op=value_op, batch_heads=batch_heads,
                   bias=bias)
+
+
+def scores_operation(source: Any, path: tuple[str, ...] | None, sinks: bool = False) -> tuple[Any, bool]:
+    """The operation of an attention forward whose input holds its scores, under eager attention: the softmax
+    call of the source that computes the probabilities (``source``: the attention module's nnsight ``.source``,
+    inside a trace; ``path``: the family's path to the probabilities' operation, `Family.probabilities`, whose
+    source is searched, else the attention interface call's), and ``True`` where the scores are the first tensor
+    of the list a concatenation before that softmax receives (``sinks``: the module has sink logits, a column the
+    eager code appends to the scores: gpt-oss).
+
+    Raises:
+        ValueNotAvailable: that source calls no softmax.
+    """
+    if path is not None:
+        for name in path[:-1]:
+            source = getattr(source, name).source
+    else:
+        calls = [name for name in source.names if name.startswith("attention_interface_")]
+        source = getattr(source, calls[-1]).source
+    names = list(source.names)
+    softmaxes = [name for name in names if "softmax" in name]
+    if not softmaxes:
+        raise ValueNotAvailable("its eager attention calls no softmax whose input would be the scores")
+    before = names[: names.index(softmaxes[-1])]
+    concatenations = [name for name in before if name.startswith("torch_cat_")]
+    if sinks and concatenations:
+        return getattr(source, concatenations[-1]), True
+    return getattr(source, softmaxes[-1]), False
+
+
+def has_sinks(module: torch.nn.Module) -> bool:
+    """Whether attention ``module`` has sink logits (``module.sinks``, one per head: gpt-oss)."""
+    return isinstance(getattr(module, "sinks", None), torch.Tensor)

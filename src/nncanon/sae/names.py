@@ -29,7 +29,8 @@ TransformerLens                    nncanon
 ``blocks.L.attn.hook_z``           ``self_attn.attention_head_outputs`` ``[b, s, H, head_dim]``
 ``blocks.L.attn.hook_q/k/v``       ``query_states`` / ``key_states`` / ``value_states`` (no rotary embedding)
 ``blocks.L.attn.hook_rot_q/k``     ``query_states`` / ``key_states`` (after a rotary embedding)
-``blocks.L.attn.hook_pattern``     ``self_attn.attention_probabilities`` ``[b, H, q, k]``
+``blocks.L.attn.hook_pattern``     ``self_attn.attention_probabilities`` ``[b, H, q, k]``; ``attn.hook_attn_scores``:
+                                   ``self_attn.attention_scores`` ``[b, H, q, k]``, what the softmax receives
 ``blocks.L.ln1.hook_scale``        ``self_attn.attention_norm_scale`` ``[b, s, 1]`` (a hybrid's linear mixer:
                                    ``linear_attn.linear_attention_norm_scale``)
 ``blocks.L.ln2.hook_scale``        ``mlp.mlp_norm_scale`` (a parallel block: refused, one norm feeds both)
@@ -90,6 +91,7 @@ TRANSFORMER_LENS = {
     "ln2.hook_scale": "mlp_norm_scale",
     "ln1_post.hook_scale": "attention_post_norm_scale",
     "ln2_post.hook_scale": "mlp_post_norm_scale",
+    "attn.hook_attn_scores": "attention_scores",
 }
 
 _PER_HEAD_INPUT = ("TransformerLens copies attention's input once per head (use_split_qkv_input): nncanon serves the "
@@ -97,8 +99,6 @@ _PER_HEAD_INPUT = ("TransformerLens copies attention's input once per head (use_
 
 #: TransformerLens hook names nncanon does not serve, with the reason and what to read instead.
 UNSERVED = {
-    "attn.hook_attn_scores": "the scores before the softmax are not a standard value; attention_probabilities "
-                             "(attn.hook_pattern) are",
     "attn.hook_result": "each head's output after its slice of the output projection is not a standard value (it "
                         "would be a [b, s, H, d] tensor per block); nncanon.tools.attention_head_contributions "
                         "computes it from attention_head_outputs (attn.hook_z)",

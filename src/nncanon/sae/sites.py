@@ -197,8 +197,8 @@ def value_at(model: Any, name: str | Point, head: int | None = None) -> torch.Te
         return outside
     if point.layer is None:  # a model-level value (hook_embed): the served value itself
         return getattr(model, point.value)
-    if point.value == "attention_probabilities":  # no site of its own: served by the attention (eager or recomputed)
-        return model.layers[point.layer].self_attn.attention_probabilities
+    if point.value in ("attention_probabilities", "attention_scores"):  # no site of their own: served by the
+        return getattr(model.layers[point.layer].self_attn, point.value)  # attention (eager or recomputed)
     if point.value in NORM_VALUES:  # a norm's values: computed from the norm's input, served by their component
         return read_value(model, point.layer, point.value)
     read = open_point(model, point)

@@ -457,7 +457,7 @@ def _check_fit(model: Any, dictionary: Dictionary, point: Point, point_out: Poin
     """Refuse, before any forward of the user's, a dictionary that does not fit its points."""
     cfg = dictionary.cfg
     for which, where in (("input", point), ("output", point_out)):
-        if where.value == "attention_probabilities":
+        if where.value in ("attention_probabilities", "attention_scores"):
             raise DictionaryMismatch(f"{dictionary.name}: {where.label} is [b, H, q, k], not a value per token: a "
                                      f"dictionary reads a value [b, s, ...] (the {which} point)")
     if point.head is not None or point_out.head is not None:

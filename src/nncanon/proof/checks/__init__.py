@@ -17,6 +17,9 @@ One module per kind of equality, each stating the equalities it asserts, with th
   (zeroing a head's probabilities equals zeroing its output);
 - `kernel`: ``kernel`` (the kernel's inputs reproduce its probabilities and output), ``recomputed`` (sdpa's
   recomputed probabilities equal eager's);
+- `inside`: ``scores`` (softmax(scores) is the probabilities; a write is the same edit at the softmax),
+  ``qk_norm`` (the q/k norm of the value is its output), ``gate`` (the kernel's output times the gate is the
+  heads' output);
 - `neurons`: ``neurons`` (activation(pre) · linear is the neurons; the neurons through the down projection's weight
   are its output; a neuron zeroed by its value is one zeroed by a plain pre-hook);
 - `norms`: ``norms`` (each norm's formula, centred / scale · weight (+ bias), is its output; a pre-norm feeds its
@@ -39,6 +42,7 @@ from .base import Check, check
 from .embeddings import check_embedding_gradients, check_embeddings
 from .gradients import check_gradient_writes, check_gradients
 from .heads import check_heads, check_probabilities
+from .inside import check_gate, check_qk_norm, check_scores
 from .kernel import check_kernel, check_recomputed
 from .neurons import check_neurons
 from .norms import check_norm_gradients, check_norms
@@ -52,8 +56,8 @@ from .writes import check_invokes, check_locality
 CHECKS: tuple[Check, ...] = (
     *(check(function) for function in (
         check_read, check_identity, check_ablation, check_invokes, check_locality, check_heads,
-        check_probabilities, check_kernel, check_recomputed, check_neurons, check_norms, check_routing, check_lens,
-        check_skip, check_resume, check_embeddings,
+        check_probabilities, check_kernel, check_recomputed, check_scores, check_qk_norm, check_gate, check_neurons,
+        check_norms, check_routing, check_lens, check_skip, check_resume, check_embeddings,
     )),
     *(check(function, gradient=True) for function in (check_gradients, check_gradient_writes, check_norm_gradients,
                                                       check_quantized_gradients, check_embedding_gradients)),

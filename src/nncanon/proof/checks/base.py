@@ -39,8 +39,9 @@ def scaled(bar: float) -> float:
 HEAD_VALUES = ("attention_head_outputs", "linear_attention_head_outputs")
 
 
-#: What a block's token mixers receive (the stream after the block's norm).
-INPUT_VALUES = ("attention_input", "linear_attention_input")
+#: What a block's token mixers receive (the stream after the block's norm), and attention's inner site values.
+INPUT_VALUES = ("attention_input", "linear_attention_input", "query_states_before_norm", "key_states_before_norm",
+                "attention_gate")
 
 
 #: The attention kernel's per-head inputs.

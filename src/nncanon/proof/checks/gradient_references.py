@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ...components.kernel import has_sinks, scores_operation
 from ...reading import host
 from ...served import _pick, _put, operation_name
 from .base import GRADIENT_TOKEN, NO_CACHE
@@ -52,7 +53,7 @@ def gradient_references(model: Any, names: dict[int, Sequence[str]], inputs: dic
     keep = _Kept(grads)
 
     sites = {(layer, name): host(model, layer, name)._nncanon.bindings[name].site
-             for layer, listed in names.items() for name in listed if name != "attention_probabilities"}
+             for layer, listed in names.items() for name in listed if name not in _OWN_SITES}
     modules = {key: site for key, site in sites.items() if site.op is None and site.weighted is None}
     attentions = [layer for layer, listed in names.items() if "attention_probabilities" in listed]
     recomputed = [layer for layer in attentions if not model.layers[layer].self_attn._eager()]
@@ -62,6 +63,9 @@ def gradient_references(model: Any, names: dict[int, Sequence[str]], inputs: dic
         twin = implementation_copy(model, "eager")
         if twin is not None:
             _module_gradients(twin, {}, recomputed, inputs, metric, keep)
+    for layer, listed in names.items():
+        if "attention_scores" in listed:
+            _scores_gradient(model, layer, inputs, metric, keep)
     for key, site in sites.items():
         if site.weighted is not None:
             _weighted_gradient(model, key, site, inputs, metric, keep)
@@ -69,9 +73,30 @@ def gradient_references(model: Any, names: dict[int, Sequence[str]], inputs: dic
             _operation_gradient(model, key, site, inputs, metric, keep)
     finished = {}
     for (layer, name), grad in grads.items():
+        if name == "attention_scores" and grad.dim() == 3:  # heads folded into the batch (XGLM): split out
+            grad = grad.unflatten(0, (-1, host(model, layer, name)._nncanon.bindings["attention_head_outputs"].heads))
         binding = host(model, layer, name)._nncanon.bindings.get(name)
         finished[layer, name] = grad if binding is None else finish(grad, binding, inputs, divide=True)
     return finished
+
+
+#: Values served by a property of their own, not at a site: their references are taken apart.
+_OWN_SITES = ("attention_probabilities", "attention_scores")
+
+
+def _scores_gradient(model: Any, layer: int, inputs: dict, metric: Callable, keep: _Kept) -> None:
+    """The gradient at block ``layer``'s scores (the eager softmax's input, `scores_operation`): one forward of a
+    copy of the model as a plain ``NNsight``, a tensor hook on that input."""
+    attention = model.layers[layer].self_attn
+    plain = plain_copy(model)
+    path = ".".join((model.family.layers, str(layer), model.family.for_layer(model._text_config, layer)[0].attention))
+    with torch.enable_grad():
+        with plain.trace(**inputs):
+            operation, listed = scores_operation(plain.get(path).source, attention._nncanon.probabilities,
+                                             has_sinks(attention._module))
+            keep((layer, "attention_scores"), operation.input[0] if listed else operation.input)
+            output = plain.output.save()
+        keep.backward(output, metric)
 
 
 class _Kept:

@@ -57,11 +57,20 @@ def served_gradients(model: Any, names: dict[int, Sequence[str]]) -> dict[tuple[
     return grads
 
 
+def with_gradient(model: Any, layer: int) -> list[str]:
+    """The values of block ``layer`` that have a gradient to prove: every served value but the integer routing,
+    and but the scores where they are recomputed beside the kernel (they are served without a gradient)."""
+    names = served(model, layer, SITE_GRADIENT_VALUES)
+    if "attention_scores" in names and not model.layers[layer].self_attn._eager():
+        names.remove("attention_scores")
+    return names
+
+
 def check_gradients(model: Any) -> list[CheckResult]:
     """``value.grad`` of every served value, inside ``with logit.backward():``, equals the gradient of the
     same logit at the value's site by plain PyTorch (tensor hooks, ``torch.autograd.grad``), laid out and
     scaled as the value is served (kernel inputs served under another implementation only: on a copy running it)."""
-    names = {layer: served(model, layer, SITE_GRADIENT_VALUES) for layer in range(model.num_layers)}
+    names = {layer: with_gradient(model, layer) for layer in range(model.num_layers)}
     results = _gradients(model, names)
     for other, layers in kernel_copies(model):  # kernel inputs served under another implementation only
         results += _gradients(other, {layer: served(other, layer, KERNEL_INPUTS) for layer in layers})
@@ -117,7 +126,7 @@ def check_gradient_writes(model: Any) -> list[CheckResult]:
     the gradient reaching the stream entering block 0 is the same."""
     layer = model.num_layers - 1
     results = []
-    for name in served(model, layer, GRADIENT_VALUES):
+    for name in with_gradient(model, layer):
         binding = host(model, layer, name)._nncanon.bindings.get(name)
         if binding is None or binding.site.op is not None or (layer == 0 and name == "layer_input"):
             continue  # no module hook detaches an operation's tensor or the probabilities; the stream is block 0's
