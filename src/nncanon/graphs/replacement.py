@@ -232,12 +232,24 @@ def frozen_run(model: Any, ids: torch.Tensor, plan: Plan, clean: Clean, embeddin
                         written = written + (inputs[layer].to(skip.dtype) @ skip.W_skip.T).to(written.dtype)
                     model.layers[layer].mlp.mlp_output = written
                 else:
-                    value = clean.frozen[layer][name]
-                    setattr(host(model, layer, name), name, value.expand(batch, *value.shape[1:]))
+                    _freeze(host(model, layer, name), name, clean.frozen[layer][name], batch)
         if plan.final_norm:
-            model.final_norm_scale = clean.final_scale.expand(batch, *clean.final_scale.shape[1:])
+            _freeze(model, "final_norm_scale", clean.final_scale, batch)
         saved["head"] = head.output.save()
     return inputs, _linear_steps(saved["head"], plan)
+
+
+def _freeze(owner: Any, name: str, value: torch.Tensor, batch: int) -> None:
+    """Write the clean ``value`` (``[1, ...]``, for ``batch`` rows) to ``owner.name`` and stop the gradient at it.
+
+    A write of a value equal to the model's own leaves the model's tensor in place (nothing changed), and a norm's
+    served scale stays in the autograd graph of its input; so the gradient arriving at the served tensor is
+    dropped there (a hook returning zeros): the backward sees the value as the constant it is written as.
+    """
+    current = getattr(owner, name)
+    if current.requires_grad:
+        current.register_hook(torch.zeros_like)
+    setattr(owner, name, value.expand(batch, *value.shape[1:]))
 
 
 def _linear_steps(logits: torch.Tensor, plan: Plan) -> torch.Tensor:
