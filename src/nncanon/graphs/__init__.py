@@ -1,10 +1,21 @@
 """Attribution graphs (circuit tracing over transcoders) on the standard surface.
 
 - `Graph` (``graph``): circuit-tracer's graph record and node order, saved and loaded as ``.pt``.
+- `attribute` (``attribution``): a graph of a prompt over per-layer transcoders, on the frozen replacement model
+  (``replacement``: every norm's scale and attention pattern written back with the clean run's, MLP outputs fixed).
+- `support` (``proof``): why a model cannot be linearised, or ``None``; `verify` (``verify``): the checks that a
+  graph's edges are exact (completeness, removal effects).
+- `prune`, `graph_scores` (``prune``): circuit-tracer's pruning by influence and its replacement / completeness
+  scores.
 
 See ``docs/graphs.md``.
 """
 
+from .attribution import attribute
 from .graph import Graph
+from .proof import support
+from .prune import PruneResult, graph_scores, node_influence, prune
+from .verify import GraphCheck, random_transcoders, verify
 
-__all__ = ["Graph"]
+__all__ = ["Graph", "GraphCheck", "PruneResult", "attribute", "graph_scores", "node_influence", "prune",
+           "random_transcoders", "support", "verify"]

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..errors import InvalidArgument, InvalidInput
+from ..errors import InvalidArgument, InvalidInput, ValueNotAvailable
 from ..sae import Dictionary
 from .graph import Graph
 from .replacement import Clean, Plan, check_transcoders, clean_run, frozen_run, plan_of
@@ -172,7 +172,7 @@ def gradient_rows(s: Setup, grads: list[torch.Tensor], n: int) -> torch.Tensor:
     for layer in layers.unique().tolist():
         mask = layers == layer
         feature_cols[:, mask] = (g_out[layer][:, positions[mask]] * s.sources[mask].float()[None]).sum(-1)
-    error_cols = torch.stack([(g * e.float()[None]).sum(-1) for g, e in zip(g_out, s.errors)], dim=1)
+    error_cols = torch.stack([(g * e.float()[None]).sum(-1) for g, e in zip(g_out, s.errors, strict=True)], dim=1)
     token_cols = (g_embed * s.clean.embeddings.float()[None]).sum(-1)
     return torch.cat([feature_cols, error_cols.flatten(1), token_cols], dim=1)
 
@@ -223,9 +223,24 @@ def attribute(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 
         A `Graph` (rows of selected features and logits filled; node order in `nncanon.graphs.graph`).
 
     Raises:
-        ValueNotAvailable: the model cannot be linearised (the reason); InvalidDictionary: a transcoder of another
+        ValueNotAvailable: the model cannot be linearised (`nncanon.graphs.support`'s reason: its structure, or
+        the linearity proof's numbers); InvalidDictionary: a transcoder of another
         width, one that names another point, NaN weights; InvalidInput: an empty prompt, NaN logits or features.
     """
+    from .proof import support
+
+    reason = support(model)
+    if reason is not None:
+        raise ValueNotAvailable(f"no attribution graph on this {model.config.model_type} model: {reason}")
+    return build(model, prompt, transcoders, max_n_logits=max_n_logits, desired_logit_prob=desired_logit_prob,
+                 max_feature_nodes=max_feature_nodes, batch_size=batch_size, offload=offload,
+                 update_interval=update_interval, zero_bos=zero_bos)
+
+
+def build(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
+          max_feature_nodes: int | None = None, batch_size: int = 64, offload: str | None = None,
+          update_interval: int = 4, zero_bos: bool | None = None) -> Graph:
+    """`attribute` without the model's linearity proof (`nncanon.graphs.proof` runs it)."""
     if offload not in (None, "cpu"):
         raise InvalidArgument(f"offload={offload!r}: nncanon keeps finished rows on the CPU (offload='cpu' or None)")
     if not isinstance(batch_size, int) or batch_size < 1:

@@ -62,11 +62,16 @@ def support(model: Any) -> str | None:
     """
     report = model.support()
     for layer in range(len(model.layers)):
+        try:
+            resolve(model, f"blocks.{layer}.ln2.hook_normalized")
+        except ValueNotAvailable as error:
+            return f"a transcoder has no MLP input to read: {error}"
         if report.available("linear_attention_output", layer):
             return (f"layers[{layer}] has a linear mixer (linear_attn): its data-dependent gates and decays are not "
                     "frozen values of the surface yet, so the block is not linear in the stream")
         if not report.available("mlp_output", layer):
-            return f"layers[{layer}] serves no mlp_output for a transcoder to write: {report.reason('mlp_output', layer)}"
+            return (f"layers[{layer}] serves no mlp_output for a transcoder to write: "
+                    f"{report.reason('mlp_output', layer)}")
         if report.available("attention_output", layer) and not report.available("attention_probabilities", layer):
             return (f"layers[{layer}]'s attention probabilities are not served, so its pattern cannot be frozen: "
                     f"{report.reason('attention_probabilities', layer)}")
@@ -124,7 +129,8 @@ def check_transcoders(model: Any, transcoders: Any) -> list[Dictionary | None]:
         if transcoder is None:
             continue
         if not isinstance(transcoder, Dictionary):
-            raise InvalidDictionary(f"transcoder {layer} is a {type(transcoder).__name__}, not a nncanon.sae.Dictionary")
+            raise InvalidDictionary(f"transcoder {layer} is a {type(transcoder).__name__}, not a "
+                                    "nncanon.sae.Dictionary")
         cfg = transcoder.cfg
         where = f"transcoder {layer} ({transcoder.name})"
         if cfg.activation not in ("relu", "jumprelu", "topk") or cfg.rescale_acts_by_decoder_norm:
@@ -249,7 +255,7 @@ def _freeze(owner: Any, name: str, value: torch.Tensor, batch: int) -> None:
     current = getattr(owner, name)
     if current.requires_grad:
         current.register_hook(torch.zeros_like)
-    setattr(owner, name, value.expand(batch, *value.shape[1:]))
+    setattr(owner, name, value.expand(batch, *value.shape[1:]).contiguous())  # (a family may .view() it)
 
 
 def _linear_steps(logits: torch.Tensor, plan: Plan) -> torch.Tensor:

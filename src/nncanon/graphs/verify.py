@@ -130,3 +130,26 @@ def _remove(s: Setup, leaves: list[torch.Tensor], graph: Graph, nodes: Any, row:
             leaves[1 + layer][row, pos] -= s.errors[layer, pos]
         else:
             leaves[0][row, node - n_features - n_layers * n_pos] = 0
+
+
+def random_transcoders(model: Any, n_features: int = 16, seed: int = 0, threshold: float | None = None
+                       ) -> list[Any]:
+    """Random per-layer transcoders for ``model`` (one per block, reading its MLP's input and writing its
+    ``mlp_output``; ReLU, or JumpReLU with ``threshold``), in the model's dtype: for checks and examples."""
+    from ..sae import Dictionary
+
+    hidden = model.config.get_text_config().hidden_size
+    dtype = next(model._module.parameters()).dtype
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for layer in range(len(model.layers)):
+        def normal(*shape: int, std: float) -> torch.Tensor:
+            return (torch.randn(*shape, generator=generator) * std).to(dtype)
+        extra = {} if threshold is None else {"threshold": torch.full((n_features,), threshold, dtype=dtype)}
+        out.append(Dictionary.from_tensors(
+            normal(hidden, n_features, std=hidden ** -0.5), normal(n_features, std=0.1) - 0.2,
+            normal(n_features, hidden, std=0.05), normal(hidden, std=0.01),
+            architecture="transcoder" if threshold is None else "jumprelu_transcoder",
+            hook_name=f"blocks.{layer}.ln2.hook_normalized", hook_name_out=f"blocks.{layer}.hook_mlp_out",
+            name=f"random-{layer}", **extra))
+    return out
