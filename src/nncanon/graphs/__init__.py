@@ -7,15 +7,18 @@
   graph's edges are exact (completeness, removal effects).
 - `prune`, `graph_scores` (``prune``): circuit-tracer's pruning by influence and its replacement / completeness
   scores.
+- `write_graph_json`, `load_transcoders` (``formats``): the graph JSON of circuit-tracer's frontend and Neuronpedia,
+  circuit-tracer's transcoder sets.
 
 See ``docs/graphs.md``.
 """
 
 from .attribution import attribute
+from .formats import graph_json, load_transcoders, write_graph_json
 from .graph import Graph
 from .proof import support
 from .prune import PruneResult, graph_scores, node_influence, prune
 from .verify import GraphCheck, random_transcoders, verify
 
-__all__ = ["Graph", "GraphCheck", "PruneResult", "attribute", "graph_scores", "node_influence", "prune",
-           "random_transcoders", "support", "verify"]
+__all__ = ["Graph", "GraphCheck", "PruneResult", "attribute", "graph_json", "graph_scores", "load_transcoders",
+           "node_influence", "prune", "random_transcoders", "support", "verify", "write_graph_json"]
