@@ -25,8 +25,9 @@ from nncanon.testing import tiny_model
 
 from ..conftest import VARIANT_IDS, variant_params
 
-#: Families that build (each kind of block once).
-BUILT = ("llama", "gpt2", "gemma2", "qwen3", "gpt_neox_parallel", "mixtral", "olmo2", "granite", "cohere", "bloom")
+#: Families that build (each kind of block once; granitemoe: an assignment to a scaled site takes the gradient).
+BUILT = ("llama", "gpt2", "gemma2", "qwen3", "gpt_neox_parallel", "mixtral", "olmo2", "granite", "granitemoe", "cohere",
+         "bloom")
 #: Families declined: by structure (a linear mixer; an MLP without one input) and by the proof (a norm inside
 #: attention, DeepSeek's compressed-KV norm; an output gate, AFMoE's).
 DECLINED = {"bamba": "linear mixer", "biogpt": "no MLP input", "deepseek_v2": "not affine", "afmoe": "not affine"}
