@@ -69,39 +69,37 @@ def verify(model: Any, graph: Graph, transcoders: Any, *, samples: int = 6, rtol
     rows = torch.cat([torch.arange(len(features)), graph.n_nodes - len(logits) + torch.arange(len(logits))])
     adjacency = graph.adjacency_matrix[rows].double()  # [n_rows, n_nodes]
 
-    # 1. forward
+    sources = _sources(s, graph)
+    generator = torch.Generator().manual_seed(seed)
+    picked = sources[torch.randperm(len(sources), generator=generator)[:samples]].tolist()
     with torch.no_grad():
-        leaves = [s.clean.embeddings[None], *[leaf[None] for leaf in s.leaves]]
+        # one frozen run: row 0 every leaf clean, row 1 every source node removed, row 2 + b source picked[b] removed
+        clean = [s.clean.embeddings[None], *[leaf[None] for leaf in s.leaves]]
+        leaves = [leaf.expand(2 + len(picked), *leaf.shape[1:]).clone() for leaf in clean]
+        leaves[0][1] = 0
+        _remove(s, leaves, graph, range(graph.n_features + graph.n_layers * graph.n_pos), 1)
+        for b, node in enumerate(picked):
+            _remove(s, leaves, graph, [node], 2 + b)
         inputs, head = frozen_run(model, s.ids, s.plan, s.clean, leaves[0], leaves[1:], s.transcoders)
+
+        def targets(row: int) -> torch.Tensor:
+            return target_values(s, inputs, head, features, logits, torch.full((n_rows,), row, dtype=torch.long),
+                                 ).double()
+
+        # 1. forward
         forward = _relative(head[0], s.clean.head)
         for layer, x in enumerate(inputs):
             forward = max(forward, _relative(x[0], s.clean.inputs[layer]))
-        clean_targets = target_values(s, inputs, head, features, logits, torch.zeros(n_rows, dtype=torch.long))
-
-        # 2. completeness: every node source removed at once
-        bare = [torch.zeros_like(leaves[0]), *[leaf.clone() for leaf in leaves[1:]]]
-        _remove(s, bare, graph, range(graph.n_features + graph.n_layers * graph.n_pos), 0)
-        inputs, head = frozen_run(model, s.ids, s.plan, s.clean, bare[0], bare[1:], s.transcoders)
-        bias = target_values(s, inputs, head, features, logits, torch.zeros(n_rows, dtype=torch.long)).double()
-        total = bias + adjacency.sum(1)
-        scale = clean_targets.double().abs() + bias.abs() + adjacency.abs().sum(1) + 1e-12
-        completeness = float(((clean_targets.double() - total).abs() / scale).max()) if n_rows else 0.0
-
-        # 3. edges: one batch row per sampled source
-        sources = _sources(s, graph)
-        generator = torch.Generator().manual_seed(seed)
-        picked = sources[torch.randperm(len(sources), generator=generator)[:samples]].tolist()
+        clean_targets = targets(0)
+        # 2. completeness
+        bias = targets(1)
+        scale = clean_targets.abs() + bias.abs() + adjacency.abs().sum(1) + 1e-12
+        completeness = float(((clean_targets - bias - adjacency.sum(1)).abs() / scale).max()) if n_rows else 0.0
+        # 3. edges
         edges = 0.0
-        if picked:
-            k = len(picked)
-            removed = [leaf.expand(k, *leaf.shape[1:]).clone() for leaf in leaves]
-            for b, node in enumerate(picked):
-                _remove(s, removed, graph, [node], b)
-            inputs, head = frozen_run(model, s.ids, s.plan, s.clean, removed[0], removed[1:], s.transcoders)
-            for b, node in enumerate(picked):
-                after = target_values(s, inputs, head, features, logits, torch.full((n_rows,), b, dtype=torch.long))
-                effect = clean_targets.double() - after.double()
-                edges = max(edges, float(((effect - adjacency[:, node]).abs() / scale).max()))
+        for b, node in enumerate(picked):
+            effect = clean_targets - targets(2 + b)
+            edges = max(edges, float(((effect - adjacency[:, node]).abs() / scale).max()))
     return GraphCheck(forward=forward, completeness=completeness, edges=edges, rtol=rtol, sampled=picked)
 
 
