@@ -1,4 +1,4 @@
-"""`attribute`: an attribution graph of a prompt over per-layer transcoders, circuit-tracer's algorithm on the
+"""`build`: an attribution graph of a prompt over per-layer transcoders, circuit-tracer's algorithm on the
 frozen replacement model (`nncanon.graphs.replacement`).
 
 Conventions (circuit-tracer's): a feature's activation is its transcoder's (JumpReLU strict: ``pre > threshold``);
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..errors import InvalidArgument, InvalidInput, ValueNotAvailable
+from ..errors import InvalidArgument, InvalidInput
 from ..sae import Dictionary
 from .graph import Graph
 from .replacement import Clean, Plan, check_transcoders, clean_run, frozen_run, plan_of
@@ -200,47 +200,10 @@ class _Rows:
         return gradient_rows(self.s, list(grads), n)
 
 
-def attribute(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
-              max_feature_nodes: int | None = None, batch_size: int = 64, offload: str | None = None,
-              update_interval: int = 4, zero_bos: bool | None = None) -> Graph:
-    """An attribution graph of ``prompt`` (circuit-tracer's ``attribute``), unpruned.
-
-    Args:
-        model: A `nncanon.StandardizedTransformer` (eager attention; `nncanon.graphs.support` says which can).
-        prompt: A string, a list of token ids or a ``[n]``/``[1, n]`` tensor.
-        transcoders: One `nncanon.sae.Dictionary` per block (``None``: that block's MLP output is all error), or
-            ``{layer: transcoder}`` (`nncanon.graphs.formats.load_transcoders` reads circuit-tracer sets).
-        max_n_logits, desired_logit_prob: Logit targets: the most probable tokens until their probabilities sum to
-            ``desired_logit_prob``, at most ``max_n_logits``.
-        max_feature_nodes: Feature nodes at most (those of most influence on the logits, found as circuit-tracer
-            finds them); ``None``: every active feature.
-        batch_size: Targets per backward pass (the frozen forward runs on this many copies of the prompt).
-        offload: ``None`` or ``"cpu"`` (finished rows are always kept on the CPU; the model is not moved).
-        update_interval: Batches between re-rankings of the features by influence.
-        zero_bos: Zero position 0's features and errors (default: where the prompt starts with a special token).
-
-    Returns:
-        A `Graph` (rows of selected features and logits filled; node order in `nncanon.graphs.graph`).
-
-    Raises:
-        ValueNotAvailable: the model cannot be linearised (`nncanon.graphs.support`'s reason: its structure, or
-        the linearity proof's numbers); InvalidDictionary: a transcoder of another
-        width, one that names another point, NaN weights; InvalidInput: an empty prompt, NaN logits or features.
-    """
-    from .proof import support
-
-    reason = support(model)
-    if reason is not None:
-        raise ValueNotAvailable(f"no attribution graph on this {model.config.model_type} model: {reason}")
-    return build(model, prompt, transcoders, max_n_logits=max_n_logits, desired_logit_prob=desired_logit_prob,
-                 max_feature_nodes=max_feature_nodes, batch_size=batch_size, offload=offload,
-                 update_interval=update_interval, zero_bos=zero_bos)
-
-
 def build(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
           max_feature_nodes: int | None = None, batch_size: int = 64, offload: str | None = None,
           update_interval: int = 4, zero_bos: bool | None = None) -> Graph:
-    """`attribute` without the model's linearity proof (`nncanon.graphs.proof` runs it)."""
+    """`nncanon.graphs.attribute` without the model's linearity proof (`nncanon.graphs.proof.support`)."""
     if offload not in (None, "cpu"):
         raise InvalidArgument(f"offload={offload!r}: nncanon keeps finished rows on the CPU (offload='cpu' or None)")
     if not isinstance(batch_size, int) or batch_size < 1:

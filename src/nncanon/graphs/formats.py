@@ -16,7 +16,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+import yaml
+from safetensors.torch import load_file
 
 from ..errors import InvalidDictionary
 from ..sae import Dictionary
@@ -115,8 +118,6 @@ def load_transcoders(config: str | os.PathLike, *, device: str | torch.device = 
         InvalidDictionary: a config or file that is missing or not in circuit-tracer's layout, a remote
             (``hf://``) path, layers missing from the set.
     """
-    import yaml
-
     path = Path(config)
     if not path.is_file():
         raise InvalidDictionary(f"the transcoder config {os.fspath(config)!r} does not exist")
@@ -157,14 +158,10 @@ def _read_layer(file: Path) -> dict[str, torch.Tensor]:
     if not file.is_file():
         raise InvalidDictionary(f"the transcoder file {file} does not exist")
     if file.suffix == ".npz":
-        import numpy as np
-
         raw = {key: torch.from_numpy(value) for key, value in np.load(file).items()}
         weights = {"W_enc": raw["W_enc"], "b_enc": raw["b_enc"], "W_dec": raw["W_dec"], "b_dec": raw["b_dec"],
                    "threshold": raw["threshold"]}
     else:
-        from safetensors.torch import load_file
-
         raw = load_file(str(file))
         if "W_enc" not in raw or "W_dec" not in raw:
             raise InvalidDictionary(f"{file} has no W_enc or W_dec (it holds {sorted(raw)})")

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ..sae import Dictionary
 from .attribution import Setup, setup, target_values
 from .graph import Graph
 from .replacement import frozen_run
@@ -134,8 +135,6 @@ def random_transcoders(model: Any, n_features: int = 16, seed: int = 0, threshol
                        ) -> list[Any]:
     """Random per-layer transcoders for ``model`` (one per block, reading its MLP's input and writing its
     ``mlp_output``; ReLU, or JumpReLU with ``threshold``), in the model's dtype: for checks and examples."""
-    from ..sae import Dictionary
-
     hidden = model.config.get_text_config().hidden_size
     dtype = next(model._module.parameters()).dtype
     generator = torch.Generator().manual_seed(seed)
