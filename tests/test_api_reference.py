@@ -1,4 +1,5 @@
-"""Every public name of nncanon, nncanon.tools, nncanon.nnterp and nncanon.sae has an entry in the API reference.
+"""Every public name of nncanon, nncanon.tools, nncanon.nnterp, nncanon.sae and nncanon.graphs has an entry in the API
+reference.
 
 ``mkdocs build --strict`` does not see a missing entry, nor one mkdocstrings resolves to something else:
 ``::: nncanon.tools`` with ``members: [logit_lens]`` renders the *module* ``nncanon.tools.logit_lens``,
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
-PACKAGES = ["nncanon", "nncanon.tools", "nncanon.nnterp", "nncanon.sae"]
+PACKAGES = ["nncanon", "nncanon.tools", "nncanon.nnterp", "nncanon.sae", "nncanon.graphs"]
 DIRECTIVE = re.compile(r"^::: (\S+)\n((?:    .*\n)*)", re.M)
 
 

@@ -361,7 +361,9 @@ class Binding:
         check_write(value, current, f"{self.where}.{self.name}")
         value = value.expand_as(current)
         if self.site.scale is not None or self._bias(raw) is not None:
-            return self.write_back(value, raw, mediator)
+            # in a trace that tracks gradients, the assigned value takes the gradient where it equals the model's
+            # own (the model's tensor is handed back through `Through`), not the model's computation
+            return self.write_back(value, raw, mediator, graph=tracks(value) or tracks(_pick(raw, self.site)))
         value = self._in_layout(value, _pick(raw, self.site), mediator)
         return _put(raw, self.site, value.clone() if self.site.clone else value)
 

@@ -1,0 +1,23 @@
+"""Attribution graphs (circuit tracing over transcoders) on the standard surface.
+
+- `Graph` (``graph``): circuit-tracer's graph record and node order, saved and loaded as ``.pt``.
+- `attribute`, `support` (``proof``): a graph of a prompt over per-layer transcoders (``attribution``: circuit-tracer's
+  algorithm) on the frozen replacement model (``replacement``: every norm's scale and attention pattern written back
+  with the clean run's, MLP outputs fixed), on a model `support` proved linear (or why not); `verify`
+  (``verify``): the checks that a graph's edges are exact (completeness, removal effects).
+- `prune`, `graph_scores` (``prune``): circuit-tracer's pruning by influence and its replacement / completeness
+  scores.
+- `write_graph_json`, `load_transcoders` (``formats``): the graph JSON of circuit-tracer's frontend and Neuronpedia,
+  circuit-tracer's transcoder sets.
+
+See ``docs/graphs.md``.
+"""
+
+from .formats import graph_json, load_transcoders, write_graph_json
+from .graph import Graph
+from .proof import attribute, support
+from .prune import PruneResult, graph_scores, node_influence, prune
+from .verify import GraphCheck, random_transcoders, verify
+
+__all__ = ["Graph", "GraphCheck", "PruneResult", "attribute", "graph_json", "graph_scores", "load_transcoders",
+           "node_influence", "prune", "random_transcoders", "support", "verify", "write_graph_json"]

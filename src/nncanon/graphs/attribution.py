@@ -1,0 +1,278 @@
+"""`build`: an attribution graph of a prompt over per-layer transcoders, circuit-tracer's algorithm on the
+frozen replacement model (`nncanon.graphs.replacement`).
+
+Conventions (circuit-tracer's): a feature's activation is its transcoder's (JumpReLU strict: ``pre > threshold``);
+a feature target is the encoder pre-activation without ``b_enc`` (``x · W_enc[:, f]``, ``x`` the MLP's input); a
+feature source is ``activation · W_dec[f]`` at the MLP's output; an error node is the MLP's output less the
+transcoder's reconstruction at one (layer, position); position 0's features and errors are zeroed where the prompt
+starts with a special token (its MLP outputs are then constants of the frozen model); logit targets are the most
+probable tokens after the family's soft-cap until their probabilities sum to ``desired_logit_prob`` (at most
+``max_n_logits``), each target the head's output (before the soft-cap) dotted with the one-hot of the token less the
+vocabulary's mean: ``W_U[t] - mean(W_U)`` applied to the final norm's output; a token node's vector is the stream
+entering block 0 at its position (``layers[0].layer_input``: the token embedding, with the family's embedding scale
+and any position embedding in it).
+
+Each row of the adjacency matrix is one backward pass: a batch of ``batch_size`` copies of the prompt runs the
+frozen model once, target ``b`` reads batch row ``b``, and the gradient at each leaf (the stream into block 0, each
+block's MLP output) times each source's vector is the row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import InvalidArgument, InvalidInput
+from ..sae import Dictionary
+from .graph import Graph
+from .replacement import Clean, Plan, check_transcoders, clean_run, frozen_run, plan_of
+
+
+@dataclass
+class Setup:
+    """Everything a graph is computed from (kept for `nncanon.graphs.verify`).
+
+    Attributes:
+        model: The model.
+        ids: ``[1, n]`` the prompt's token ids.
+        plan, clean: The frozen model and the clean run.
+        transcoders: One per block (``None``: none).
+        active: ``[n_active, 3]`` (layer, pos, feature), sorted; values: ``[n_active]`` activations.
+        sources: ``[n_active, d]`` each active feature's source vector ``activation · W_dec[f]``.
+        errors: ``[n_layers, n, d]`` the error nodes' vectors (position 0 zeroed where ``zero_bos``).
+        leaves: Per block, the MLP output leaf's value ``[n, d]`` (the clean output less a skip connection).
+        logit_ids, logit_probs: The logit targets and their probabilities.
+        zero_bos: Whether position 0's features and errors are zeroed.
+    """
+
+    model: Any
+    ids: torch.Tensor
+    plan: Plan
+    clean: Clean
+    transcoders: list[Dictionary | None]
+    active: torch.Tensor
+    values: torch.Tensor
+    sources: torch.Tensor
+    errors: torch.Tensor
+    leaves: list[torch.Tensor]
+    logit_ids: torch.Tensor
+    logit_probs: torch.Tensor
+    zero_bos: bool
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.plan.steps)
+
+    @property
+    def n_pos(self) -> int:
+        return self.ids.shape[1]
+
+
+def token_ids(model: Any, prompt: Any) -> torch.Tensor:
+    """``[1, n]`` token ids of a string, a list of ids or a 1-D/``[1, n]`` tensor; `InvalidInput` if empty."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidInput("the prompt is empty: an attribution graph needs at least one token")
+        ids = model.tokenizer(prompt, return_tensors="pt").input_ids
+    elif isinstance(prompt, torch.Tensor):
+        ids = prompt.reshape(1, -1) if prompt.dim() == 1 or (prompt.dim() == 2 and prompt.shape[0] == 1) else None
+        if ids is None:
+            raise InvalidInput(f"a graph is of one prompt: token ids of shape [n] or [1, n], not {tuple(prompt.shape)}")
+    elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+        ids = torch.tensor([list(prompt)], dtype=torch.long)
+    else:
+        raise InvalidInput(f"the prompt must be a string or token ids, not a {type(prompt).__name__}")
+    if ids.shape[1] == 0:
+        raise InvalidInput("the prompt is empty: an attribution graph needs at least one token")
+    return ids.to(model.device if hasattr(model, "device") else "cpu")
+
+
+def _starts_special(model: Any, ids: torch.Tensor) -> bool:
+    tokenizer = getattr(model, "tokenizer", None)
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    return int(ids[0, 0]) in special
+
+
+def setup(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
+          zero_bos: bool | None = None) -> Setup:
+    """The clean run, the active features, error vectors and logit targets of ``prompt``."""
+    plan = plan_of(model)
+    transcoders = check_transcoders(model, transcoders)
+    ids = token_ids(model, prompt)
+    clean = clean_run(model, ids, plan)
+    if not torch.isfinite(clean.logits).all():
+        raise InvalidInput("the model's logits on this prompt hold NaN or infinite values: no graph of them")
+    zero_bos = _starts_special(model, ids) if zero_bos is None else zero_bos
+    start = 1 if zero_bos else 0
+    n, d = clean.embeddings.shape
+    actives, values, sources, leaves = [], [], [], []
+    errors = torch.zeros(len(plan.steps), n, d, dtype=clean.embeddings.dtype, device=clean.embeddings.device)
+    for layer, transcoder in enumerate(transcoders):
+        out = clean.outputs[layer]
+        if transcoder is None:
+            errors[layer, start:] = out[start:]
+            leaves.append(out)
+            continue
+        x = clean.inputs[layer].to(transcoder.dtype)
+        features = transcoder.encode(x)
+        if not torch.isfinite(features).all():
+            raise InvalidInput(f"transcoder {layer}'s features on this prompt hold NaN or infinite values")
+        reconstruction = transcoder.decode(features, x=x).to(out.dtype)
+        skip = (x @ transcoder.W_skip.T).to(out.dtype) if transcoder.W_skip is not None else None
+        leaves.append(out - skip if skip is not None else out)
+        errors[layer, start:] = (out - reconstruction)[start:]
+        features[:start] = 0
+        pos, feature = features.nonzero(as_tuple=True)
+        actives.append(torch.stack([torch.full_like(pos, layer), pos, feature], dim=1))
+        values.append(features[pos, feature])
+        sources.append((features[pos, feature, None] * transcoder.W_dec[feature]).to(out.dtype))
+    empty = torch.zeros(0, 3, dtype=torch.long, device=clean.embeddings.device)
+    logits = clean.logits[-1].float()
+    probs = torch.softmax(logits, dim=-1)
+    top_p, top_ids = torch.topk(probs, min(max_n_logits, probs.shape[-1]))
+    cutoff = int(torch.searchsorted(torch.cumsum(top_p, 0), torch.tensor(desired_logit_prob,
+                                                                          device=top_p.device))) + 1
+    return Setup(model=model, ids=ids, plan=plan, clean=clean, transcoders=transcoders,
+                 active=torch.cat(actives) if actives else empty,
+                 values=torch.cat(values) if values else torch.zeros(0, device=empty.device),
+                 sources=torch.cat(sources) if sources else torch.zeros(0, d, device=empty.device),
+                 errors=errors, leaves=leaves, logit_ids=top_ids[:cutoff], logit_probs=top_p[:cutoff],
+                 zero_bos=zero_bos)
+
+
+def target_values(s: Setup, inputs: list[torch.Tensor], head: torch.Tensor, features: torch.Tensor,
+                  logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The targets' values on a frozen run: ``features`` (indices into ``s.active``) then ``logits`` (indices into
+    ``s.logit_ids``), target ``i`` read at batch row ``rows[i]``; ``[len(features) + len(logits)]``."""
+    out = []
+    if len(features):
+        f_rows = rows[: len(features)]
+        layers, positions, ids = s.active[features].unbind(1)
+        values = torch.zeros(len(features), dtype=torch.float32, device=head.device)
+        for layer in layers.unique().tolist():
+            mask = layers == layer
+            transcoder = s.transcoders[layer]
+            x = inputs[layer][f_rows[mask], positions[mask]].to(transcoder.dtype)
+            values[mask] = (x * transcoder.W_enc[:, ids[mask]].T).sum(-1).float()
+        out.append(values)
+    if len(logits):
+        last = head[rows[len(features):], -1].float()
+        out.append(last[torch.arange(len(logits)), s.logit_ids[logits]] - last.mean(-1))
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+def gradient_rows(s: Setup, grads: list[torch.Tensor], n: int) -> torch.Tensor:
+    """Rows ``[n, n_active + (n_layers + 1) · n_pos]`` from the gradients at the leaves (batch rows ``:n``):
+    ``grads[0]`` at the stream into block 0 ``[B, n_pos, d]``, ``grads[1 + layer]`` at each MLP output."""
+    g_embed, g_out = grads[0][:n].float(), [g[:n].float() for g in grads[1:]]
+    layers, positions, _ = s.active.unbind(1)
+    feature_cols = torch.zeros(n, len(s.active), device=g_embed.device)
+    for layer in layers.unique().tolist():
+        mask = layers == layer
+        feature_cols[:, mask] = (g_out[layer][:, positions[mask]] * s.sources[mask].float()[None]).sum(-1)
+    error_cols = torch.stack([(g * e.float()[None]).sum(-1) for g, e in zip(g_out, s.errors, strict=True)], dim=1)
+    token_cols = (g_embed * s.clean.embeddings.float()[None]).sum(-1)
+    return torch.cat([feature_cols, error_cols.flatten(1), token_cols], dim=1)
+
+
+class _Rows:
+    """One frozen forward of ``batch`` copies of the prompt, kept for many backward passes."""
+
+    def __init__(self, s: Setup, batch: int) -> None:
+        self.s = s
+        self.batch = batch
+        embed = s.clean.embeddings
+        self.leaves = [embed.expand(batch, -1, -1).clone().requires_grad_()]
+        self.leaves += [leaf.expand(batch, -1, -1).clone().requires_grad_() for leaf in s.leaves]
+        with torch.enable_grad():
+            self.inputs, self.head = frozen_run(s.model, s.ids, s.plan, s.clean, self.leaves[0], self.leaves[1:],
+                                                s.transcoders)
+
+    def __call__(self, features: torch.Tensor, logits: torch.Tensor, retain: bool = True) -> torch.Tensor:
+        n = len(features) + len(logits)
+        rows = torch.arange(n, device=self.head.device)
+        with torch.enable_grad():
+            targets = target_values(self.s, self.inputs, self.head, features, logits, rows)
+            grads = torch.autograd.grad(targets.sum(), self.leaves, retain_graph=retain, allow_unused=True,
+                                        materialize_grads=True)
+        return gradient_rows(self.s, list(grads), n)
+
+
+def build(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
+          max_feature_nodes: int | None = None, batch_size: int = 64, offload: str | None = None,
+          update_interval: int = 4, zero_bos: bool | None = None) -> Graph:
+    """`nncanon.graphs.attribute` without the model's linearity proof (`nncanon.graphs.proof.support`)."""
+    if offload not in (None, "cpu"):
+        raise InvalidArgument(f"offload={offload!r}: nncanon keeps finished rows on the CPU (offload='cpu' or None)")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise InvalidArgument(f"batch_size must be a positive int, not {batch_size!r}")
+    s = setup(model, prompt, transcoders, max_n_logits=max_n_logits, desired_logit_prob=desired_logit_prob,
+              zero_bos=zero_bos)
+    n_active, n_logits = len(s.active), len(s.logit_ids)
+    n_pos, n_layers = s.n_pos, s.n_layers
+    offset = n_active + (n_layers + 1) * n_pos
+    total = offset + n_logits
+    n_features = n_active if max_feature_nodes is None else min(max_feature_nodes, n_active)
+    batch = max(1, min(batch_size, max(n_logits, n_features)))
+    rows = _Rows(s, batch)
+    edges = torch.zeros(n_features + n_logits, total)
+    row_node = torch.zeros(n_features + n_logits, dtype=torch.long)
+    no = torch.zeros(0, dtype=torch.long, device=s.active.device)
+    for start in range(0, n_logits, batch):
+        chunk = torch.arange(start, min(start + batch, n_logits), device=s.active.device)
+        edges[start:start + len(chunk), :offset] = rows(no, chunk).cpu()
+        row_node[start:start + len(chunk)] = chunk.cpu() + offset
+    filled, visited = n_logits, torch.zeros(n_active, dtype=torch.bool)
+    while int(visited.sum()) < n_features:
+        if n_features == n_active:
+            pending = torch.arange(n_active)
+        else:
+            influence = partial_influences(edges[:filled], s.logit_probs.cpu(), row_node[:filled], total)
+            ranked = torch.argsort(influence[:n_active], descending=True)
+            pending = ranked[~visited[ranked]][: min(update_interval * batch, n_features - int(visited.sum()))]
+        for start in range(0, len(pending), batch):
+            chunk = pending[start:start + batch]
+            edges[filled:filled + len(chunk), :offset] = rows(chunk.to(s.active.device), no).cpu()
+            row_node[filled:filled + len(chunk)] = chunk
+            visited[chunk] = True
+            filled += len(chunk)
+    selected = torch.where(visited)[0]
+    if n_features < n_active:
+        edges = edges[:, torch.cat([selected, torch.arange(n_active, total)])]
+    edges = edges[row_node.argsort()]
+    size = edges.shape[1]
+    adjacency = torch.zeros(size, size)
+    adjacency[:n_features] = edges[:n_features]
+    adjacency[size - n_logits:] = edges[n_features:]
+    return Graph(input_string=_decode(model, s.ids), input_tokens=s.ids[0].cpu(), active_features=s.active.cpu(),
+                 activation_values=s.values.float().cpu(), selected_features=selected,
+                 adjacency_matrix=adjacency, logit_targets=s.logit_ids.cpu(),
+                 logit_probabilities=s.logit_probs.float().cpu(), n_layers=n_layers,
+                 scan=None, cfg={"model_type": model.config.model_type, "n_layers": n_layers,
+                                 "d_model": s.clean.embeddings.shape[-1], "zero_bos": s.zero_bos,
+                                 "frozen": [[name for name in steps if name in s.clean.frozen[i]]
+                                            for i, steps in enumerate(s.plan.steps)]})
+
+
+def partial_influences(edges: torch.Tensor, logit_probs: torch.Tensor, row_node: torch.Tensor, total: int,
+                       max_iter: int = 128) -> torch.Tensor:
+    """Each node's influence on the logits through the rows computed so far (circuit-tracer's
+    ``compute_partial_influences``): ``[total]``."""
+    normalized = edges.abs()
+    normalized = normalized / normalized.sum(dim=1, keepdim=True).clamp(min=1e-8)
+    influence = torch.zeros(total)
+    prod = torch.zeros(total)
+    prod[-len(logit_probs):] = logit_probs.float()
+    for _ in range(max_iter):
+        prod = prod[row_node] @ normalized
+        if not prod.any():
+            break
+        influence += prod
+    return influence
+
+
+def _decode(model: Any, ids: torch.Tensor) -> str:
+    tokenizer = getattr(model, "tokenizer", None)
+    return tokenizer.decode(ids[0]) if tokenizer is not None else ""

@@ -1,0 +1,174 @@
+"""Graphs and transcoder sets in circuit-tracer's formats.
+
+- `write_graph_json`: the graph JSON circuit-tracer's frontend and Neuronpedia's graph viewer read (circuit-tracer's
+  ``create_graph_files``: the graph pruned by influence, its nodes and links, ``graph-metadata.json`` beside it).
+- `load_transcoders`: a circuit-tracer transcoder set (a YAML config naming ``feature_input_hook``,
+  ``feature_output_hook`` as TransformerLens hook names and one file per layer: ``.safetensors`` in its ReLU
+  layout, ``W_enc [d_sae, d_model]``, ``W_dec [d_model, d_sae]``, optional ``W_skip``; or a Gemma Scope ``.npz``
+  with ``threshold``), as `nncanon.sae.Dictionary` transcoders reading the names through the one name table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from ..errors import InvalidDictionary
+from ..sae import Dictionary
+from .graph import Graph
+from .prune import prune
+
+
+def _token(text: str) -> str:
+    return text.replace("\n", "⏎").replace("\t", "→").replace("\r", "↵")
+
+
+def _nodes(graph: Graph, node_mask: torch.Tensor, scores: torch.Tensor, decode: Any,
+           n_features_per_layer: int | None) -> dict[int, dict]:
+    """The frontend's node records of the kept nodes, by node index."""
+    nodes: dict[int, dict] = {}
+    errors_end = graph.n_features + graph.n_pos * graph.n_layers
+    tokens_end = errors_end + graph.n_pos
+    offset = 10 ** math.ceil(math.log10(n_features_per_layer)) if n_features_per_layer else 0
+    for index in node_mask.nonzero().flatten().tolist():
+        influence = float(scores[index])
+        if index < graph.n_features:
+            active = graph.selected_features[index]
+            layer, pos, feature = graph.active_features[active].tolist()
+            node = {"node_id": f"{layer}_{feature}_{pos}", "feature": feature + offset * layer, "layer": str(layer),
+                    "ctx_idx": pos, "feature_type": "cross layer transcoder", "jsNodeId": f"{layer}_{feature}-0",
+                    "activation": float(graph.activation_values[active])}
+        elif index < errors_end:
+            layer, pos = divmod(index - graph.n_features, graph.n_pos)
+            node = {"node_id": f"0_{layer}_{pos}", "feature": -1, "layer": str(layer), "ctx_idx": pos,
+                    "feature_type": "mlp reconstruction error", "jsNodeId": f"{layer}_{pos}-0"}
+        elif index < tokens_end:
+            pos = index - errors_end
+            vocab = int(graph.input_tokens[pos])
+            node = {"node_id": f"E_{vocab}_{pos}", "feature": pos, "layer": "E", "ctx_idx": pos,
+                    "feature_type": "embedding", "jsNodeId": f"E_{vocab}-{pos}"}
+        else:
+            k = index - tokens_end
+            vocab, prob = int(graph.logit_targets[k]), float(graph.logit_probabilities[k])
+            layer, pos = str(graph.n_layers + 1), graph.n_pos - 1
+            node = {"node_id": f"{layer}_{vocab}_{pos}", "feature": vocab, "layer": layer, "ctx_idx": pos,
+                    "feature_type": "logit", "token_prob": prob, "is_target_logit": k == 0,
+                    "jsNodeId": f"L_{vocab}-{pos}", "clerp": f'Output "{_token(decode(vocab))}" (p={prob:.3f})'}
+        defaults = {"token_prob": 0.0, "is_target_logit": False, "run_idx": 0, "reverse_ctx_idx": 0, "clerp": "",
+                    "influence": influence, "activation": None}
+        nodes[index] = {**defaults, **node}
+    return nodes
+
+
+def graph_json(graph: Graph, slug: str, tokenizer: Any, scan: str | list[str] | None = None,
+               node_threshold: float = 0.8, edge_threshold: float = 0.98,
+               n_features_per_layer: int | None = None) -> dict:
+    """The frontend's graph record (``metadata``, ``qParams``, ``nodes``, ``links``) of ``graph`` pruned by
+    influence (`nncanon.graphs.prune`)."""
+    scan = scan if scan is not None else (graph.scan or f"nncanon-{graph.cfg.get('model_type', 'model')}")
+    node_mask, edge_mask, scores = prune(graph, node_threshold, edge_threshold)
+    def decode(token: int) -> str:
+        return tokenizer.decode([token])
+    nodes = _nodes(graph, node_mask, scores, decode, n_features_per_layer)
+    targets, sources = edge_mask.nonzero(as_tuple=True)
+    weights = graph.adjacency_matrix[targets, sources].tolist()
+    links = [{"source": nodes[s]["node_id"], "target": nodes[t]["node_id"], "weight": w}
+             for s, t, w in zip(sources.tolist(), targets.tolist(), weights, strict=True) if s in nodes and t in nodes]
+    connected = {link["source"] for link in links} | {link["target"] for link in links}
+    used = [node for node in nodes.values()
+            if node["node_id"] in connected or node["feature_type"] in ("embedding", "logit")]
+    transcoders = list(scan) if isinstance(scan, list) else []
+    metadata = {"slug": slug, "scan": scan if isinstance(scan, str) else "custom-" + "-".join(scan),
+                "transcoder_list": transcoders,
+                "prompt_tokens": [_token(decode(int(t))) for t in graph.input_tokens],
+                "prompt": graph.input_string, "node_threshold": node_threshold}
+    return {"metadata": metadata,
+            "qParams": {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""},
+            "nodes": used, "links": links}
+
+
+def write_graph_json(graph: Graph, out_dir: str | os.PathLike, slug: str, tokenizer: Any, **options: Any) -> Path:
+    """Write ``<out_dir>/<slug>.json`` (`graph_json`) and add it to ``<out_dir>/graph-metadata.json`` (the list
+    the frontend shows); returns the graph file's path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    record = graph_json(graph, slug, tokenizer, **options)
+    path = out / f"{slug}.json"
+    path.write_text(json.dumps(record, indent=2))
+    index = out / "graph-metadata.json"
+    listing = json.loads(index.read_text()) if index.exists() else {"graphs": []}
+    listing["graphs"] = [g for g in listing["graphs"] if g.get("slug") != slug] + [record["metadata"]]
+    index.write_text(json.dumps(listing, indent=2))
+    return path
+
+
+def load_transcoders(config: str | os.PathLike, *, device: str | torch.device = "cpu",
+                     dtype: torch.dtype | None = None) -> list[Dictionary]:
+    """A circuit-tracer transcoder set from its YAML config (local files; ``filepath`` relative to the config).
+
+    Raises:
+        InvalidDictionary: a config or file that is missing or not in circuit-tracer's layout, a remote
+            (``hf://``) path, layers missing from the set.
+    """
+    path = Path(config)
+    if not path.is_file():
+        raise InvalidDictionary(f"the transcoder config {os.fspath(config)!r} does not exist")
+    try:
+        cfg = yaml.safe_load(path.read_text())
+        entries = sorted(cfg["transcoders"], key=lambda entry: int(entry["layer"]))
+        reads, writes = cfg["feature_input_hook"], cfg["feature_output_hook"]
+    except (yaml.YAMLError, KeyError, TypeError, ValueError) as error:
+        raise InvalidDictionary(f"{path} is not a circuit-tracer transcoder config (feature_input_hook, "
+                                f"feature_output_hook, transcoders: [{{id, layer, filepath}}]): {error}") from None
+    layers = [int(entry["layer"]) for entry in entries]
+    if layers != list(range(len(layers))):
+        raise InvalidDictionary(f"{path} has transcoders for layers {layers}: a set has one per layer from 0")
+    out = []
+    for entry in entries:
+        file = str(entry["filepath"])
+        if "://" in file:
+            raise InvalidDictionary(f"{path}: {file} is remote; nncanon reads local files (download it and give its "
+                                    "path, relative to the config)")
+        layer = int(entry["layer"])
+        weights = _read_layer(path.parent / file)
+        architecture = (("jumprelu_" if "threshold" in weights else "")
+                        + ("skip_transcoder" if "W_skip" in weights else "transcoder"))
+        out.append(Dictionary.from_tensors(
+            **weights, architecture=architecture,
+            hook_name=f"blocks.{layer}.{_hook(reads)}", hook_name_out=f"blocks.{layer}.{_hook(writes)}",
+            name=str(entry.get("id", f"layer-{layer}"))).to(device=device, dtype=dtype))
+    return out
+
+
+def _hook(name: str) -> str:
+    """circuit-tracer's MLP wrapper hooks as TransformerLens names (its ``mlp.hook_in`` is the MLP's input)."""
+    return {"mlp.hook_in": "ln2.hook_normalized", "mlp.hook_out": "hook_mlp_out"}.get(name, name)
+
+
+def _read_layer(file: Path) -> dict[str, torch.Tensor]:
+    """One layer's weights as `Dictionary.from_tensors` takes them."""
+    if not file.is_file():
+        raise InvalidDictionary(f"the transcoder file {file} does not exist")
+    if file.suffix == ".npz":
+        raw = {key: torch.from_numpy(value) for key, value in np.load(file).items()}
+        weights = {"W_enc": raw["W_enc"], "b_enc": raw["b_enc"], "W_dec": raw["W_dec"], "b_dec": raw["b_dec"],
+                   "threshold": raw["threshold"]}
+    else:
+        raw = load_file(str(file))
+        if "W_enc" not in raw or "W_dec" not in raw:
+            raise InvalidDictionary(f"{file} has no W_enc or W_dec (it holds {sorted(raw)})")
+        weights = {"W_enc": raw["W_enc"].T.contiguous(), "W_dec": raw["W_dec"].T.contiguous(),
+                   "b_enc": raw.get("b_enc"), "b_dec": raw.get("b_dec")}
+        if raw.get("W_skip") is not None:
+            weights["W_skip"] = raw["W_skip"]
+        if "threshold" in raw:
+            weights["threshold"] = raw["threshold"]
+    return weights

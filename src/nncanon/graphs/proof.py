@@ -1,0 +1,87 @@
+"""`attribute`, on the models a graph can be built on: `support`, the structure's reasons and, where the structure
+allows one, the linearity proof on the model itself at first use (`nncanon.graphs.verify` on a graph of a short
+prompt over random transcoders), remembered per model.
+
+A block with a nonlinearity on the stream's path that is not a frozen value (a norm inside attention such as
+DeepSeek's compressed-KV norm or BitNet's sub-norms, a clamp of the values, a gate on attention's output) makes the
+frozen model non-affine in the graph's sources: the proof measures it and the model is declined with the numbers.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from ..errors import ValueNotAvailable
+from .attribution import build
+from .graph import Graph
+from .replacement import support as structural
+from .verify import random_transcoders, verify
+
+#: The proof's prompt, and the tolerance of its checks (relative to each row's scale).
+PROMPT, RTOL = "The cat sat on the", 1e-4
+
+_PROVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def support(model: Any) -> str | None:
+    """Why no attribution graph of ``model`` can be built, or ``None`` (the structure allows it and the frozen
+    replacement model of a short prompt was proved affine in its sources, every edge its source's removal)."""
+    reason = structural(model)
+    if reason is not None:
+        return reason
+    module = model._module
+    if module not in _PROVED:
+        _PROVED[module] = prove(model)
+    return _PROVED[module]
+
+
+def prove(model: Any) -> str | None:
+    """The linearity proof on ``model`` (a graph over random transcoders of `PROMPT`): ``None`` where it holds, the
+    reason with the numbers where not."""
+    transcoders = random_transcoders(model, n_features=8)
+    try:
+        graph = build(model, PROMPT, transcoders, max_n_logits=2, max_feature_nodes=8, zero_bos=False)
+    except Exception as error:  # any failure of the frozen model declines it, with what it was
+        return f"the frozen replacement model could not be run on it ({type(error).__name__}: {error})"
+    check = verify(model, graph, transcoders, samples=3, rtol=RTOL)
+    if check.ok:
+        return None
+    return (f"the frozen replacement model is not affine in the graph's sources on this model ({check}): a "
+            "nonlinearity on the stream's path is not a frozen value (a norm inside attention, a clamp, a gate on "
+            "a sublayer's output)")
+
+
+def attribute(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
+              max_feature_nodes: int | None = None, batch_size: int = 64, offload: str | None = None,
+              update_interval: int = 4, zero_bos: bool | None = None) -> Graph:
+    """An attribution graph of ``prompt`` (circuit-tracer's ``attribute``), unpruned.
+
+    Args:
+        model: A `nncanon.StandardizedTransformer` (eager attention; `nncanon.graphs.support` says which can).
+        prompt: A string, a list of token ids or a ``[n]``/``[1, n]`` tensor.
+        transcoders: One `nncanon.sae.Dictionary` per block (``None``: that block's MLP output is all error), or
+            ``{layer: transcoder}`` (`nncanon.graphs.formats.load_transcoders` reads circuit-tracer sets).
+        max_n_logits, desired_logit_prob: Logit targets: the most probable tokens until their probabilities sum to
+            ``desired_logit_prob``, at most ``max_n_logits``.
+        max_feature_nodes: Feature nodes at most (those of most influence on the logits, found as circuit-tracer
+            finds them); ``None``: every active feature.
+        batch_size: Targets per backward pass (the frozen forward runs on this many copies of the prompt).
+        offload: ``None`` or ``"cpu"`` (finished rows are always kept on the CPU; the model is not moved).
+        update_interval: Batches between re-rankings of the features by influence.
+        zero_bos: Zero position 0's features and errors (default: where the prompt starts with a special token).
+
+    Returns:
+        A `Graph` (rows of selected features and logits filled; node order in `nncanon.graphs.graph`).
+
+    Raises:
+        ValueNotAvailable: the model cannot be linearised (`nncanon.graphs.support`'s reason: its structure, or
+        the linearity proof's numbers); InvalidDictionary: a transcoder of another
+        width, one that names another point, NaN weights; InvalidInput: an empty prompt, NaN logits or features.
+    """
+    reason = support(model)
+    if reason is not None:
+        raise ValueNotAvailable(f"no attribution graph on this {model.config.model_type} model: {reason}")
+    return build(model, prompt, transcoders, max_n_logits=max_n_logits, desired_logit_prob=desired_logit_prob,
+                 max_feature_nodes=max_feature_nodes, batch_size=batch_size, offload=offload,
+                 update_interval=update_interval, zero_bos=zero_bos)

@@ -1,0 +1,152 @@
+"""The proof of a graph: the frozen replacement model is the model, it is affine in the graph's sources, and every
+edge is the effect of removing its source.
+
+`verify` checks, on the frozen model of the graph's prompt (`nncanon.graphs.replacement`):
+
+1. forward: with every leaf at its clean value (transcoder reconstruction plus error at each MLP output), the frozen
+   model's head output and MLP inputs are the clean run's;
+2. completeness: each target's value (a feature's pre-activation, a logit target) is the sum of its row of the
+   adjacency matrix plus its bias term, the target's value on the frozen model with every source node removed
+   (the token vectors zero, every node feature's ``activation · W_dec`` row and every error node taken out of the
+   MLP outputs: what remains is ``b_dec``, unselected features and position 0 where it is zeroed);
+3. edges: for sampled source nodes, the frozen model with that one source removed moves every target by minus its
+   column of the adjacency matrix.
+
+Each comparison is relative to the row's scale (``|target| + |bias| + Σ|edges|``). A family whose blocks are not
+linear once their norms and patterns are frozen fails 2 and 3 with the numbers (`GraphCheck`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..sae import Dictionary
+from .attribution import Setup, setup, target_values
+from .graph import Graph
+from .replacement import frozen_run
+
+
+@dataclass
+class GraphCheck:
+    """What `verify` measured: the largest errors, each relative to its row's scale.
+
+    Attributes:
+        forward: The frozen model's head output and MLP inputs against the clean run's.
+        completeness: Targets against their row sums plus bias.
+        edges: Removal effects against the sampled columns.
+        rtol: The tolerance each is held to.
+        sampled: The source nodes removed.
+    """
+
+    forward: float
+    completeness: float
+    edges: float
+    rtol: float
+    sampled: list[int] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """All three within ``rtol``."""
+        return max(self.forward, self.completeness, self.edges) <= self.rtol
+
+    def __str__(self) -> str:
+        return (f"forward {self.forward:.2e}, completeness {self.completeness:.2e}, edges {self.edges:.2e} "
+                f"(relative; tolerance {self.rtol:.0e}; {len(self.sampled)} edges sampled)")
+
+
+def verify(model: Any, graph: Graph, transcoders: Any, *, samples: int = 6, rtol: float = 1e-4,
+           seed: int = 0) -> GraphCheck:
+    """Check ``graph`` (built by `nncanon.graphs.attribute` on ``model`` with ``transcoders``) on the frozen model."""
+    s = setup(model, graph.input_tokens, transcoders, max_n_logits=len(graph.logit_targets),
+              desired_logit_prob=1.0, zero_bos=graph.cfg.get("zero_bos"))
+    s.logit_ids, s.logit_probs = graph.logit_targets.to(s.logit_ids.device), graph.logit_probabilities
+    selected = graph.selected_features.to(s.active.device)
+    features = selected
+    logits = torch.arange(len(s.logit_ids), device=s.active.device)
+    n_rows = len(features) + len(logits)
+    rows = torch.cat([torch.arange(len(features)), graph.n_nodes - len(logits) + torch.arange(len(logits))])
+    adjacency = graph.adjacency_matrix[rows].double()  # [n_rows, n_nodes]
+
+    sources = _sources(s, graph)
+    generator = torch.Generator().manual_seed(seed)
+    picked = sources[torch.randperm(len(sources), generator=generator)[:samples]].tolist()
+    with torch.no_grad():
+        # one frozen run: row 0 every leaf clean, row 1 every source node removed, row 2 + b source picked[b] removed
+        clean = [s.clean.embeddings[None], *[leaf[None] for leaf in s.leaves]]
+        leaves = [leaf.expand(2 + len(picked), *leaf.shape[1:]).clone() for leaf in clean]
+        leaves[0][1] = 0
+        _remove(s, leaves, graph, range(graph.n_features + graph.n_layers * graph.n_pos), 1)
+        for b, node in enumerate(picked):
+            _remove(s, leaves, graph, [node], 2 + b)
+        inputs, head = frozen_run(model, s.ids, s.plan, s.clean, leaves[0], leaves[1:], s.transcoders)
+
+        def targets(row: int) -> torch.Tensor:
+            return target_values(s, inputs, head, features, logits, torch.full((n_rows,), row, dtype=torch.long),
+                                 ).double()
+
+        # 1. forward
+        forward = _relative(head[0], s.clean.head)
+        for layer, x in enumerate(inputs):
+            forward = max(forward, _relative(x[0], s.clean.inputs[layer]))
+        clean_targets = targets(0)
+        # 2. completeness
+        bias = targets(1)
+        scale = clean_targets.abs() + bias.abs() + adjacency.abs().sum(1) + 1e-12
+        completeness = float(((clean_targets - bias - adjacency.sum(1)).abs() / scale).max()) if n_rows else 0.0
+        # 3. edges
+        edges = 0.0
+        for b, node in enumerate(picked):
+            effect = clean_targets - targets(2 + b)
+            edges = max(edges, float(((effect - adjacency[:, node]).abs() / scale).max()))
+    return GraphCheck(forward=forward, completeness=completeness, edges=edges, rtol=rtol, sampled=picked)
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max() / (b.double().abs().max() + 1e-12))
+
+
+def _sources(s: Setup, graph: Graph) -> torch.Tensor:
+    """The source nodes with a nonzero vector (features, errors, tokens)."""
+    nodes = list(range(graph.n_features))
+    errors = s.errors.abs().sum(-1).flatten().nonzero()[:, 0] + graph.n_features
+    tokens = torch.arange(graph.n_pos) + graph.n_features + graph.n_layers * graph.n_pos
+    return torch.cat([torch.tensor(nodes, dtype=torch.long), errors.cpu(), tokens])
+
+
+def _remove(s: Setup, leaves: list[torch.Tensor], graph: Graph, nodes: Any, row: int) -> None:
+    """Take the source ``nodes`` out of batch row ``row`` of ``leaves`` (in place)."""
+    n_features, n_pos, n_layers = graph.n_features, graph.n_pos, graph.n_layers
+    selected = graph.selected_features
+    for node in nodes:
+        if node < n_features:
+            layer, pos, _ = s.active[selected[node]].tolist()
+            leaves[1 + layer][row, pos] -= s.sources[selected[node]]
+        elif node < n_features + n_layers * n_pos:
+            layer, pos = divmod(node - n_features, n_pos)
+            leaves[1 + layer][row, pos] -= s.errors[layer, pos]
+        else:
+            leaves[0][row, node - n_features - n_layers * n_pos] = 0
+
+
+def random_transcoders(model: Any, n_features: int = 16, seed: int = 0, threshold: float | None = None
+                       ) -> list[Any]:
+    """Random per-layer transcoders for ``model`` (one per block, reading its MLP's input and writing its
+    ``mlp_output``; ReLU, or JumpReLU with ``threshold``), in the model's dtype: for checks and examples."""
+    hidden = model.config.get_text_config().hidden_size
+    dtype = next(model._module.parameters()).dtype
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for layer in range(len(model.layers)):
+        def normal(*shape: int, std: float) -> torch.Tensor:
+            return (torch.randn(*shape, generator=generator) * std).to(dtype)
+        extra = {} if threshold is None else {"threshold": torch.full((n_features,), threshold, dtype=dtype)}
+        out.append(Dictionary.from_tensors(
+            normal(hidden, n_features, std=hidden ** -0.5), normal(n_features, std=0.1) - 0.2,
+            normal(n_features, hidden, std=0.05), normal(hidden, std=0.01),
+            architecture="transcoder" if threshold is None else "jumprelu_transcoder",
+            hook_name=f"blocks.{layer}.ln2.hook_normalized", hook_name_out=f"blocks.{layer}.hook_mlp_out",
+            name=f"random-{layer}", **extra))
+    return out

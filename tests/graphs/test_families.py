@@ -1,0 +1,71 @@
+"""Attribution graphs on registered families: built and proved exact, or declined with the reason.
+
+For each family below (dense pre-norm, post-norms and soft-cap, query/key norms, parallel blocks, a mixture of
+experts, multipliers; and families declined by structure or by the linearity proof), on its tiny model with random
+transcoders:
+
+- `nncanon.graphs.support` is ``None`` and the graph's checks hold (`nncanon.graphs.verify`: the frozen model's
+  forward is the clean run's; each target is its row sum plus its bias term; removing a sampled source moves every
+  target by minus its column; relative 1e-4), or it is a reason and `attribute` raises `ValueNotAvailable` with it;
+- the graph has circuit-tracer's layout (node count, sorted active features, rows of errors and tokens zero, the
+  logit targets the most probable tokens after the soft-cap).
+
+``NNCANON_GRAPHS_ALL=1`` runs every registered variant (about 3 s each).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from nncanon import ValueNotAvailable, graphs
+from nncanon.testing import tiny_model
+
+from ..conftest import VARIANT_IDS, variant_params
+
+#: Families that build (each kind of block once; granitemoe: an assignment to a scaled site takes the gradient).
+BUILT = ("llama", "gpt2", "gemma2", "qwen3", "gpt_neox_parallel", "mixtral", "olmo2", "granite", "granitemoe", "cohere",
+         "bloom")
+#: Families declined: by structure (a linear mixer; an MLP without one input) and by the proof (a norm inside
+#: attention, DeepSeek's compressed-KV norm; an output gate, AFMoE's).
+DECLINED = {"bamba": "linear mixer", "biogpt": "no MLP input", "deepseek_v2": "not affine", "afmoe": "not affine"}
+
+CHOSEN = VARIANT_IDS if os.environ.get("NNCANON_GRAPHS_ALL") else (*BUILT, *DECLINED)
+
+PROMPT = "The cat sat on the mat"
+
+
+@pytest.mark.parametrize("variant", variant_params(CHOSEN))
+def test_graph_exact_or_declined(variant):
+    model = tiny_model(variant)
+    transcoders = graphs.random_transcoders(model, n_features=12, seed=1)
+    reason = graphs.support(model)
+    if variant.name in DECLINED:
+        assert reason is not None
+    if reason is not None:
+        assert isinstance(reason, str) and len(reason) > 20
+        with pytest.raises(ValueNotAvailable, match="no attribution graph"):
+            graphs.attribute(model, PROMPT, transcoders)
+        return
+    graph = graphs.attribute(model, PROMPT, transcoders, max_n_logits=3, max_feature_nodes=20, batch_size=16)
+    check = graphs.verify(model, graph, transcoders, samples=4)
+    assert check.ok, f"{variant.name}: {check}"
+    _layout(model, graph)
+
+
+def _layout(model, graph):
+    n_layers, n_pos = len(model.layers), len(graph.input_tokens)
+    assert graph.n_nodes == graph.adjacency_matrix.shape[0] == graph.adjacency_matrix.shape[1]
+    assert graph.n_nodes == graph.n_features + (n_layers + 1) * n_pos + graph.n_logits
+    keys = graph.active_features[:, 0] * 10**8 + graph.active_features[:, 1] * 10**4 + graph.active_features[:, 2]
+    assert torch.equal(keys, keys.sort().values)
+    first_error = graph.n_features
+    assert not graph.adjacency_matrix[first_error:graph.logit_node(0)].any()  # errors, tokens: no inputs
+    assert not graph.adjacency_matrix[:, graph.logit_node(0):].any()           # logits: no outputs
+    with torch.no_grad(), model.trace(graph.input_tokens[None]):
+        probs = model.next_token_probs[0].save()
+    top = probs.topk(graph.n_logits)
+    assert torch.equal(top.indices, graph.logit_targets)
+    torch.testing.assert_close(top.values, graph.logit_probabilities)
