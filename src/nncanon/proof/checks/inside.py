@@ -18,6 +18,7 @@ from ...components.inside import BEFORE_NORM
 from ...components.kernel import has_sinks, scores_operation
 from ..prompts import PROMPTS
 from .base import TOLERANCE, CheckResult, compare, guarded
+from .kernel import _interface, _kernel
 from .references import encode, hf_block, plain_copy
 
 
@@ -176,8 +177,6 @@ def check_gate(model: Any) -> list[CheckResult]:
 
 
 def _gated(model: Any, index: int) -> CheckResult:
-    from .kernel import _interface, _kernel
-
     attention = model.layers[index].self_attn
     with torch.no_grad(), model.trace(PROMPTS[0]):
         output = _interface(model, index, output=True).output.save()
