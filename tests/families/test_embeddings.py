@@ -10,12 +10,14 @@ writes are named.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 import torch
 
 import nncanon
+from nncanon.families import REGISTRY, Embeddings
 from nncanon.families.base import POSITION_KINDS
 from nncanon.gradients import no_weight_gradients
 from nncanon.model_sites import MODEL_SITES, final_norm_path
@@ -24,7 +26,7 @@ from nncanon.proof.checks.references import encode
 from nncanon.sae import resolve, value_at
 from nncanon.served import _pick, _put
 from nncanon.support import MODEL_VALUES, WIDTH
-from nncanon.testing import PROMPTS, tiny_model
+from nncanon.testing import PROMPTS, tiny_hf_model, tiny_model, tiny_tokenizer
 
 _ROTARY = re.compile("rotary|rope", re.IGNORECASE)
 
@@ -206,3 +208,35 @@ def test_the_gradient_at_the_embeddings_is_served_with_frozen_weights(name):
     for each, reference in zip(names, expected, strict=True):
         assert torch.allclose(grads[each], reference.expand_as(grads[each]), rtol=1e-5, atol=1e-7), each
         assert bool(grads[each].abs().any()), each
+
+
+def _load_with(name: str, family):
+    hf = tiny_hf_model(name)
+    return nncanon.StandardizedTransformer(hf, tokenizer=tiny_tokenizer(hf.config.vocab_size), family=family,
+                                           verify="always")
+
+
+def test_a_wrong_embedding_formula_declines_the_token_embeddings_with_the_checks_numbers():
+    """Granite's record without its ``embedding_multiplier``: the formula into block 0 fails on the twin, and the load
+    declines ``token_embeddings`` naming the check and its error; the final norm's output stays served."""
+    broken = dataclasses.replace(REGISTRY["granite"], embeddings=Embeddings())
+    model = _load_with("granite", broken)
+    reason = model.support().reason("token_embeddings")
+    assert reason is not None and "embeddings on the model" in reason and "formula" in reason and "error" in reason
+    assert model.support().available("final_norm_output")
+    with pytest.raises(nncanon.ValueNotAvailable, match="formula"):
+        with model.trace(PROMPTS[0]):
+            model.token_embeddings.save()
+
+
+def test_a_final_norm_read_at_the_wrong_call_is_declined():
+    """nanochat norms its embeddings with its final norm: read at that module's output, the value is its first call,
+    before block 0, and the load declines ``final_norm_output`` naming the check (which could not read it after the
+    last block, so the values its one trace covers are in doubt with it)."""
+    broken = dataclasses.replace(REGISTRY["nanochat"], final_norm=None)
+    model = _load_with("nanochat", broken)
+    reason = model.support().reason("final_norm_output")
+    assert reason is not None and "embeddings on the model" in reason
+    with pytest.raises(nncanon.ValueNotAvailable, match="embeddings on the model"):
+        with model.trace(PROMPTS[0]):
+            model.final_norm_output.save()

@@ -118,28 +118,36 @@ def _references(model: Any, names: list[str], inputs: dict) -> dict[str, torch.T
     """Each value's tensor read by a plain hook at its module in one forward of the unwrapped model (the first
     call of the module; for the final norm, its last)."""
     found: dict[str, torch.Tensor] = {}
-    handles = []
-    for name in names:
-        site = model._model_bindings[name].site
-        module = site_module(model, name)
 
-        def keep(tensor: torch.Tensor, name: str = name) -> None:
-            if name == "final_norm_output" or name not in found:
-                found[name] = tensor.detach().clone()
+    def keep(raw: Any, name: str) -> None:
+        if name == "final_norm_output" or name not in found:
+            found[name] = _pick(raw, model._model_bindings[name].site).detach().clone()
 
-        if site.key == "input":
-            handles.append(module.register_forward_pre_hook(
-                lambda mod, args, kwargs, site=site, keep=keep: keep(_pick((args, kwargs), site)), with_kwargs=True))
-        else:
-            handles.append(module.register_forward_hook(lambda mod, args, out, site=site, keep=keep: keep(
-                _pick(out, site))))
+    _forward(model, inputs, [_hook(model, name, lambda raw, name=name: keep(raw, name)) for name in names])
+    return found
+
+
+def _hook(model: Any, name: str, visit: Any) -> Any:
+    """A plain hook at the module of the model-level value ``name``: ``visit(raw)`` with its output (or its
+    ``(args, kwargs)``, for a value read at an input); what it returns, where not ``None``, replaces it."""
+    module = site_module(model, name)
+    if model._model_bindings[name].site.key == "input":
+        return module.register_forward_pre_hook(lambda mod, args, kwargs: visit((args, kwargs)), with_kwargs=True)
+    return module.register_forward_hook(lambda mod, args, out: visit(out))
+
+
+def _forward(model: Any, inputs: dict, handles: list, graph: bool = False) -> Any:
+    """The unwrapped model's logits on ``inputs`` with ``handles`` in place (removed after); with ``graph``, the
+    forward tracks gradients and its output is returned whole."""
     try:
+        if graph:
+            with torch.enable_grad():
+                return model._module(**inputs)
         with torch.no_grad():
-            model._module(**inputs)
+            return model._module(**inputs).logits
     finally:
         for handle in handles:
             handle.remove()
-    return found
 
 
 def _edit(tensor: torch.Tensor) -> None:
@@ -153,7 +161,6 @@ def _written(model: Any, name: str) -> CheckResult:
         _edit(getattr(model, name))
         ours = model.logits.save()
     site = model._model_bindings[name].site
-    module = site_module(model, name)
     calls: list = []
 
     def edited(raw: Any) -> Any:
@@ -164,15 +171,7 @@ def _written(model: Any, name: str) -> CheckResult:
         _edit(tensor)
         return _put(raw, site, tensor)
 
-    if site.key == "input":
-        handle = module.register_forward_pre_hook(lambda mod, args, kwargs: edited((args, kwargs)), with_kwargs=True)
-    else:
-        handle = module.register_forward_hook(lambda mod, args, out: edited(out))
-    try:
-        with torch.no_grad():
-            reference = model._module(**encode(model)).logits
-    finally:
-        handle.remove()
+    reference = _forward(model, encode(model), [_hook(model, name, edited)])
     return compare("embeddings", None, (name,), ours, reference, 0.0,
                    "edited at the last position, against a plain hook at its module making the same edit")
 
@@ -198,35 +197,24 @@ def _gradients(model: Any, names: list[str]) -> list[CheckResult]:
             for name in reversed(names):
                 grads[name] = values[name].grad.save()
     edges: dict[str, Any] = {}
-    handles = []
-    for name in names:
-        site = model._model_bindings[name].site
 
-        def keep(raw: Any, site: Any = site, name: str = name) -> Any:
-            """The module's tensor, made a leaf where it is outside the graph (`Site.leaf`), its edge kept."""
-            if name != "final_norm_output" and name in edges:
-                return raw
-            tensor = _pick(raw, site)
-            if not tensor.requires_grad:
-                tensor = tensor.detach().requires_grad_(True)
-                raw = _put(raw, site, tensor)
-            edges[name] = torch.autograd.graph.get_gradient_edge(tensor)
+    def keep(raw: Any, name: str) -> Any:
+        """The module's tensor, made a leaf where it is outside the graph (`ModelBinding.leaf`), its edge kept."""
+        if name != "final_norm_output" and name in edges:
             return raw
+        site = model._model_bindings[name].site
+        tensor = _pick(raw, site)
+        if not tensor.requires_grad:
+            tensor = tensor.detach().requires_grad_(True)
+            raw = _put(raw, site, tensor)
+        edges[name] = torch.autograd.graph.get_gradient_edge(tensor)
+        return raw
 
-        module = site_module(model, name)
-        if site.key == "input":
-            handles.append(module.register_forward_pre_hook(
-                lambda mod, args, kwargs, keep=keep: keep((args, kwargs)), with_kwargs=True))
-        else:
-            handles.append(module.register_forward_hook(lambda mod, args, out, keep=keep: keep(out)))
-    try:
-        with torch.enable_grad():
-            output = model._module(**gradient_inputs(model))
-            kept = [name for name in names if name in edges]
-            found = gradients_at(output, lambda logits: logits[target], [edges[name] for name in kept])
-    finally:
-        for handle in handles:
-            handle.remove()
+    handles = [_hook(model, name, lambda raw, name=name: keep(raw, name)) for name in names]
+    with torch.enable_grad():
+        output = _forward(model, gradient_inputs(model), handles, graph=True)
+        kept = [name for name in names if name in edges]
+        found = gradients_at(output, lambda logits: logits[target], [edges[name] for name in kept])
     expected = dict(zip(kept, found, strict=True))
     results = []
     for name in names:
