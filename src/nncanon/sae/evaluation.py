@@ -26,6 +26,7 @@ from ..errors import InvalidInput
 from .dictionary import Dictionary
 from .sites import value_at
 from .splice import AttachedDictionary, attach
+from .tools import positive
 
 
 @dataclass
@@ -81,10 +82,15 @@ def evaluate(
         texts: The texts (each a prompt; batched left-padded).
         hook_name: Where a `Dictionary` reads (default: its ``hook_name``).
     """
+    if isinstance(texts, str):
+        raise InvalidInput("evaluate takes a list of texts, not one string: pass [text]")
     texts = list(texts)
     if not texts or not all(isinstance(t, str) for t in texts):
         raise InvalidInput("evaluate takes a non-empty list of texts")
+    positive("evaluate", "batch_size", batch_size)
     owned = not isinstance(dictionary, AttachedDictionary)
+    if not owned:
+        dictionary._refuse_detached("features")
     if not owned and not dictionary.error_term:
         raise InvalidInput(f"{dictionary.label} is attached with error_term=False: it replaces the value in every "
                            "trace, so there is no clean run to compare with. Evaluate its Dictionary (with hook_name=) "
