@@ -61,7 +61,7 @@ def test_a_resume_with_another_checkpoint_of_the_same_type_and_width_is_refused(
     partial = _interrupted(llama, tmp_path, monkeypatch)
     assert 0 < partial["texts_done"] < len(TEXTS)
     other = tiny_model("llama", seed=1)
-    with pytest.raises(InvalidCollection, match="made otherwise .*model_sha256"):
+    with pytest.raises(InvalidCollection, match=r"made otherwise .*model_sha256"):
         _collect(other, tmp_path)
     assert json.loads((tmp_path / "manifest.json").read_text()) == partial  # nothing written
 
@@ -83,7 +83,7 @@ def test_a_resume_with_other_settings_is_refused(llama, tmp_path, monkeypatch, c
     elif change == "batch_size":
         kwargs["batch_size"] = 3
     else:
-        kwargs["texts"] = TEXTS[:-1] + ["another last text"]
+        kwargs["texts"] = [*TEXTS[:-1], "another last text"]
     key = {"width": "model_sha256", "dtype": "dtype_requested", "point": "point", "corpus": "corpus_sha256",
            "model dtype": "model_dtype"}.get(change, change)
     with pytest.raises(InvalidCollection, match=f"made otherwise .*{key}"):
@@ -210,11 +210,11 @@ def test_a_planted_link_at_a_shard_or_manifest_name_is_replaced_never_written_th
     for name in ("activations-00000.safetensors", "manifest.json.tmp", "manifest.json"):
         (outside / name).write_text("precious")
     os.symlink(outside / "manifest.json.tmp", folder / "manifest.json.tmp")  # the old fixed temporary name
-    with pytest.raises(InvalidCollection, match="manifest.json is a symbolic link"):
+    with pytest.raises(InvalidCollection, match=r"manifest.json is a symbolic link"):
         os.symlink(outside / "manifest.json", folder / "manifest.json")
         _collect(llama, folder)
     (folder / "manifest.json").unlink()
-    with pytest.raises(InvalidCollection, match="activations-00000.safetensors"):  # a link: a shard not named
+    with pytest.raises(InvalidCollection, match=r"activations-00000.safetensors"):  # a link: a shard not named
         os.symlink(outside / "activations-00000.safetensors", folder / "activations-00000.safetensors")
         _collect(llama, folder)
     (folder / "activations-00000.safetensors").unlink()
@@ -267,10 +267,10 @@ def test_bad_arguments_are_invalid_argument_before_any_work(llama, tmp_path, mon
 
 
 def test_missing_unreadable_and_unwritable_folders_are_invalid_collection(llama, tmp_path, monkeypatch):
-    with pytest.raises(InvalidCollection, match="nowhere.*does not exist"):
+    with pytest.raises(InvalidCollection, match=r"nowhere.*does not exist"):
         load_activations(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(InvalidCollection, match="manifest.json is missing"):
+    with pytest.raises(InvalidCollection, match=r"manifest.json is missing"):
         load_activations(tmp_path / "empty")
     (tmp_path / "a-file").write_text("x")
     with pytest.raises(InvalidCollection, match="a-file is not a folder"):
@@ -280,7 +280,7 @@ def test_missing_unreadable_and_unwritable_folders_are_invalid_collection(llama,
 
     with monkeypatch.context() as patch:  # a disk that refuses the shard (root writes into a read-only folder)
         patch.setattr(collection_module.files.tempfile, "mkstemp", refused)
-        with pytest.raises(InvalidCollection, match="denied.*not writable.*Permission denied"):
+        with pytest.raises(InvalidCollection, match=r"denied.*not writable.*Permission denied"):
             _collect(llama, tmp_path / "denied")
     if os.geteuid() == 0:
         pytest.skip("root writes into a read-only folder: the chmod case needs another user (the refusal above ran)")
@@ -288,9 +288,367 @@ def test_missing_unreadable_and_unwritable_folders_are_invalid_collection(llama,
     locked.mkdir()
     locked.chmod(0o500)
     try:
-        with pytest.raises(InvalidCollection, match="read-only.*Permission denied"):
+        with pytest.raises(InvalidCollection, match=r"read-only.*Permission denied"):
             _collect(llama, locked)
-        with pytest.raises(InvalidCollection, match="read-only.*Permission denied"):
+        with pytest.raises(InvalidCollection, match=r"read-only.*Permission denied"):
             _collect(llama, locked / "below")
     finally:
         locked.chmod(0o700)
+
+
+# -- Dictionaries: cfg.json with types -------------------------------------------------------------------------------
+
+D_IN, D_SAE = 12, 20
+
+
+def _dictionary_folder(path, cfg_text: str | bytes | None = None, weights: dict | None = None, **cfg):
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(0)
+    if weights is None:
+        weights = {"W_enc": torch.randn(D_IN, D_SAE, generator=g), "b_enc": torch.zeros(D_SAE),
+                   "W_dec": torch.randn(D_SAE, D_IN, generator=g), "b_dec": torch.randn(D_IN, generator=g)}
+    if cfg_text is None:
+        cfg_text = json.dumps({"architecture": "standard", "d_in": D_IN, "d_sae": D_SAE, "dtype": "float32",
+                               "metadata": {"hook_name": "blocks.1.hook_resid_post"}, **cfg})
+    (path / "cfg.json").write_bytes(cfg_text if isinstance(cfg_text, bytes) else cfg_text.encode())
+    save_file(weights, str(path / "sae_weights.safetensors"))
+    return path
+
+
+@pytest.mark.parametrize(("cfg", "key"), [
+    ({"apply_b_dec_to_input": "false"}, r"apply_b_dec_to_input is \"false\" .*true or false \(JSON false"),
+    ({"architecture": "topk", "k": 3, "rescale_acts_by_decoder_norm": "false"}, "rescale_acts_by_decoder_norm"),
+    ({"apply_b_dec_to_input": 0}, "apply_b_dec_to_input is 0"),
+    ({"d_sae": "20"}, r"d_sae is \"20\" .*positive integer"),
+    ({"d_in": 12.0}, "d_in is 12.0"),
+    ({"d_in": True}, "d_in is true"),
+    ({"d_sae": -20}, "d_sae is -20"),
+    ({"architecture": ["standard"]}, "architecture is"),
+    ({"metadata": {"hook_name": 3}}, "metadata.hook_name is 3"),
+    ({"metadata": {"hook_head_index": "1"}}, "metadata.hook_head_index"),
+    ({"metadata": "blocks.1"}, "metadata is"),
+    ({"architecture": "topk", "k": "3"}, "k is"),
+    ({"activation_fn_kwargs": {"k": 0}}, "activation_fn_kwargs.k is 0"),
+])
+def test_a_cfg_field_of_the_wrong_json_type_is_named(tmp_path, cfg, key):
+    """``"false"`` read as True before (``bool("false")``): a dictionary that subtracted b_dec it should not."""
+    from nncanon import InvalidDictionary
+    from nncanon.sae import Dictionary
+
+    with pytest.raises(InvalidDictionary, match=key):
+        Dictionary.load(_dictionary_folder(tmp_path, **cfg))
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (b'{"d_in": 12, "architecture": "standard\xff"}', "not UTF-8"),
+    (b"[" * 100_000 + b"]" * 100_000, "nests 100000 levels"),
+    (b'["a list"]', "not an object"),
+    (b'{"d_in": 12,', "not valid JSON"),
+])
+def test_a_cfg_that_is_not_utf8_json_or_is_nested_deep_is_named(tmp_path, text, message):
+    from nncanon import InvalidDictionary
+    from nncanon.sae import Dictionary
+
+    with pytest.raises(InvalidDictionary, match=message):
+        Dictionary.load(_dictionary_folder(tmp_path, cfg_text=text))
+
+
+def test_the_weights_shapes_are_checked_against_the_header_before_any_allocation(tmp_path, monkeypatch):
+    """A config of d_sae 2**40 over small weights allocated zeros for a missing bias first (8 GB to 4 TB)."""
+    from nncanon import InvalidDictionary
+    from nncanon.sae import Dictionary
+    from nncanon.sae import dictionary as dictionary_module
+
+    g = torch.Generator().manual_seed(0)
+    folder = _dictionary_folder(tmp_path, weights={"W_enc": torch.randn(D_IN, D_SAE, generator=g),
+                                                  "W_dec": torch.randn(D_SAE, D_IN, generator=g)}, d_sae=2 ** 40)
+
+    def never(*args, **kwargs):
+        raise AssertionError("a tensor was read or made before the shapes were checked")
+
+    monkeypatch.setattr(dictionary_module, "load_file", never)
+    monkeypatch.setattr(dictionary_module, "partial_zeros", never)
+    with pytest.raises(InvalidDictionary, match=r"W_enc is \(12, 20\), expected \(12, 1099511627776\)"):
+        Dictionary.load(folder)
+    with pytest.raises(InvalidDictionary, match=r"W_enc is \(12, 20\), expected \(12, 1099511627776\)"):
+        from nncanon.sae.config import read_config
+        Dictionary(read_config({"d_in": D_IN, "d_sae": 2 ** 40}), torch.randn(D_IN, D_SAE), torch.randn(D_SAE, D_IN))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("weight", ["W_enc", "b_dec"])
+def test_non_finite_weights_are_refused_at_load(tmp_path, bad, weight):
+    from nncanon import InvalidDictionary
+    from nncanon.sae import Dictionary
+
+    folder = _dictionary_folder(tmp_path)
+    weights = load_file(str(folder / "sae_weights.safetensors"))
+    weights[weight].view(-1)[3] = bad
+    _dictionary_folder(tmp_path, weights=weights)
+    with pytest.raises(InvalidDictionary, match=f"{weight} holds 1 non-finite value"):
+        Dictionary.load(folder)
+
+
+@pytest.mark.parametrize("factor", [0, -1.5, float("nan"), float("inf"), "2", True])
+def test_a_norm_scaling_factor_that_is_not_above_zero_is_refused(tmp_path, factor):
+    from nncanon import InvalidDictionary
+    from nncanon.sae import Dictionary
+
+    folder = _dictionary_folder(tmp_path, normalize_activations="expected_average_only_in")
+    with pytest.raises(InvalidDictionary, match=r"norm_scaling_factor=.*finite number above 0"):
+        Dictionary.load(folder, norm_scaling_factor=factor)
+    assert Dictionary.load(folder, norm_scaling_factor=2.0).cfg.normalize_activations == "none"
+
+
+@pytest.mark.parametrize(("device", "message"), [("bogus", "is not a device"), ("cuda:99", "CUDA device")])
+def test_a_bad_device_is_named(tmp_path, device, message):
+    from nncanon import InvalidDictionary
+    from nncanon.sae import Dictionary
+
+    folder = _dictionary_folder(tmp_path)
+    with pytest.raises(InvalidDictionary, match=message):
+        Dictionary.load(folder, device=device)
+    with pytest.raises(InvalidDictionary, match=message):
+        Dictionary.load(folder).to(device)
+
+
+# -- Dictionaries in a trace -----------------------------------------------------------------------------------------
+
+
+def _sae(model, hook: str = HOOK, seed: int = 0, features: int = 16, **kw):
+    from nncanon.sae import Dictionary
+
+    d = model.hidden_size
+    g = torch.Generator().manual_seed(seed)
+    return Dictionary.from_tensors(torch.randn(d, features, generator=g) / d ** 0.5, torch.full((features,), 0.05),
+                                   torch.randn(features, d, generator=g) / d ** 0.5, torch.zeros(d), hook_name=hook,
+                                   **kw)
+
+
+def _logits(model, prompt=TEXTS[0]):
+    with torch.no_grad(), model.trace(prompt):
+        logits = model.logits.save()
+    return logits
+
+
+@pytest.mark.parametrize("use", ["features", "reconstruction", "error", "input", "write", "steer", "attribution",
+                                 "contexts", "evaluate"])
+def test_a_detached_dictionarys_items_raise_on_use(llama, use):
+    """Served the features of a dictionary no longer on the model before, silently."""
+    from nncanon import DictionaryDetached
+    from nncanon.sae import attach
+    from nncanon.sae.evaluation import evaluate
+    from nncanon.sae.tools import feature_attribution, steer_features, top_activating_contexts
+
+    item = attach(llama, _sae(llama))
+    item.detach()
+    clean = _logits(llama)
+    with pytest.raises(DictionaryDetached, match=r"used after detach\(\)"):
+        if use == "attribution":
+            feature_attribution(llama, item, TEXTS[0], lambda logits: logits[:, -1, 0])
+        elif use == "contexts":
+            top_activating_contexts(llama, item, TEXTS[:2], k=2)
+        elif use == "evaluate":
+            evaluate(llama, item, TEXTS[:2])
+        else:
+            with torch.no_grad(), llama.trace(TEXTS[0]):
+                if use == "write":
+                    item.features = torch.zeros(1)
+                elif use == "steer":
+                    steer_features(item, 1, 2.0)
+                else:
+                    getattr(item, use).save()
+    assert torch.equal(_logits(llama), clean)
+
+
+def test_a_features_slice_write_of_the_wrong_shape_is_invalid_write(llama):
+    from nncanon import InvalidWrite
+    from nncanon.sae import attach
+
+    clean = _logits(llama)
+    with attach(llama, _sae(llama)) as item:
+        with pytest.raises(InvalidWrite, match=r"item.features\[:\] = torch.zeros\(3\)"), torch.no_grad(), \
+                llama.trace(TEXTS[0]):
+            item.features[:] = torch.zeros(3)
+        with pytest.raises(InvalidWrite, match="features"), torch.no_grad(), llama.trace(TEXTS[0]):
+            item.features = torch.zeros(3)
+    assert torch.equal(_logits(llama), clean)
+
+
+def test_gradients_of_an_error_term_false_dictionary_are_gradient_not_available(llama):
+    """A bare RuntimeError before ("cannot register a hook on a tensor that doesn't require gradient")."""
+    from nncanon import GradientNotAvailable
+    from nncanon.sae import attach
+    from nncanon.sae.tools import feature_attribution
+
+    with attach(llama, _sae(llama), error_term=False) as item:
+        with pytest.raises(GradientNotAvailable, match=r"error_term=False .*not in the graph"):
+            with llama.trace(TEXTS[0]):
+                features = item.features
+                with llama.logits.sum().backward():
+                    features.grad.save()
+        with pytest.raises(GradientNotAvailable, match=r"feature_attribution of .*error_term=False"):
+            feature_attribution(llama, item, TEXTS[0], lambda logits: logits[:, -1, 0])
+
+
+@pytest.mark.parametrize("tool", ["steer", "ablate"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), torch.tensor(float("nan")), "2"])
+def test_non_finite_steering_of_features_is_refused_as_tools_steer_refuses_it(llama, tool, bad):
+    """Accepted silently before: every value after the point, and the logits, NaN."""
+    from nncanon import InvalidInput
+    from nncanon.sae import attach
+    from nncanon.sae.tools import ablate_features, steer_features
+
+    clean = _logits(llama)
+    with attach(llama, _sae(llama)) as item:
+        with pytest.raises(InvalidInput, match=r"(non-finite|NaN or infinite|give a number)"), torch.no_grad(), \
+                llama.trace(TEXTS[0]):
+            if tool == "steer":
+                steer_features(item, 1, bad)
+            else:
+                ablate_features(item, 1, value=bad)
+    assert torch.equal(_logits(llama), clean)
+
+
+@pytest.mark.parametrize(("head", "message"), [(-1, "hook_head_index -1 is outside"), (4, "hook_head_index 4 is "
+                                                                                            "outside .*4 heads"),
+                                               ("1", "head='1': a head index is an int"),
+                                               (True, "head=True: a head index is an int")])
+def test_bad_head_indices_are_named(llama, head, message):
+    from nncanon import DictionaryMismatch
+    from nncanon.sae import Dictionary, attach
+
+    width = llama.hidden_size // 4
+    g = torch.Generator().manual_seed(0)
+    one_head = Dictionary.from_tensors(torch.randn(width, 8, generator=g), None, torch.randn(8, width, generator=g),
+                                       None, hook_name="blocks.1.attn.hook_z")
+    with pytest.raises(DictionaryMismatch, match=message):
+        attach(llama, one_head, head=head)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [({"batch_size": 0}, "batch_size=0; it is a positive int"),
+                                                 ({"k": 0}, "k=0; it is a positive int"),
+                                                 ({"k": 10_000}, r"k=10000, but the texts hold \d+ tokens"),
+                                                 ({"texts": "one string"}, "not one string")])
+def test_top_activating_contexts_sizes_are_named(llama, kwargs, message):
+    from nncanon import InvalidArgument, InvalidInput
+    from nncanon.sae import attach
+    from nncanon.sae.tools import top_activating_contexts
+
+    with attach(llama, _sae(llama)) as item, pytest.raises((InvalidArgument, InvalidInput), match=message):
+        top_activating_contexts(llama, item, kwargs.pop("texts", TEXTS[:3]), **kwargs)
+
+
+def test_evaluate_batch_size_zero_is_named(llama):
+    from nncanon.sae.evaluation import evaluate
+
+    with pytest.raises(InvalidArgument, match="evaluate: batch_size=0"):
+        evaluate(llama, _sae(llama), TEXTS[:2], batch_size=0)
+
+
+def test_value_at_hook_pattern_is_the_attention_probabilities(llama):
+    """The documented table names it; this reads what the surface serves (a bare AttributeError was reported)."""
+    from nncanon.sae import value_at
+
+    with torch.no_grad(), llama.trace(TEXTS[0]):
+        pattern = value_at(llama, "blocks.1.attn.hook_pattern").save()
+        served = llama.layers[1].self_attn.attention_probabilities.save()
+    assert pattern.shape[1] == llama.num_heads and torch.equal(pattern, served)
+    assert torch.allclose(pattern.sum(-1), torch.ones_like(pattern.sum(-1)))
+
+
+@pytest.mark.parametrize("order", ["attn_out first", "resid_mid first"])
+def test_dictionaries_at_hook_attn_out_and_hook_resid_mid_are_served_together_in_either_order(llama, order):
+    """OutOfOrderRead before when hook_attn_out's features were read first (and feature_attribution with both always
+    failed). Both edits reach the attention's output: the logits are those of a plain hook adding both decoder rows
+    there."""
+    from nncanon.proof.checks.references import encode, hf_block
+    from nncanon.sae import attach
+
+    first, second = _sae(llama, "blocks.1.hook_attn_out", seed=1), _sae(llama, "blocks.1.hook_resid_mid", seed=2)
+    handle = hf_block(llama, 1).self_attn.register_forward_hook(
+        lambda m, a, out: (out[0] + 2.0 * first.W_dec[3] - 1.5 * second.W_dec[5], *out[1:]))
+    try:
+        with torch.no_grad():
+            expected = llama._module(**encode(llama, TEXTS[0])).logits
+    finally:
+        handle.remove()
+    with attach(llama, first) as a, attach(llama, second) as b:
+        reads = (a, b) if order == "attn_out first" else (b, a)
+        with torch.no_grad(), llama.trace(TEXTS[0]):
+            for item in reads:
+                item.features.save()
+            a.features[..., 3] += 2.0
+            b.features[..., 5] -= 1.5
+            logits = llama.logits.save()
+        torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)
+
+
+def test_feature_attribution_with_dictionaries_at_attn_out_and_resid_mid_equals_each_alone(llama):
+    from nncanon.sae import attach
+    from nncanon.sae.tools import feature_attribution
+
+    first, second = _sae(llama, "blocks.1.hook_attn_out", seed=1), _sae(llama, "blocks.1.hook_resid_mid", seed=2)
+    metric = lambda logits: logits[:, -1, 3] - logits[:, -1, 7]  # noqa: E731
+    with attach(llama, first) as a:
+        alone_a = feature_attribution(llama, a, TEXTS[0], metric)
+    with attach(llama, second) as b:
+        alone_b = feature_attribution(llama, b, TEXTS[0], metric)
+    with attach(llama, first) as a, attach(llama, second) as b:
+        for items in ([a, b], [b, a]):
+            both = feature_attribution(llama, items, TEXTS[0], metric)
+            torch.testing.assert_close(both[a.name], alone_a, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(both[b.name], alone_b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_transcoder_at_hook_mlp_in_and_a_dictionary_at_hook_resid_mid(llama):
+    """Read in the model's order they are served together (and feature_attribution orders them itself); the other
+    order cannot reach the model (the transcoder's read passes the attention's output, through which the resid_mid
+    dictionary's edit goes): the message says which to read first."""
+    from nncanon import OutOfOrderRead
+    from nncanon.sae import Dictionary, attach
+    from nncanon.sae.tools import feature_attribution
+
+    d = llama.hidden_size
+    g = torch.Generator().manual_seed(4)
+    coder = Dictionary.from_tensors(torch.randn(d, 16, generator=g) / d ** 0.5, None, torch.randn(16, d, generator=g),
+                                    None, architecture="transcoder", hook_name="blocks.1.hook_mlp_in",
+                                    hook_name_out="blocks.1.hook_mlp_out")
+    with attach(llama, coder) as t, attach(llama, _sae(llama, "blocks.1.hook_resid_mid", seed=2)) as b:
+        with torch.no_grad(), llama.trace(TEXTS[0]):
+            mid = b.features.save()
+            coded = t.features.save()
+        torch.testing.assert_close(mid, b.dictionary.encode(_resid_mid(llama)), rtol=0, atol=1e-6)
+        torch.testing.assert_close(coded, coder.encode(_resid_mid(llama)), rtol=0, atol=1e-6)
+        result = feature_attribution(llama, [t, b], TEXTS[0], lambda logits: logits[:, -1, 0])
+        assert set(result) == {t.name, b.name}
+        with pytest.raises(OutOfOrderRead, match=f"Read {b.name!r}'s features first"), torch.no_grad(), \
+                llama.trace(TEXTS[0]):
+            t.features.save()
+            b.features.save()
+
+
+def _resid_mid(model):
+    """Block 1's stream between attention and MLP, by plain hooks: its input plus the attention's output."""
+    from nncanon.proof.checks.references import encode, hf_block
+
+    seen = {}
+
+    def block_input(module, args, kwargs):
+        seen["in"] = (args[0] if args else kwargs["hidden_states"]).clone()
+
+    def attention_output(module, args, out):
+        seen["attn"] = out[0].clone()
+
+    block = hf_block(model, 1)
+    handles = [block.register_forward_pre_hook(block_input, with_kwargs=True),
+               block.self_attn.register_forward_hook(attention_output)]
+    try:
+        with torch.no_grad():
+            model._module(**encode(model, TEXTS[0]))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen["in"] + seen["attn"]

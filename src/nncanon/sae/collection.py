@@ -20,7 +20,8 @@ again into the same folder with the same model, point, settings and corpus conti
 twice and none is lost. Anything else is refused (`InvalidCollection`, naming what differs): another checkpoint
 (told by its weights, not its type), dtype, point, ``max_length``, ``batch_size`` or corpus. One collector writes a
 folder at a time (a lock; a second is refused with the holder's pid and host). Every shard is verified against the
-manifest (size, digest, rows, dtype, shape, texts) when it is read and before a resume (`nncanon.sae.collection_folder`).
+manifest (size, digest, rows, dtype, shape, texts) when it is read and before a resume
+(`nncanon.sae.collection_folder`).
 Memory holds one batch and at most one shard.
 """
 
@@ -393,7 +394,7 @@ def iterate_activations(folder: str | os.PathLike, batch_rows: int | None = None
 
 def load_activations(folder: str | os.PathLike) -> torch.Tensor:
     """Every row of a collection, ``[rows, *shape]`` (verified as `iterate_activations` verifies it)."""
-    path, manifest = _readable(folder)
+    path, _ = _readable(folder)
     parts = list(iterate_activations(path))
     if not parts:
         raise InvalidCollection(f"{path / MANIFEST} names no shard yet: the collection holds no rows")

@@ -492,7 +492,7 @@ def _checked_device(device: Any) -> torch.device:
                                 "'cuda', 'cuda:0', 'mps' or a torch.device") from None
     if found.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if found.index is not None and found.index >= count or count == 0:
+        if (found.index is not None and found.index >= count) or count == 0:
             raise InvalidDictionary(f"device={device!r}: this machine has {count} CUDA device(s)")
     if found.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
         raise InvalidDictionary(f"device={device!r}: MPS is not available on this machine")
