@@ -652,3 +652,68 @@ def _resid_mid(model):
         for handle in handles:
             handle.remove()
     return seen["in"] + seen["attn"]
+
+
+# -- Quantized models ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama64(tmp_path_factory):
+    from nncanon.testing import tiny_hf_model, tiny_tokenizer
+
+    path = tmp_path_factory.mktemp("llama64")
+    tiny_hf_model("llama", hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                  num_key_value_heads=2).save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("threshold", [6.0, 0.0])
+def test_support_batch_is_right_before_the_first_trace_of_a_lazily_loaded_model(llama64, threshold):
+    """None until the first trace before (docs/quantization.md's ``assert independent.support().batch is None``
+    passed on any model)."""
+    import nncanon
+    from transformers import BitsAndBytesConfig
+
+    model = nncanon.StandardizedTransformer(llama64, device_map="cpu", quantization_config=BitsAndBytesConfig(
+        load_in_8bit=True, llm_int8_threshold=threshold))
+    assert model._module.device == torch.device("meta")
+    before = model.support().batch
+    assert (before is not None) == (threshold > 0)
+    with torch.no_grad(), model.trace(TEXTS[0]):
+        model.logits.save()
+    assert model.support().batch == before
+
+
+def test_support_batch_follows_int8_thresholds_changed_after_the_load(llama64):
+    """None while the invokes were coupled before: the answer was kept from the first trace."""
+    import nncanon
+    from transformers import BitsAndBytesConfig
+
+    model = nncanon.StandardizedTransformer(llama64, device_map="cpu", dispatch=True, quantization_config=(
+        BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=0.0)))
+    with torch.no_grad(), model.trace(TEXTS[0]):
+        model.logits.save()
+    assert model.support().batch is None
+    layers = [m for m in model._module.modules() if type(m).__name__ == "Linear8bitLt"]
+    for layer in layers:
+        layer.state.threshold = 4.0
+    assert "llm_int8_threshold=4" in model.support().batch
+    for layer in layers:
+        layer.state.threshold = 0.0
+    assert model.support().batch is None
+
+
+@pytest.mark.parametrize("when", ["before the first trace", "after a trace"])
+def test_a_cast_that_leaves_the_embedding_in_float32_is_model_changed(when):
+    """torch's "expected m1 and m2 to have the same dtype" before: the signature looked at the first parameter only
+    (the embedding's)."""
+    from nncanon import ModelChanged
+
+    model = tiny_model("llama")
+    if when == "after a trace":
+        _logits(model)
+    model._module.to(torch.bfloat16)
+    model._module.model.embed_tokens.to(torch.float32)
+    with pytest.raises(ModelChanged, match="bfloat16 and float32"):
+        _logits(model)
