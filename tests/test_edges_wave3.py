@@ -717,3 +717,20 @@ def test_a_cast_that_leaves_the_embedding_in_float32_is_model_changed(when):
     model._module.model.embed_tokens.to(torch.float32)
     with pytest.raises(ModelChanged, match="bfloat16 and float32"):
         _logits(model)
+
+
+def test_a_model_with_a_vocabulary_under_the_proofs_tokenizer_is_proved_and_its_tokenizer_named():
+    """The proof said "the same error on all steps tried: transformers cannot run this config" (false: the config
+    runs; the proof's 300-token prompts had ids past its 100 rows). The twin's vocabulary now holds the proof's
+    tokenizer, and a user's tokenizer larger than the embedding is named at load with both sizes."""
+    import nncanon
+    from nncanon.testing import tiny_hf_model, tiny_tokenizer
+
+    hf = tiny_hf_model("llama", vocab_size=100)
+    with pytest.warns(UserWarning, match=r"has 300 tokens, but the model's embedding has 100 rows"):
+        model = nncanon.StandardizedTransformer(hf, tokenizer=tiny_tokenizer(), verify="always")
+    report = model.support()
+    assert "could not run" not in str(report) and report.available("layer_output", layer=0)
+    with torch.no_grad(), model.trace(torch.tensor([[1, 5, 99]])):
+        out = model.layers[0].layer_output.save()
+    assert out.shape == (1, 3, hf.config.hidden_size)

@@ -139,6 +139,7 @@ class StandardizedTransformer(MountedModel):
         self._signature: tuple | None = None  # the proof's model as its layers hold it (`quantization.signature`)
         self._provenance = self._prove(verify, self._unserved)
         self._proved_config = _config_seen(self)
+        _warn_if_the_tokenizer_exceeds_the_embedding(self)
         if quantization is not None:  # its quantized weights guarded from the load (a float32 one's first trace checks)
             self._check_unchanged()
 
@@ -250,6 +251,22 @@ class StandardizedTransformer(MountedModel):
         a way that changes what the proof keyed on (`ConfigChanged`, naming what changed)."""
         _check_config(self)
         return super().trace(*inputs, **kwargs)
+
+
+def _warn_if_the_tokenizer_exceeds_the_embedding(model: StandardizedTransformer) -> None:
+    """Warn, at load, where the tokenizer has more tokens than the model's embedding has rows: its ids from the
+    embedding's size on have no row (a trace of a prompt that holds one raises `InvalidInput`)."""
+    tokenizer = getattr(model, "tokenizer", None)
+    rows = getattr(model._text_config, "vocab_size", None)
+    try:
+        tokens = len(tokenizer) if tokenizer is not None else None
+    except TypeError:
+        return
+    if isinstance(rows, int) and isinstance(tokens, int) and tokens > rows:
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        warnings.warn(f"the tokenizer ({name}) has {tokens} tokens, but the model's embedding has {rows} rows "
+                      f"(vocab_size={rows}): ids {rows}..{tokens - 1} have no row, and a trace of a prompt that holds "
+                      "one raises InvalidInput. Is the tokenizer the model's?", UserWarning, stacklevel=3)
 
 
 def _readable_config(model: Any, kwargs: dict) -> Any:
