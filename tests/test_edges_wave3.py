@@ -734,3 +734,43 @@ def test_a_model_with_a_vocabulary_under_the_proofs_tokenizer_is_proved_and_its_
     with torch.no_grad(), model.trace(torch.tensor([[1, 5, 99]])):
         out = model.layers[0].layer_output.save()
     assert out.shape == (1, 3, hf.config.hidden_size)
+
+
+# -- The first hour --------------------------------------------------------------------------------------------------
+
+
+def test_the_readme_says_where_the_recipe_does_not_run_unchanged_and_its_branch_runs(tmp_path):
+    """The README recipe fails on the hybrid demo's layer 0 (no softmax attention); the README now says so and
+    shows the branch, which runs."""
+    import re
+    import runpy
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert "has no softmax attention" in readme
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if 'demo_model("hybrid")' in b)
+    script = tmp_path / "readme_branch.py"
+    script.write_text(block)
+    runpy.run_path(str(script), run_name="__main__")
+
+
+def test_the_fast_heatmap_is_titled_estimated(tmp_path, monkeypatch):
+    """``nncanon ablate --fast`` drew estimates on the exact heatmap's scale with no mark."""
+    import matplotlib.figure
+
+    from nncanon.study import plot_head_effects
+
+    titles: list[str] = []
+    real = matplotlib.figure.Figure.savefig
+
+    def keep_titles(figure, *args, **kwargs):
+        titles.extend([figure._suptitle.get_text(), *(axis.get_title() for axis in figure.axes)])
+        return real(figure, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep_titles)
+    effects = {"m": torch.randn(2, 3)}
+    plot_head_effects(effects, " Paris", str(tmp_path / "exact.png"), prompt="p")
+    assert not any("estimated" in t.lower() for t in titles)
+    titles.clear()
+    plot_head_effects(effects, " Paris", str(tmp_path / "fast.png"), prompt="p", estimated="log_odds")
+    assert "ESTIMATED" in titles[0] and "m: estimated drop in log-odds of P(Paris)" in titles
