@@ -672,8 +672,9 @@ def llama64(tmp_path_factory):
 def test_support_batch_is_right_before_the_first_trace_of_a_lazily_loaded_model(llama64, threshold):
     """None until the first trace before (docs/quantization.md's ``assert independent.support().batch is None``
     passed on any model)."""
-    import nncanon
     from transformers import BitsAndBytesConfig
+
+    import nncanon
 
     model = nncanon.StandardizedTransformer(llama64, device_map="cpu", quantization_config=BitsAndBytesConfig(
         load_in_8bit=True, llm_int8_threshold=threshold))
@@ -687,8 +688,9 @@ def test_support_batch_is_right_before_the_first_trace_of_a_lazily_loaded_model(
 
 def test_support_batch_follows_int8_thresholds_changed_after_the_load(llama64):
     """None while the invokes were coupled before: the answer was kept from the first trace."""
-    import nncanon
     from transformers import BitsAndBytesConfig
+
+    import nncanon
 
     model = nncanon.StandardizedTransformer(llama64, device_map="cpu", dispatch=True, quantization_config=(
         BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=0.0)))
@@ -774,3 +776,22 @@ def test_the_fast_heatmap_is_titled_estimated(tmp_path, monkeypatch):
     titles.clear()
     plot_head_effects(effects, " Paris", str(tmp_path / "fast.png"), prompt="p", estimated="log_odds")
     assert "ESTIMATED" in titles[0] and "m: estimated drop in log-odds of P(Paris)" in titles
+
+
+def test_top_contexts_are_long_enough_to_tell_sentences_apart_and_long_runs_show_progress(llama, capsys):
+    """Contexts of 8 tokens before and 2 after could not tell two sentences apart; runs of several batches showed no
+    progress."""
+    from nncanon.sae import attach
+    from nncanon.sae.tools import top_activating_contexts
+
+    texts = ["one two three four five six seven eight nine ten eleven twelve thirteen fourteen", "a b"] * 3
+    with attach(llama, _sae(llama)) as item:
+        found = top_activating_contexts(llama, item, texts, features=[0], k=2, batch_size=2)
+    err = capsys.readouterr().err
+    assert "top activating contexts" in err and "6/6" in err
+    for (value, context), text, position in zip(found.contexts(0), found.text[0].tolist(),
+                                                found.position[0].tolist(), strict=True):
+        tokens = found.tokens[text]
+        before = "".join(tokens[max(0, position - 24):position])
+        assert context == f"{before}[[{tokens[position]}]]{''.join(tokens[position + 1:position + 7])}"
+        assert value == pytest.approx(float(found.values[0].max())) or value <= float(found.values[0].max())

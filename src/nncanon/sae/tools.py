@@ -46,6 +46,17 @@ def _amount(tool: str, name: str, value: Any) -> None:
     finite(tool, name, value)
 
 
+def progress_bar(total: int, what: str, progress: bool | None, batch_size: int) -> Any:
+    """A tqdm bar over ``total`` texts (``progress`` ``None``: where there is more than one batch), or ``None``."""
+    if progress is None:
+        progress = total > batch_size
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="text", desc=what)
+
+
 def _select(values: torch.Tensor, positions: Positions) -> Any:
     return slice(None) if positions is None else checked_positions(positions, values.shape[1])
 
@@ -157,9 +168,9 @@ class TopContexts:
     position: torch.Tensor
     tokens: list[list[str]]
 
-    def contexts(self, feature: int, before: int = 8, after: int = 2) -> list[tuple[float, str]]:
+    def contexts(self, feature: int, before: int = 24, after: int = 6) -> list[tuple[float, str]]:
         """``(activation, context)`` of ``feature``'s top tokens: ``before`` tokens, the token in ``[[...]]``, ``after``
-        tokens."""
+        tokens (enough, by default, to tell the sentences apart: the start of a short text is all of it)."""
         row = int((self.features == feature).nonzero()[0, 0]) if (self.features == feature).any() else None
         if row is None:
             raise InvalidInput(f"feature {feature} was not asked for; these are {self.features.tolist()}")
@@ -182,11 +193,13 @@ def top_activating_contexts(
     features: int | Sequence[int] | None = None,
     k: int = 10,
     batch_size: int = 8,
+    progress: bool | None = None,
 ) -> TopContexts:
     """Over ``texts``, the ``k`` tokens where each of ``features`` (default: all) is largest.
 
     Runs the texts in batches of ``batch_size`` (no gradients), reads the features, and keeps a running top-``k``
     per feature: memory ``[F, k]`` plus one batch, whatever the number of texts. Padding is never counted.
+    ``progress``: a progress bar over the texts (default: where there is more than one batch).
     """
     if isinstance(texts, str):
         raise InvalidInput("top_activating_contexts takes a list of texts, not one string: pass [text]")
@@ -205,10 +218,13 @@ def top_activating_contexts(
     values = torch.full((len(chosen), k), float("-inf"))
     where = torch.full((len(chosen), k, 2), -1, dtype=torch.long)
     tokens: list[list[str]] = []
+    bar = progress_bar(len(texts), "top activating contexts", progress, batch_size)
     for start in range(0, len(texts), batch_size):
         chunk = texts[start:start + batch_size]
         encoded = model.tokenizer(chunk, return_tensors="pt", padding=True)
         mask = encoded["attention_mask"].bool()
+        if bar is not None:
+            bar.update(len(chunk))
         saved: list = []
         with torch.no_grad(), model.trace(chunk):
             saved.append(attached.features[..., index.to(attached.dictionary.device)].save())
@@ -229,6 +245,8 @@ def top_activating_contexts(
         for row in range(len(chunk)):
             ids = encoded["input_ids"][row][mask[row]].tolist()
             tokens.append([model.tokenizer.decode([i]) for i in ids])
+    if bar is not None:
+        bar.close()
     empty = ~torch.isfinite(values) | (values <= 0)
     values = values.masked_fill(empty, float("nan"))
     where = where.masked_fill(empty[..., None], -1)
