@@ -795,3 +795,46 @@ def test_top_contexts_are_long_enough_to_tell_sentences_apart_and_long_runs_show
         before = "".join(tokens[max(0, position - 24):position])
         assert context == f"{before}[[{tokens[position]}]]{''.join(tokens[position + 1:position + 7])}"
         assert value == pytest.approx(float(found.values[0].max())) or value <= float(found.values[0].max())
+
+
+# -- RWKV's stream rescaling -----------------------------------------------------------------------------------------
+
+
+def test_the_twin_of_rwkv_4_169m_crosses_its_stream_rescaling():
+    """A full-size RWKV-4-169M config halves the stream after blocks 5 and 11 (``rescale_every=6``); a twin of 2
+    blocks kept ``rescale_every=6`` and never exercised it. The twin now halves after every block, so the proof's
+    checks run across such boundaries: there ``layers[i + 1].layer_input`` is ``layers[i].layer_output / 2``
+    (the model's own doing, between blocks), which the proved twin's surface shows against plain hooks."""
+    from transformers import RwkvConfig
+
+    import nncanon
+    from nncanon.proof.checks.references import encode
+
+    config = RwkvConfig(vocab_size=50277, hidden_size=768, num_hidden_layers=12, intermediate_size=3072,
+                        attention_hidden_size=768, rescale_every=6, context_length=1024)
+    small = nncanon.twin(config)
+    blocks = small.config.num_hidden_layers
+    assert small.config.rescale_every == 1 and blocks >= 2
+    small.eval()
+    from nncanon.testing import tiny_tokenizer
+
+    model = nncanon.StandardizedTransformer(small, tokenizer=tiny_tokenizer(small.config.vocab_size),
+                                            verify="always")
+    seen = []
+    handles = [block.register_forward_pre_hook(lambda m, args, kwargs: seen.append(
+        (args[0] if args else kwargs["hidden"]).clone()) and None, with_kwargs=True) for block in small.rwkv.blocks]
+    try:
+        with torch.no_grad():
+            small(**encode(model, TEXTS[0]))
+    finally:
+        for handle in handles:
+            handle.remove()
+    inputs, outputs = [], []
+    with torch.no_grad(), model.trace(TEXTS[0]):
+        for i in range(blocks):
+            inputs.append(model.layers[i].layer_input.save())
+            outputs.append(model.layers[i].layer_output.save())
+    for i in range(1, blocks):
+        torch.testing.assert_close(inputs[i], seen[i], rtol=0, atol=0)
+        torch.testing.assert_close(inputs[i], outputs[i - 1] / 2, rtol=0, atol=0)
+    assert "could not run" not in str(model.support())
