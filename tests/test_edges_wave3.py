@@ -838,3 +838,29 @@ def test_the_twin_of_rwkv_4_169m_crosses_its_stream_rescaling():
         torch.testing.assert_close(inputs[i], seen[i], rtol=0, atol=0)
         torch.testing.assert_close(inputs[i], outputs[i - 1] / 2, rtol=0, atol=0)
     assert "could not run" not in str(model.support())
+
+
+def test_the_command_lines_help_and_usage_errors_import_nothing_heavy(tmp_path):
+    """``nncanon --help`` took 3-4 s: the package imported torch, transformers and nnsight first."""
+    import subprocess
+    import sys
+
+    code = ("import sys, contextlib, io\n"
+            "from nncanon.cli import main\n"
+            "for argv in (['--help'], ['ablate', '--help'], ['ablate', '--layer', 'x'], ['ablate', '--prompt', ''],\n"
+            f"             ['ablate', '--out', {str(tmp_path / 'file')!r}]):\n"
+            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            "        try:\n"
+            "            code = main(argv)\n"
+            "        except SystemExit as exit:\n"
+            "            code = exit.code\n"
+            "    assert code in (0, 2), (argv, code)\n"
+            "heavy = [name for name in ('torch', 'transformers', 'nnsight') if name in sys.modules]\n"
+            "assert not heavy, heavy\n")
+    (tmp_path / "file").write_text("a file where the folder should be")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert result.returncode == 0, result.stderr
+    import nncanon
+
+    assert nncanon.InvalidInput.__module__ == "nncanon.errors" and "StandardizedTransformer" in dir(nncanon)

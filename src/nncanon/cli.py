@@ -148,6 +148,12 @@ def _run_order(run: str) -> tuple[int, int]:
 def _ablate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    out = Path(args.out)  # (the usage errors first: before torch, transformers and nnsight are imported)
+    problem = _unwritable(out)
+    if problem is not None:
+        return _usage(f"--out {args.out!r}: {problem}; give a folder you can write to")
+    if not args.prompt:
+        return _usage("--prompt is empty: give the text whose next token is scored")
     from .demo import DEMO_MODELS
     from .study import (
         ablation_study,
@@ -160,12 +166,6 @@ def _ablate(args: argparse.Namespace) -> int:
     )
 
     names = args.model or list(DEMO_MODELS)
-    out = Path(args.out)
-    problem = _unwritable(out)
-    if problem is not None:
-        return _usage(f"--out {args.out!r}: {problem}; give a folder you can write to")
-    if not args.prompt:
-        return _usage("--prompt is empty: give the text whose next token is scored")
     models = {}
     for name in names:  # every model and its target token checked before any study runs
         try:
