@@ -35,7 +35,7 @@ from ..reading import in_execution_order, read
 from ..served import check_write
 from ..traced import outside_trace, refuse_outside_trace
 from .dictionary import Dictionary, Normalization
-from .names import Point, resolve
+from .names import Point, mixers, resolve
 from .sites import PointRead, hand_back_now, keep_stream_before, open_point, value_at
 
 #: The order a block's points are first read in (a trace reads several dictionaries in it): ``resid_mid`` reads
@@ -257,15 +257,19 @@ class AttachedDictionary:
         return visit
 
     def _keep_earlier_streams(self, label: str) -> None:
-        """Where another dictionary attached in this block reads ``resid_mid``, keep its stream before this read
-        passes ``layer_input`` (`keep_stream_before`): the two are served in the model's order, whichever the trace's
-        code reads first."""
+        """Where another dictionary attached in this block reads ``resid_mid`` (``layer_input`` plus one mixer's
+        contribution), keep its stream before this read passes ``layer_input`` (`keep_stream_before`): the two are
+        served in the model's order, whichever the trace's code reads first. (A block of two mixers, Falcon-H1's, is
+        left as it is: keeping its stream would read past the first mixer's inner values.)"""
         own = min(execution_rank(self.point), execution_rank(self.point_out))
         for other in self.model.__dict__.get(REGISTRY, {}).values():
             if other is self:
                 continue
             for where in (other.point, other.point_out):
-                if where.value == "resid_mid" and where.layer == self.point.layer and own > execution_rank(where):
+                if where.value != "resid_mid" or where.layer != self.point.layer or own <= execution_rank(where):
+                    continue
+                parts = list(where.parts) or ["layer_input", *mixers(self.model, where.layer)]
+                if len(parts) == 2:
                     keep_stream_before(self.model, where, label)
 
 
