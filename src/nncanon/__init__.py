@@ -7,9 +7,46 @@ The public names are imported at their first use (`__getattr__`): ``import nncan
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .versions import __version__ as __version__
+
+if TYPE_CHECKING:  # (for type checkers and the API reference, which read the names without importing them)
+    from .demo import demo_dictionary, demo_model
+    from .errors import (
+        BatchCoupledWarning,
+        ConfigChanged,
+        DictionaryDetached,
+        DictionaryMismatch,
+        GradientNotAvailable,
+        InvalidArgument,
+        InvalidCheckpoint,
+        InvalidCollection,
+        InvalidDictionary,
+        InvalidInput,
+        InvalidLayer,
+        InvalidModel,
+        InvalidSkip,
+        InvalidWrite,
+        ModelChanged,
+        ModelUnavailable,
+        NestedTrace,
+        NncanonError,
+        NotInTrace,
+        OutOfOrderRead,
+        OutOfScopeModel,
+        QuantizationUnavailable,
+        SizeNotAvailable,
+        TokenizerNotFound,
+        UnknownFamilyError,
+        UnknownHookName,
+        UntestedTransformersWarning,
+        ValueNotAvailable,
+    )
+    from .families import registered_model_types
+    from .model import StandardizedTransformer
+    from .proof.ladder import twin
+    from .support import SupportReport
 
 _ERRORS = (
     "BatchCoupledWarning",
@@ -53,7 +90,42 @@ _WHERE = {
     "twin": "proof.ladder",
 }
 
-__all__ = sorted(_WHERE)
+__all__ = [
+    "BatchCoupledWarning",
+    "ConfigChanged",
+    "DictionaryDetached",
+    "DictionaryMismatch",
+    "GradientNotAvailable",
+    "InvalidArgument",
+    "InvalidCheckpoint",
+    "InvalidCollection",
+    "InvalidDictionary",
+    "InvalidInput",
+    "InvalidLayer",
+    "InvalidModel",
+    "InvalidSkip",
+    "InvalidWrite",
+    "ModelChanged",
+    "ModelUnavailable",
+    "NestedTrace",
+    "NncanonError",
+    "NotInTrace",
+    "OutOfOrderRead",
+    "OutOfScopeModel",
+    "QuantizationUnavailable",
+    "SizeNotAvailable",
+    "StandardizedTransformer",
+    "SupportReport",
+    "TokenizerNotFound",
+    "UnknownFamilyError",
+    "UnknownHookName",
+    "UntestedTransformersWarning",
+    "ValueNotAvailable",
+    "demo_dictionary",
+    "demo_model",
+    "registered_model_types",
+    "twin",
+]
 
 
 def __getattr__(name: str) -> Any:
