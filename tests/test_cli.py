@@ -69,23 +69,25 @@ def test_ablate_on_the_demo_models_prints_the_recipe_and_a_heatmap(tmp_path, cap
 
 
 def test_ablate_fast_plots_the_first_order_estimate(tmp_path, capsys):
-    """``--fast``: the heatmap is attribution patching's estimate of zeroing each head, equal to
-    ``Σ head · ∂P(target)/∂head`` computed with hooks and autograd on the plain model."""
+    """``--fast``: the heatmap is attribution patching's estimate of zeroing each head on the target's log-odds
+    (P near 1 saturates P's gradient), equal to ``Σ head · ∂logodds/∂head`` computed with hooks and autograd on the
+    plain model, and marked "estimated" in the output and on the picture."""
     from nncanon.proof.checks.gradient_references import gradient_reference
     from nncanon.proof.checks.references import encode, site_reference
     from nncanon.study import head_effects, target_token
 
     assert main(["ablate", "--model", "gpt2", "--fast", "--out", str(tmp_path), "--quiet"]) == EXIT_OK
     out = capsys.readouterr().out
-    assert "estimated (attribution patching)" in out
+    assert "estimated (attribution patching) effect on the log-odds of P(target)" in out
     assert (tmp_path / "head_effects.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     model = nncanon.demo_model("gpt2")
     token = target_token(model, " Paris")
     effects = head_effects(model, PROMPT, " Paris", fast=True)
     inputs = encode(model, PROMPT)
 
-    def probability(logits):
-        return torch.softmax(logits[:, -1], -1)[:, token].sum()
+    def probability(logits):  # the log-odds: log P - log(1 - P), a logit difference that does not saturate near 1
+        p = torch.softmax(logits[:, -1].double(), -1)[:, token]
+        return (torch.log(p) - torch.log1p(-p)).sum()
 
     for layer in range(model.num_layers):
         heads = site_reference(model, layer, "attention_head_outputs", inputs)

@@ -148,6 +148,12 @@ def _run_order(run: str) -> tuple[int, int]:
 def _ablate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    out = Path(args.out)  # (the usage errors first: before torch, transformers and nnsight are imported)
+    problem = _unwritable(out)
+    if problem is not None:
+        return _usage(f"--out {args.out!r}: {problem}; give a folder you can write to")
+    if not args.prompt:
+        return _usage("--prompt is empty: give the text whose next token is scored")
     from .demo import DEMO_MODELS
     from .study import (
         ablation_study,
@@ -160,12 +166,6 @@ def _ablate(args: argparse.Namespace) -> int:
     )
 
     names = args.model or list(DEMO_MODELS)
-    out = Path(args.out)
-    problem = _unwritable(out)
-    if problem is not None:
-        return _usage(f"--out {args.out!r}: {problem}; give a folder you can write to")
-    if not args.prompt:
-        return _usage("--prompt is empty: give the text whose next token is scored")
     models = {}
     for name in names:  # every model and its target token checked before any study runs
         try:
@@ -201,12 +201,14 @@ def _ablate(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     try:
         path = plot_head_effects(effects, args.target, str(out / "head_effects.png"), prompt=args.prompt,
-                                 shared_scale=args.shared_scale, linear_layers=linear)
+                                 shared_scale=args.shared_scale, linear_layers=linear,
+                                 estimated="log_odds" if args.fast else None)
     except ImportError:
         print("\n(no heatmap: install matplotlib, pip install 'nncanon[plot]')", file=sys.stderr)
         return EXIT_OK
-    kind = "estimated (attribution patching)" if args.fast else "exact"
-    print(f"\nheatmap of every layer x head {kind} effect on P(target): {path}")
+    kind = ("estimated (attribution patching) effect on the log-odds of P(target)" if args.fast
+            else "exact effect on P(target)")
+    print(f"\nheatmap of every layer x head {kind}: {path}")
     return EXIT_OK
 
 
@@ -332,7 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ablate.add_argument(
         "--fast", action="store_true",
-        help="heatmap from attribution patching (first-order estimate, one backward) instead of the exact sweep",
+        help="heatmap from attribution patching (a first-order estimate of the drop in the target's log-odds, one "
+             "backward, marked 'estimated') instead of the exact sweep",
     )
     ablate.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     ablate.set_defaults(run=_ablate)

@@ -44,6 +44,7 @@ from .quantization import (
     Quantization,
     batch_coupling,
     declared,
+    declared_coupling,
     detected,
     holds_quantized,
     refuse_unavailable,
@@ -71,8 +72,9 @@ def _named(quantization: Quantization | None) -> str:
 
 
 def _layers(found: tuple) -> str:
-    classes, dtype = found
-    return ", ".join(f"{count} {name}" for name, count in classes) + f"; {str(dtype).removeprefix('torch.')}"
+    classes, dtype, dtypes = found
+    mixed = f" (parameters in {' and '.join(dtypes)})" if len(dtypes) > 1 else ""
+    return ", ".join(f"{count} {name}" for name, count in classes) + f"; {str(dtype).removeprefix('torch.')}{mixed}"
 
 
 class StandardizedTransformer(MountedModel):
@@ -137,6 +139,7 @@ class StandardizedTransformer(MountedModel):
         self._signature: tuple | None = None  # the proof's model as its layers hold it (`quantization.signature`)
         self._provenance = self._prove(verify, self._unserved)
         self._proved_config = _config_seen(self)
+        _warn_if_the_tokenizer_exceeds_the_embedding(self)
         if quantization is not None:  # its quantized weights guarded from the load (a float32 one's first trace checks)
             self._check_unchanged()
 
@@ -175,14 +178,11 @@ class StandardizedTransformer(MountedModel):
     def _batch_coupling(self) -> str | None:
         """Why this model does not compute the tokens of a batch independently (`nncanon.quantization.batch_coupling`),
         ``None`` where it does."""
-        if "_coupling" in self.__dict__:
-            return self.__dict__["_coupling"]
         if self._quantization is None:
             return None
-        coupling = batch_coupling(self._module)
-        if coupling is not None or getattr(self._module, "device", None) != torch.device("meta"):
-            self.__dict__["_coupling"] = coupling  # (on meta, before the load, the quantizer has replaced no layer)
-        return coupling
+        if getattr(self._module, "device", None) == torch.device("meta"):  # before the load: as its config declares
+            return declared_coupling(self._quantization)
+        return batch_coupling(self._module)  # (the layers' thresholds as they are now: a change after the load shows)
 
     def _check_unchanged(self) -> None:
         """Raise `ModelChanged` where the model's linear layers or dtype changed since the proof (a layer swapped
@@ -195,6 +195,15 @@ class StandardizedTransformer(MountedModel):
             if holds_quantized(now):
                 self.guard_quantized_weights()
             found = detected(self._module, now)
+            if self._quantization is None and now[2] not in ((), ("float32",)):
+                self._signature = None
+                raise ModelChanged(
+                    f"the model's parameters are in {' and '.join(now[2])}, but its proof was made for a float32 "
+                    "model: part of it was cast after the load (the embedding left in float32 while the rest was "
+                    "cast, or the reverse), and torch would refuse the mixed products. Cast all of it "
+                    "(model._module.to(dtype)) and load it again as it is now (StandardizedTransformer(model, ...), "
+                    "or dtype= at the load), so that the proof's twin is made like it."
+                )
             if _kind(found) == _kind(self._quantization) or (found is None and _unreplaced(self._quantization)):
                 return
             self._signature = None
@@ -242,6 +251,22 @@ class StandardizedTransformer(MountedModel):
         a way that changes what the proof keyed on (`ConfigChanged`, naming what changed)."""
         _check_config(self)
         return super().trace(*inputs, **kwargs)
+
+
+def _warn_if_the_tokenizer_exceeds_the_embedding(model: StandardizedTransformer) -> None:
+    """Warn, at load, where the tokenizer has more tokens than the model's embedding has rows: its ids from the
+    embedding's size on have no row (a trace of a prompt that holds one raises `InvalidInput`)."""
+    tokenizer = getattr(model, "tokenizer", None)
+    rows = getattr(model._text_config, "vocab_size", None)
+    try:
+        tokens = len(tokenizer) if tokenizer is not None else None
+    except TypeError:
+        return
+    if isinstance(rows, int) and isinstance(tokens, int) and tokens > rows:
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        warnings.warn(f"the tokenizer ({name}) has {tokens} tokens, but the model's embedding has {rows} rows "
+                      f"(vocab_size={rows}): ids {rows}..{tokens - 1} have no row, and a trace of a prompt that holds "
+                      "one raises InvalidInput. Is the tokenizer the model's?", UserWarning, stacklevel=3)
 
 
 def _readable_config(model: Any, kwargs: dict) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import nnsight
 import torch
 from nnsight.modeling.transformers import TransformersModel
 from nnsight.tracing.tracer import WithBlockNotFoundError
@@ -36,6 +37,10 @@ from .skipping import (
 from .support import SupportReport
 from .threads import SerialTracer, trace_lock
 from .traced import outside_trace, refuse_outside_trace, renamed
+
+# Remote (NDIF) requests ship nncanon's code by value, so a server without nncanon runs them: registered here, where
+# every model nncanon serves is built (``nncanon/__init__`` imports nothing heavy, for a fast command line).
+nnsight.register("nncanon")
 
 
 def apply_logit_steps(logits: torch.Tensor, family: Family, config: Any) -> torch.Tensor:
@@ -274,7 +279,7 @@ class MountedModel(TransformersModel):
     def _remoteable_class(self) -> type:
         """Remote requests are keyed as the plain ``TransformersModel`` the server hosts.
 
-        nncanon is shipped with the request by value (``nnsight.register``, see ``nncanon/__init__``):
+        nncanon is shipped with the request by value (``nnsight.register``, at the top of this module):
         the server needs nnsight and transformers only.
         """
         return TransformersModel

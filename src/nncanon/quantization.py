@@ -390,15 +390,16 @@ def _linears(module: torch.nn.Module) -> list[torch.nn.Module]:
 
 def signature(module: torch.nn.Module) -> tuple:
     """What a trace compares with the model the proof was made for: how many linear layers hold quantized
-    weights, of which classes, and the dtype of the floating parameters (a module swapped for a quantized one,
-    or a cast, changes it)."""
+    weights, of which classes, the dtype of the first floating parameter, and the dtypes of all of them (a module
+    swapped for a quantized one, or a cast, of the whole model or of part of it, changes it)."""
     classes: dict[str, int] = {}
     for sub in module.modules():
         quantized = is_quantized(sub)
         if quantized or isinstance(sub, torch.nn.Linear):
             name = type(sub).__name__ + ("/" + type(sub.weight).__name__ if quantized else "")
             classes[name] = classes.get(name, 0) + 1
-    return tuple(sorted(classes.items())), float_dtype(module)
+    dtypes = sorted({_name(t.dtype) for t in module.parameters() if t.is_floating_point()})
+    return tuple(sorted(classes.items())), float_dtype(module), tuple(dtypes)
 
 
 def batch_coupling(module: torch.nn.Module) -> str | None:
@@ -411,12 +412,26 @@ def batch_coupling(module: torch.nn.Module) -> str | None:
     for sub in module.modules():
         threshold = getattr(getattr(sub, "state", None), "threshold", 0.0) or 0.0
         if type(sub).__name__ == "Linear8bitLt" and threshold > 0:
-            return (f"bitsandbytes LLM.int8 (llm_int8_threshold={threshold:g}) picks its outlier feature columns over "
-                    "every token of the batch and computes them in 16-bit for all of them, so an edit at one token "
-                    "(or in one invoke) moves the other tokens' values, earlier positions and other prompts included, "
-                    "by a few units of int8's precision. For tokens computed independently, load with "
-                    "BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=0.0)")
+            return _coupled_by(threshold)
     return None
+
+
+def declared_coupling(quantization: Quantization | None) -> str | None:
+    """`batch_coupling` as the quantization config declares it, for a model whose layers are not loaded yet (built
+    on meta: the quantizer replaces its linear layers at the load)."""
+    if quantization is None or quantization.method != "bitsandbytes" or quantization.scheme != "int8":
+        return None
+    entries = _config_dict(quantization.config) or {}
+    threshold = entries.get("llm_int8_threshold", 6.0)
+    return _coupled_by(threshold) if isinstance(threshold, (int, float)) and threshold > 0 else None
+
+
+def _coupled_by(threshold: float) -> str:
+    return (f"bitsandbytes LLM.int8 (llm_int8_threshold={threshold:g}) picks its outlier feature columns over "
+            "every token of the batch and computes them in 16-bit for all of them, so an edit at one token "
+            "(or in one invoke) moves the other tokens' values, earlier positions and other prompts included, "
+            "by a few units of int8's precision. For tokens computed independently, load with "
+            "BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=0.0)")
 
 
 def holds_quantized(layers: tuple) -> bool:

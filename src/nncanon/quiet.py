@@ -90,7 +90,11 @@ def wrapping_quietly() -> Iterator[None]:
 
 @contextmanager
 def progress_bars_hidden(hide: bool = True) -> Iterator[None]:
-    """Hide transformers' progress bars ("Loading weights") inside the block, where ``hide``."""
+    """Hide transformers' progress bars ("Loading weights") inside the block, where ``hide`` (transformers is
+    imported only then: the command line's usage errors import nothing heavy)."""
+    if not hide:
+        yield
+        return
     from transformers.utils import logging as transformers_logging
 
     shown = transformers_logging.is_progress_bar_enabled()

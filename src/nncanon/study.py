@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .errors import InvalidArgument
 from .reading import head_count
 from .resuming import next_token_only
 from .tools.ablation import head_ablation_sweep
@@ -104,22 +105,38 @@ def ablation_study(model: Any, prompt: str, target: str, layer: int) -> dict[str
     return {name: float(p) for name, p in probabilities.items()}
 
 
-def head_effects(model: Any, prompt: str, target: str, fast: bool = False) -> torch.Tensor:
+#: What ``head_effects(fast=True)`` estimates by default: the drop in the target's log-odds,
+#: ``logit[target] - logsumexp(logits of the others)``, a logit difference that does not saturate where P(target) is
+#: near 1 (P's gradient, ``P·(1-P)·...``, vanishes there and ranks small effects by noise).
+FAST_METRICS = ("log_odds", "probability")
+
+
+def head_effects(model: Any, prompt: str, target: str, fast: bool = False, metric: str = "log_odds") -> torch.Tensor:
     """``[num_layers, max_heads]``: P(target) clean minus P(target) with that head zeroed.
 
     `head_ablation_sweep` per kind of head (attention, a hybrid's linear mixer): one invoke per
     head, the blocks before each layer run once. Layers without per-head values, and heads past a
     layer's count, are NaN. ``fast``: the first-order estimate instead (`attribution_patching` with
     no corrupted prompt: two forwards and one backward for every head), which can rank heads
-    differently from the exact effect (see the benchmarks page).
+    differently from the exact effect (see the benchmarks page), of the drop in ``metric``: ``"log_odds"``
+    (default: the target's logit minus the logsumexp of the others', which does not saturate near P = 1) or
+    ``"probability"`` (P(target), the exact sweep's scale).
     """
     token = target_token(model, target)
     if fast:
+        if metric not in FAST_METRICS:
+            raise InvalidArgument(f"metric={metric!r} is not one of {', '.join(FAST_METRICS)}")
 
         def probability(logits: torch.Tensor) -> torch.Tensor:
             return torch.softmax(logits[:, -1].float(), -1)[:, token]
 
-        return -attribution_patching(model, prompt, None, probability, over=("heads",), next_token_only=True).heads
+        def log_odds(logits: torch.Tensor) -> torch.Tensor:
+            last = logits[:, -1].float()
+            others = torch.cat([last[:, :token], last[:, token + 1:]], dim=-1)
+            return last[:, token] - torch.logsumexp(others, dim=-1)
+
+        chosen = log_odds if metric == "log_odds" else probability
+        return -attribution_patching(model, prompt, None, chosen, over=("heads",), next_token_only=True).heads
     with torch.no_grad(), model.trace(prompt, **next_token_only(model)):
         clean = model.next_token_probs[0, token].save()
     report = model.support()
@@ -172,6 +189,7 @@ def plot_head_effects(
     prompt: str | None = None,
     shared_scale: bool = False,
     linear_layers: dict[str, set[int]] | None = None,
+    estimated: str | None = None,
 ) -> str:
     """Save one heatmap per model (layers x heads, effect on P(target)) side by side as a PNG.
 
@@ -183,6 +201,8 @@ def plot_head_effects(
         shared_scale: One colour scale for every model (compare models), instead of one each.
         linear_layers: ``{model name: layers}`` whose heads are a linear mixer's (`linear_head_layers`):
             their rows are labelled ``(linear)`` and drawn hatched, apart from softmax attention heads.
+        estimated: For `head_effects` ``fast=True``: the metric estimated (``"log_odds"``, ``"probability"``); the
+            titles then say "estimated" and what of, so that an estimate never reads as an exact effect.
     """
     import matplotlib
 
@@ -196,7 +216,8 @@ def plot_head_effects(
     for axis, (name, grid) in zip(axes[0], effects.items(), strict=True):
         limit = limits[name]
         image = axis.imshow(grid.numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
-        axis.set_title(f"{name}: drop in P({target.strip()})")
+        quantity = f"log-odds of P({target.strip()})" if estimated == "log_odds" else f"P({target.strip()})"
+        axis.set_title(f"{name}: {'estimated ' if estimated else ''}drop in {quantity}")
         axis.set_xlabel("head")
         axis.set_ylabel("layer")
         axis.set_xticks(range(grid.shape[1]))
@@ -207,7 +228,8 @@ def plot_head_effects(
         figure.colorbar(image, ax=axis, fraction=0.046)
     if prompt is not None:
         scale = "one colour scale for all" if shared_scale else "one colour scale per model"
-        figure.suptitle(f"prompt {prompt!r} ({scale}; hatched rows: linear-mixer heads)")
+        kind = "; ESTIMATED: attribution patching, first order, not the exact effect" if estimated else ""
+        figure.suptitle(f"prompt {prompt!r} ({scale}; hatched rows: linear-mixer heads{kind})")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from nncanon import InvalidInput
+from nncanon import InvalidCollection, InvalidInput
 from nncanon.proof.checks.references import encode, hf_block
 from nncanon.sae import Dictionary, attach
 from nncanon.sae import collection as collection_module
@@ -165,9 +165,9 @@ def test_collection_writes_every_token_once_and_resumes_after_an_interruption(mo
                                   shard_rows=20, progress=False)
     assert resumed.rows == whole.rows
     assert torch.equal(load_activations(tmp_path / "resumed"), load_activations(tmp_path / "whole"))
-    with pytest.raises(InvalidInput, match="another corpus"):
+    with pytest.raises(InvalidCollection, match="corpus_sha256"):
         collect_activations(model, "blocks.1.hook_resid_post", list(reversed(texts)), tmp_path / "resumed",
                             batch_size=4, shard_rows=20, progress=False)
-    with pytest.raises(InvalidInput, match="made otherwise"):
+    with pytest.raises(InvalidCollection, match="made otherwise"):
         collect_activations(model, "blocks.0.hook_resid_post", texts, tmp_path / "resumed", batch_size=4,
                             shard_rows=20, progress=False)

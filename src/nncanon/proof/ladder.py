@@ -22,6 +22,7 @@ transformers' own error on the least-shrunk twin tried: the config is one transf
 
 from __future__ import annotations
 
+import copy
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -144,6 +145,7 @@ def running_twin(config: Any, model_class: type | None = None, blocks: str | Non
         NoTwinRuns: no step's twin runs; the message names transformers' error on the least-shrunk twin.
     """
     cls = model_class or model_class_for(config)
+    config = _fits_the_prompts(config, tokenizer or tiny_tokenizer())
     start = time.perf_counter()
     attempts: list[Attempt] = []
     fallback: tuple[Twin, int, str] | None = None  # the first twin whose forwards ran (its generate did not)
@@ -183,6 +185,21 @@ def running_twin(config: Any, model_class: type | None = None, blocks: str | Non
         return TwinRun(twin, number, [a for a in attempts if a.step < number],
                        f"no step's twin generates ({note}); no check generates, so this twin's forwards stand")
     raise NoTwinRuns(_no_twin_message(config, attempts), attempts)
+
+
+def _fits_the_prompts(config: Any, tokenizer: Any) -> Any:
+    """``config``, or a copy whose vocabulary holds the proof's tokenizer: a model with fewer tokens than the
+    proof's prompts use (``vocab_size`` under 300) would fail on ids with no row in its embedding, which is not a
+    property of its layout. The vocabulary's size changes no value the proof checks (the rows of the embedding and
+    the head only)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    vocab, needed = getattr(text, "vocab_size", None), len(tokenizer)
+    if not isinstance(vocab, int) or vocab >= needed:
+        return config
+    grown = copy.deepcopy(config)
+    target = grown.get_text_config() if hasattr(grown, "get_text_config") else grown
+    target.vocab_size = needed
+    return grown
 
 
 def _no_twin_message(config: Any, attempts: list[Attempt]) -> str:

@@ -58,6 +58,13 @@ def _at_most(limit: int) -> Callable[[Any, dict], Any]:
     return lambda old, config: min(old, limit)
 
 
+def _rescale_every(old: Any, config: dict) -> Any:
+    """RWKV's ``rescale_every``: the stream is halved after every such block in inference (and the later blocks'
+    output weights divided to match). A twin of fewer blocks than the period would never cross a boundary, so the
+    twin halves after every block (0, no rescaling, stays 0)."""
+    return min(old, 1) if isinstance(old, int) and old > 0 else old
+
+
 def stream_width(config: dict) -> int | None:
     return first_attribute(config, _STREAM_NAMES)
 
@@ -188,6 +195,8 @@ RULES: tuple[Rule, ...] = (
          f"≤ {WINDOW} tokens, so the proof's prompts cross them", _at_most(WINDOW)),
     Rule("sparse-attention key pools", WINDOW_KIND, ("index_pool_size",), f"≤ {2 * WINDOW} tokens",
          _at_most(2 * WINDOW)),
+    Rule("stream rescaling period", COUNT_KIND, ("rescale_every",),
+         "≤ 1 block (RWKV halves the stream after every such block: the twin's blocks cross it)", _rescale_every),
 )
 
 _RULE_OF = {name: rule for rule in RULES for name in rule.names}

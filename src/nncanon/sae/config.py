@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..errors import InvalidDictionary
+from .config_types import check_config_types
 
 #: The architectures a dictionary may have: SAELens's inference names. ``batchtopk`` runs as ``jumprelu`` with its
 #: threshold (SAELens saves a trained BatchTopK SAE as a JumpReLU one); the transcoders map one site to another.
@@ -118,8 +119,9 @@ def read_config(raw: dict, where: str = "the dictionary's cfg.json") -> Dictiona
 
     Raises:
         InvalidDictionary: a field is missing or has a value nncanon does not run (naming ``where`` and the
-            values it runs).
+            values it runs); a field's JSON type is not the one it has (`check_config_types`).
     """
+    check_config_types(raw, where)
     metadata = raw.get("metadata") or {}
     merged = {**raw, **{k: v for k, v in metadata.items() if v is not None}}
     renamed = {"hook_point": "hook_name", "hook_point_head_index": "hook_head_index",

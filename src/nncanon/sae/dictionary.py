@@ -23,6 +23,7 @@ of the edit alone: ``decode(f + Δ) - decode(f) = delta(Δ)``, with the normalis
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from safetensors.torch import load_file, save_file
 
 from ..errors import InvalidDictionary
 from .config import ARCHITECTURES, DictionaryConfig, dtype_of, read_config
+from .config_types import parse_config_bytes
 from .processing import Processing, of
 
 #: The files of a SAELens dictionary folder.
@@ -85,18 +87,23 @@ class Dictionary:
         self.cfg = cfg
         self.name = name or _default_name(cfg)
         dtype = cfg.dtype
-        zeros = partial_zeros(W_enc, dtype)
-        self.W_enc = _weight(W_enc, dtype)
-        self.W_dec = _weight(W_dec, dtype)
-        self.b_dec = _weight(b_dec, dtype) if b_dec is not None else zeros(cfg.d_out)
-        activation = cfg.activation
-        self.b_enc = None if activation == "gated" else (_weight(b_enc, dtype) if b_enc is not None
-                                                         else zeros(cfg.d_sae))
-        self.threshold = _weight(threshold, dtype) if threshold is not None else None
-        self.b_gate = _weight(b_gate, dtype) if b_gate is not None else None
-        self.b_mag = _weight(b_mag, dtype) if b_mag is not None else None
-        self.r_mag = _weight(r_mag, dtype) if r_mag is not None else None
-        self.W_skip = _weight(W_skip, dtype) if W_skip is not None else None
+        given = {"W_enc": W_enc, "b_enc": None if cfg.activation == "gated" else b_enc, "W_dec": W_dec,
+                 "b_dec": b_dec, "threshold": threshold, "b_gate": b_gate, "b_mag": b_mag, "r_mag": r_mag,
+                 "W_skip": W_skip}
+        for key, tensor in given.items():
+            if tensor is not None and not isinstance(tensor, torch.Tensor):
+                raise InvalidDictionary(f"{self.name}: {key} must be a tensor, not a {type(tensor).__name__}")
+        # The shapes first: a default bias is allocated only for a config the given weights agree with.
+        self._check_shapes({key: tuple(t.shape) for key, t in given.items() if t is not None})
+        weights = {key: _weight(t, dtype) for key, t in given.items() if t is not None}
+        _check_finite(self.name, weights)
+        zeros = partial_zeros(weights["W_enc"], dtype)
+        if "b_dec" not in weights:
+            weights["b_dec"] = zeros(cfg.d_out)
+        if "b_enc" not in weights and cfg.activation != "gated":
+            weights["b_enc"] = zeros(cfg.d_sae)
+        for key in given:
+            setattr(self, key, weights.get(key))
         self._check()
         #: The model processing it was trained under (`nncanon.sae.processing`), applied at attach.
         self.processing: Processing = of(cfg)
@@ -191,20 +198,20 @@ class Dictionary:
         if not weights_path.is_file():
             raise InvalidDictionary(f"the dictionary folder {str(path)!r} has no weights: {WEIGHTS_FILE} is missing "
                                     f"(it holds {present})")
-        try:
-            raw = json.loads(config_path.read_text())
-        except json.JSONDecodeError as error:
-            raise InvalidDictionary(f"{config_path} is not valid JSON ({error})") from None
+        raw = parse_config_bytes(config_path.read_bytes(), str(config_path))
         cfg = read_config(raw, str(config_path))
         if dtype is not None:
             cfg = cfg.replaced(dtype=dtype_of(dtype))
         if hook_name is not None:
             cfg = cfg.replaced(hook_name=hook_name)
+        check_shapes(cfg, header_shapes(weights_path), str(weights_path))  # before any tensor is read or made
+        device = _checked_device(device)
+        factor = _checked_factor(norm_scaling_factor)
         weights = _read_weights(weights_path, device)
         weights = _weights_for(cfg, weights, weights_path)
         dictionary = cls(cfg, name=path.name, **weights)
-        if norm_scaling_factor is not None:
-            dictionary = dictionary.folded_scaling(norm_scaling_factor)
+        if factor is not None:
+            dictionary = dictionary.folded_scaling(factor)
         return dictionary.to(device)
 
     def save(self, folder: str | os.PathLike) -> Path:
@@ -241,6 +248,7 @@ class Dictionary:
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | str | None = None) -> Dictionary:
         """A copy on ``device`` and in ``dtype`` (``self`` where nothing changes)."""
         dtype = self.cfg.dtype if dtype is None else dtype_of(dtype)
+        device = None if device is None else _checked_device(device)
         first = self.W_enc
         if (device is None or torch.device(device) == first.device) and dtype == self.cfg.dtype:
             return self
@@ -250,6 +258,7 @@ class Dictionary:
     def folded_scaling(self, factor: float) -> Dictionary:
         """``expected_average_only_in`` with its factor folded in, as SAELens's
         ``fold_activation_norm_scaling_factor``: ``W_enc · factor``, ``W_dec / factor``, ``b_dec / factor``."""
+        factor = _checked_factor(factor)
         weights = self.state_dict()
         weights["W_enc"] = weights["W_enc"] * factor
         weights["W_dec"] = weights["W_dec"] / factor
@@ -389,16 +398,12 @@ class Dictionary:
 
     # -- checks ---------------------------------------------------------------------------------------
 
+    def _check_shapes(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        check_shapes(self.cfg, shapes, self.name)
+
     def _check(self) -> None:
         cfg = self.cfg
-        expected = {"W_enc": (cfg.d_in, cfg.d_sae), "W_dec": (cfg.d_sae, cfg.d_out), "b_dec": (cfg.d_out,),
-                    "b_enc": (cfg.d_sae,), "threshold": (cfg.d_sae,), "b_gate": (cfg.d_sae,), "b_mag": (cfg.d_sae,),
-                    "r_mag": (cfg.d_sae,), "W_skip": (cfg.d_out, cfg.d_in)}
-        wrong = [f"{name} is {tuple(tensor.shape)}, expected {expected[name]}"
-                 for name, tensor in self.state_dict().items() if tuple(tensor.shape) != expected[name]]
-        if wrong:
-            raise InvalidDictionary(f"{self.name}: the weights do not fit the config (d_in={cfg.d_in}, "
-                                    f"d_sae={cfg.d_sae}, d_out={cfg.d_out}): " + "; ".join(wrong))
+        self._check_shapes({name: tuple(tensor.shape) for name, tensor in self.state_dict().items()})
         needed = {"jumprelu": ("threshold",), "gated": ("b_gate", "b_mag", "r_mag")}.get(cfg.activation, ())
         missing = [name for name in needed if getattr(self, name) is None]
         if cfg.skip and self.W_skip is None:
@@ -410,6 +415,65 @@ class Dictionary:
         devices = {tensor.device for tensor in self.state_dict().values()}
         if len(devices) > 1:
             raise InvalidDictionary(f"{self.name}: the weights are on several devices ({sorted(map(str, devices))})")
+
+
+def expected_shapes(cfg: DictionaryConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of each weight a dictionary of ``cfg`` may hold, by SAELens's names (legacy ones included)."""
+    features = (cfg.d_sae,)
+    return {"W_enc": (cfg.d_in, cfg.d_sae), "W_dec": (cfg.d_sae, cfg.d_out), "b_dec": (cfg.d_out,),
+            "b_enc": features, "threshold": features, "log_threshold": features, "b_gate": features,
+            "b_mag": features, "r_mag": features, "scaling_factor": features, "W_skip": (cfg.d_out, cfg.d_in)}
+
+
+def check_shapes(cfg: DictionaryConfig, shapes: dict[str, tuple[int, ...]], where: str) -> None:
+    """Refuse weights whose shapes (``name -> shape``) disagree with ``cfg``, before anything is allocated
+    (`Dictionary.load` checks the weight file's header with it, before reading a tensor)."""
+    expected = expected_shapes(cfg)
+    wrong = [f"{name} is {tuple(shape)}, expected {expected[name]}" for name, shape in shapes.items()
+             if name in expected and tuple(shape) != expected[name]]
+    if wrong:
+        raise InvalidDictionary(f"{where}: the weights do not fit the config (d_in={cfg.d_in}, d_sae={cfg.d_sae}, "
+                                f"d_out={cfg.d_out}): " + "; ".join(wrong))
+
+
+def header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The shape of each tensor of a safetensors file, from its header alone (8 bytes of length, then JSON): nothing
+    of the tensors is read. A file whose header does not parse is `InvalidDictionary` naming it."""
+    size = path.stat().st_size
+
+    def unreadable(why: str) -> InvalidDictionary:
+        return InvalidDictionary(f"{path} cannot be read as safetensors ({size} bytes: {why}); the file is truncated "
+                                 "or not a safetensors file: download or save it again")
+
+    with open(path, "rb") as handle:
+        length = int.from_bytes(handle.read(8), "little") if size >= 8 else -1
+        if not 0 < length <= min(size - 8, 100_000_000):
+            raise unreadable(f"a header of {length} bytes")
+        try:
+            header = json.loads(handle.read(length).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+            raise unreadable(f"its header is not JSON: {error}") from None
+    if not isinstance(header, dict):
+        raise unreadable("its header is not an object")
+    shapes = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        if not (isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)):
+            raise unreadable(f"tensor {name!r} has no shape")
+        shapes[name] = tuple(shape)
+    return shapes
+
+
+def _check_finite(name: str, weights: dict[str, torch.Tensor]) -> None:
+    """Refuse a weight that holds NaN or ±inf (every feature and reconstruction would be NaN)."""
+    for key, tensor in weights.items():
+        if tensor.device.type != "meta" and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            count = int((~torch.isfinite(tensor)).sum())
+            raise InvalidDictionary(f"{name}: {key} holds {count} non-finite value(s) (NaN or ±inf) of "
+                                    f"{tensor.numel()}: every feature and reconstruction would be NaN. The file is "
+                                    "damaged or the training diverged")
 
 
 def _undo(out: torch.Tensor, state: Normalization | None) -> torch.Tensor:
@@ -430,6 +494,34 @@ def _weight(tensor: Any, dtype: torch.dtype) -> torch.Tensor:
 def partial_zeros(like: torch.Tensor, dtype: torch.dtype) -> Any:
     """``zeros(n)`` on ``like``'s device in ``dtype``: the default of a bias that was not given."""
     return lambda n: torch.zeros(n, dtype=dtype, device=like.device)
+
+
+def _checked_device(device: Any) -> torch.device:
+    """``device`` as a `torch.device`, refused (`InvalidDictionary`) where it names none, or one this machine lacks."""
+    try:
+        found = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise InvalidDictionary(f"device={device!r} is not a device ({str(error).splitlines()[0]}): give 'cpu', "
+                                "'cuda', 'cuda:0', 'mps' or a torch.device") from None
+    if found.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (found.index is not None and found.index >= count) or count == 0:
+            raise InvalidDictionary(f"device={device!r}: this machine has {count} CUDA device(s)")
+    if found.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise InvalidDictionary(f"device={device!r}: MPS is not available on this machine")
+    return found
+
+
+def _checked_factor(factor: Any) -> float | None:
+    """``norm_scaling_factor``: ``None`` or a finite number above 0."""
+    if factor is None:
+        return None
+    if isinstance(factor, torch.Tensor) and factor.numel() == 1:
+        factor = factor.item()
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor <= 0:
+        raise InvalidDictionary(f"norm_scaling_factor={factor!r}: it is a finite number above 0 (SAELens's "
+                                "norm_scaling_factor multiplies the input), or None")
+    return float(factor)
 
 
 def _default_name(cfg: DictionaryConfig) -> str:

@@ -26,6 +26,7 @@ from ..errors import InvalidInput
 from .dictionary import Dictionary
 from .sites import value_at
 from .splice import AttachedDictionary, attach
+from .tools import positive, progress_bar
 
 
 @dataclass
@@ -67,6 +68,7 @@ def evaluate(
     texts: Sequence[str],
     hook_name: str | None = None,
     batch_size: int = 8,
+    progress: bool | None = None,
 ) -> Evaluation:
     """The standard evaluation of ``dictionary`` at its point over ``texts`` (see `Evaluation`).
 
@@ -80,32 +82,42 @@ def evaluate(
             meanwhile: its splice would add to the replacement).
         texts: The texts (each a prompt; batched left-padded).
         hook_name: Where a `Dictionary` reads (default: its ``hook_name``).
+        progress: A progress bar over the texts (default: where there is more than one batch).
     """
+    if isinstance(texts, str):
+        raise InvalidInput("evaluate takes a list of texts, not one string: pass [text]")
     texts = list(texts)
     if not texts or not all(isinstance(t, str) for t in texts):
         raise InvalidInput("evaluate takes a non-empty list of texts")
+    positive("evaluate", "batch_size", batch_size)
     owned = not isinstance(dictionary, AttachedDictionary)
+    if not owned:
+        dictionary._refuse_detached("features")
     if not owned and not dictionary.error_term:
         raise InvalidInput(f"{dictionary.label} is attached with error_term=False: it replaces the value in every "
                            "trace, so there is no clean run to compare with. Evaluate its Dictionary (with hook_name=) "
                            "or detach it first")
     attached = attach(model, dictionary, hook_name, name="evaluation") if owned else dictionary
     try:
-        return _evaluate(model, attached, texts, batch_size)
+        return _evaluate(model, attached, texts, batch_size, progress)
     finally:
         if owned:
             attached.detach()
 
 
-def _evaluate(model: Any, attached: AttachedDictionary, texts: list[str], batch_size: int) -> Evaluation:
+def _evaluate(model: Any, attached: AttachedDictionary, texts: list[str], batch_size: int,
+              progress: bool | None = None) -> Evaluation:
     sums = {name: 0.0 for name in ("mse", "cossim", "l0", "l1", "ce_clean", "ce_recon", "ce_zero", "kl_recon",
                                    "kl_zero", "norm", "residual")}
     total_x: torch.Tensor | None = None
     tokens = losses = 0
     dictionary = attached.dictionary
     point, point_out = attached.point, attached.point_out
+    bar = progress_bar(len(texts), "evaluating", progress, batch_size)
     for start in range(0, len(texts), batch_size):
         chunk = texts[start:start + batch_size]
+        if bar is not None:
+            bar.update(len(chunk))
         encoded = model.tokenizer(chunk, return_tensors="pt", padding=True)
         ids, mask = encoded["input_ids"], encoded["attention_mask"].bool()
         saved: list = []
@@ -154,6 +166,8 @@ def _evaluate(model: Any, attached: AttachedDictionary, texts: list[str], batch_
     variance = sums["norm"] / tokens - float((total_x / tokens).pow(2).sum())
     mse = sums["mse"] / tokens
     clean, recon_loss, zero = (sums[k] / max(losses, 1) for k in ("ce_clean", "ce_recon", "ce_zero"))
+    if bar is not None:
+        bar.close()
     return Evaluation(
         mse=mse,
         explained_variance=(1.0 if mse < 1e-10 else 0.0) if variance < 1e-10 else 1.0 - mse / variance,

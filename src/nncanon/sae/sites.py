@@ -175,6 +175,31 @@ def open_point(model: Any, point: Point, label: str | None = None) -> PointRead:
     return PointRead(total, binding.location, occurrence, mediator, graph, binding, raw, view, hand_back, _mid=True)
 
 
+def keep_stream_before(model: Any, point: Point, label: str) -> None:
+    """Read ``point`` (a ``resid_mid``) up to its last contribution now, and keep that sum for this visit: a read of
+    the point after a read of a later site of its block (a dictionary at ``hook_attn_out`` read before one at
+    ``hook_resid_mid``) continues from it, where the model has run past ``layer_input``. Nothing where it is kept
+    (the point was read at this visit already)."""
+    names = list(point.parts) or ["layer_input", *mixers(model, point.layer)]
+    last = binding_of(model, point.layer, names[-1])
+    if last.prepare is not None:
+        last.prepare()
+    mediator = Mediator.current(last.location)
+    kept = mediator.__dict__.setdefault("_nncanon_resid_mid", {})
+    key, occurrence = (point.layer, last.location), mediator.wanted(last.location)
+    if len(names) < 2 or (key in kept and kept[key][0] == occurrence):
+        return
+    total = None
+    for name in names[:-1]:
+        binding = binding_of(model, point.layer, name)
+        raw, view, graph, hand_back, mediator, at = _read(binding, label)
+        total = view.detach().clone() if total is None else total + view.detach()
+        if hand_back:  # handed back as a plain read would be, when the worker moves on
+            mediator.transform = WriteBack(partial(binding.write_back, view, raw, mediator, graph), view, None,
+                                           binding.location, at)
+    kept[key] = (occurrence, total)
+
+
 def hand_back_now(read: PointRead) -> None:
     """Leave ``read`` to be handed back unchanged when the worker moves on (a transcoder's input site)."""
     if read._hand_back:

@@ -28,28 +28,35 @@ import torch
 from nnsight.intervention.eproperty import WriteBack
 from nnsight.intervention.interleaver import Mediator, OutOfOrderError
 
-from ..errors import DictionaryMismatch, InvalidInput, InvalidWrite, NestedTrace
-from ..gradients import mark
+from ..errors import DictionaryDetached, DictionaryMismatch, InvalidInput, InvalidWrite, NestedTrace, OutOfOrderRead
+from ..gradients import mark, refuse_gradient
 from ..mounted import MountedModel
 from ..reading import in_execution_order, read
 from ..served import check_write
 from ..traced import outside_trace, refuse_outside_trace
 from .dictionary import Dictionary, Normalization
-from .names import Point, resolve
+from .names import Point, mixers, resolve
 from .processing import IDENTITY, Mapping, mapping
-from .sites import PointRead, hand_back_now, open_point, value_at
+from .sites import PointRead, hand_back_now, keep_stream_before, open_point, value_at
 
-#: The order a block computes its points in (a trace reads several dictionaries in it).
-EXECUTION_ORDER = ("layer_input", "query_states", "key_states", "value_states", "attention_head_outputs",
-                   "attention_output", "linear_attention_head_outputs", "linear_attention_output", "resid_mid",
-                   "mlp_input", "router_logits", "expert_weights", "expert_indices", "shared_expert_output",
-                   "mlp_module_output", "mlp_output", "layer_output")
+#: The order a block's points are first read in (a trace reads several dictionaries in it): ``resid_mid`` reads
+#: ``layer_input`` first (its edit reaches the model through the mixer's contribution, later).
+EXECUTION_ORDER = ("layer_input", "resid_mid", "attention_normalized", "attention_input", "query_states_before_norm",
+                   "key_states_before_norm", "query_states", "key_states", "value_states", "attention_gate",
+                   "attention_head_outputs", "attention_output", "linear_attention_normalized",
+                   "linear_attention_input", "linear_attention_head_outputs", "linear_attention_output",
+                   "mlp_normalized", "mlp_input", "router_logits", "expert_weights", "expert_indices",
+                   "shared_expert_output", "pre_activations", "linear_activations", "neurons", "mlp_module_output",
+                   "mlp_output", "layer_output")
 
 
 def execution_rank(point: Point) -> tuple[int, int]:
     """A sort key that puts points in the order the model computes them (block, then value)."""
     return point.layer, EXECUTION_ORDER.index(point.value) if point.value in EXECUTION_ORDER else len(EXECUTION_ORDER)
 
+
+#: Where an invoke's mediator lists the dictionaries it read (for the out-of-order message).
+READ_HERE = "_nncanon_sae_read"
 
 #: Where attached dictionaries are listed on a model (``model.__dict__``): name -> `AttachedDictionary`. The
 #: surface reads it for ``support()`` only.
@@ -98,11 +105,13 @@ class AttachedDictionary:
     def features(self) -> torch.Tensor:
         """The features ``[b, s, d_sae]`` of this invoke's rows at the point (inside a trace; outside one, a
         placeholder whose use raises `NotInTrace`, as every value's)."""
+        self._refuse_detached("features")
         outside = outside_trace(self.model, f"{self.label}.features")
         return outside if outside is not None else self._visit().features
 
     @features.setter
     def features(self, value: Any) -> None:
+        self._refuse_detached("features")
         refuse_outside_trace(self.model, f"{self.label}.features was written")
         current = self._visit().features
         check_write(value, current, f"{self.label}.features")
@@ -111,6 +120,7 @@ class AttachedDictionary:
     @property
     def reconstruction(self) -> torch.Tensor:
         """``decode(features)`` as they stand, in the value's shape (inside a trace; read-only)."""
+        self._refuse_detached("reconstruction")
         outside = outside_trace(self.model, f"{self.label}.reconstruction")
         return outside if outside is not None else self._visit().reconstruction()
 
@@ -122,6 +132,7 @@ class AttachedDictionary:
     def error(self) -> torch.Tensor:
         """The value minus the reconstruction of its clean features, in the value's shape (inside a trace;
         read-only): the term the splice keeps."""
+        self._refuse_detached("error")
         outside = outside_trace(self.model, f"{self.label}.error")
         return outside if outside is not None else self._visit().error()
 
@@ -134,6 +145,7 @@ class AttachedDictionary:
     def input(self) -> torch.Tensor:
         """What the dictionary reads (``x``, under its processing: the centred stream of a
         ``center_writing_weights`` dictionary), in the point's shape (inside a trace; read it to save it)."""
+        self._refuse_detached("input")
         outside = outside_trace(self.model, f"{self.label}.input")
         return outside if outside is not None else self._visit().x_in
 
@@ -189,7 +201,15 @@ class AttachedDictionary:
             found = self._copies[device] = self.dictionary.to(device)
         return found
 
+    def _refuse_detached(self, what: str) -> None:
+        """`DictionaryDetached` where the dictionary was taken off the model (its values would read a model it no
+        longer splices)."""
+        if not self.attached:
+            raise DictionaryDetached(f"{self.label}.{what} was used after detach(): the dictionary no longer reads "
+                                     "the model. Attach it again (attach(model, dictionary)) to read it")
+
     def _visit(self) -> _Visit:
+        self._refuse_detached("features")
         mediator = Mediator.current(f"{self.label}.features")
         waiting = mediator.transform
         visit = getattr(getattr(waiting, "fn", None), "__self__", None)
@@ -201,6 +221,30 @@ class AttachedDictionary:
     def _start(self, whole: bool) -> _Visit:
         """Read the point(s) and encode; leave the splice as the worker's pending write-back."""
         label = f"{self.label}.features"
+        if not whole:  # (an error_term=False edit reads its own point only)
+            self._keep_earlier_streams(label)
+        try:
+            return self._open(label, whole)
+        except OutOfOrderRead as error:
+            later = self._later_in_block()
+            if later is None:
+                raise
+            raise OutOfOrderRead(
+                f"{label} was read after {later.label}'s features in the same invoke: this dictionary reads "
+                f"{self.point.label}, whose value (and the contribution an edit of it goes through) the model computes "
+                f"before {later.point_out.label}, which that read passed. Read {self.name!r}'s features first "
+                "(feature_attribution orders several dictionaries itself), or in another invoke") from error
+
+    def _later_in_block(self) -> AttachedDictionary | None:
+        """Another dictionary of this block read in this invoke whose points the model reaches after this one's."""
+        own = execution_rank(self.point)
+        mediator = Mediator.current(f"{self.label}.features")
+        for other in mediator.__dict__.get(READ_HERE, ()):
+            if other is not self and other.point.layer == self.point.layer and execution_rank(other.point_out) > own:
+                return other
+        return None
+
+    def _open(self, label: str, whole: bool) -> _Visit:
         if self.point_out != self.point:
             read_in = open_point(self.model, self.point, label)
             x_in = read_in.x
@@ -216,10 +260,27 @@ class AttachedDictionary:
             raise InvalidInput(f"{self.label} replaces the value by the reconstruction, but its edit did not run in "
                                "this trace (was the dictionary detached, or the model copied?); attach it again")
         visit = _Visit(self, read, x_in, record)
+        read.mediator.__dict__.setdefault(READ_HERE, []).append(self)
         if whole:
             records[(self.key, read.location, count)] = visit
         read.mediator.transform = WriteBack(visit.flush, visit.features, self, read.location, read.occurrence)
         return visit
+
+    def _keep_earlier_streams(self, label: str) -> None:
+        """Where another dictionary attached in this block reads ``resid_mid`` (``layer_input`` plus one mixer's
+        contribution), keep its stream before this read passes ``layer_input`` (`keep_stream_before`): the two are
+        served in the model's order, whichever the trace's code reads first. (A block of two mixers, Falcon-H1's, is
+        left as it is: keeping its stream would read past the first mixer's inner values.)"""
+        own = min(execution_rank(self.point), execution_rank(self.point_out))
+        for other in self.model.__dict__.get(REGISTRY, {}).values():
+            if other is self:
+                continue
+            for where in (other.point, other.point_out):
+                if where.value != "resid_mid" or where.layer != self.point.layer or own <= execution_rank(where):
+                    continue
+                parts = list(where.parts) or ["layer_input", *mixers(self.model, where.layer)]
+                if len(parts) == 2:
+                    keep_stream_before(self.model, where, label)
 
 
 class _Visit:
@@ -242,7 +303,7 @@ class _Visit:
             self.state = Normalization(_narrow(record.state.scale, rows), _narrow(record.state.shift, rows))
             clean = _narrow(record.features.detach(), rows)
             self.clean = clean
-            self.features = clean.clone()
+            self.features = refuse_gradient(clean.clone(), NO_GRADIENT)
             self.replaced = True  # the model's value is the reconstruction already
         else:
             self.x_out = owner.writing.read(read.x)
@@ -300,6 +361,12 @@ class _Visit:
             return read.keep()
         clean = self._clean() if edited else features.detach()
         return read.shift(self._shaped(self.dictionary.delta(features - clean, self.state)))
+
+
+#: Why an ``error_term=False`` dictionary's features have no gradient.
+NO_GRADIENT = ("with error_term=False the model runs on the reconstruction its edit computed before the trace's code "
+               "ran, so the features read here are not in the graph the loss comes from. Attach it with "
+               "error_term=True (the default) for gradients and feature_attribution")
 
 
 def _records(mediator: Any) -> dict:
@@ -378,6 +445,8 @@ def attach(model: Any, dictionary: Dictionary, hook_name: str | Point | None = N
         raise NestedTrace("attach was called inside a trace of the model: it learns the point's width from a trace of "
                           "its own, and an error_term=False dictionary is an edit of every later trace. Attach before "
                           "the trace (`with attach(model, dictionary) as item:` around it scopes it to the block)")
+    if head is not None and (isinstance(head, bool) or not isinstance(head, int)):
+        raise DictionaryMismatch(f"head={head!r}: a head index is an int (0 for the first head), or None")
     cfg = dictionary.cfg
     where = hook_name if hook_name is not None else cfg.hook_name
     if where is None:

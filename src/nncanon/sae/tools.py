@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from ..errors import GradientNotAvailable, InvalidInput
+from ..errors import GradientNotAvailable, InvalidArgument, InvalidInput
 from ..gradients import no_weight_gradients
 from ..inputs import prompt_list
-from ..tools._common import Positions, check_indices, checked_positions
-from .splice import AttachedDictionary, execution_rank
+from ..tools._common import Positions, check_indices, checked_positions, finite
+from .splice import NO_GRADIENT, AttachedDictionary, execution_rank
 
 
 def _feature_index(attached: AttachedDictionary, features: int | Sequence[int] | torch.Tensor) -> list[int]:
@@ -29,6 +29,32 @@ def _feature_index(attached: AttachedDictionary, features: int | Sequence[int] |
     size = attached.dictionary.d_sae
     check_indices(listed, size, "features", f"{attached.name} has {size} features")
     return [f % size for f in listed]
+
+
+def positive(tool: str, name: str, value: Any) -> int:
+    """``value`` where it is a positive int; else `InvalidArgument` naming the tool and the argument."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument(f"{tool}: {name}={value!r}; it is a positive int")
+    return value
+
+
+def _amount(tool: str, name: str, value: Any) -> None:
+    """A number or tensor to write into features: finite, as `nncanon.tools.steer` refuses it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor)):
+        raise InvalidInput(f"{tool}'s {name} is a {type(value).__name__}: give a number (or a tensor that broadcasts "
+                           "to the features written)")
+    finite(tool, name, value)
+
+
+def progress_bar(total: int, what: str, progress: bool | None, batch_size: int) -> Any:
+    """A tqdm bar over ``total`` texts (``progress`` ``None``: where there is more than one batch), or ``None``."""
+    if progress is None:
+        progress = total > batch_size
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="text", desc=what)
 
 
 def _select(values: torch.Tensor, positions: Positions) -> Any:
@@ -42,6 +68,7 @@ def ablate_features(attached: AttachedDictionary, features: int | Sequence[int] 
     The value at the dictionary's point moves by exactly ``decode(ablated) - decode(features)``; everything the
     dictionary does not reconstruct (the error term) stays. Touches the calling invoke's rows only.
     """
+    _amount("ablate_features", "value", value)
     index = _feature_index(attached, features)
     current = attached.features
     current[:, _select(current, positions), index] = value
@@ -52,6 +79,7 @@ def steer_features(attached: AttachedDictionary, features: int | Sequence[int] |
     """Inside a trace: add ``amount`` to ``features`` of ``attached`` at ``positions`` (default all): the value at
     the point moves by ``amount · W_dec[feature]`` (summed over the features given; scaled by the input
     normalisation where the dictionary has one)."""
+    _amount("steer_features", "amount", amount)
     index = _feature_index(attached, features)
     current = attached.features
     current[:, _select(current, positions), index] += amount
@@ -96,6 +124,13 @@ def feature_attribution(
     if torch.is_inference_mode_enabled():
         raise GradientNotAvailable("feature attribution takes a backward, and torch.inference_mode() has none")
     items = [attached] if isinstance(attached, AttachedDictionary) else list(attached)
+    if not items or not all(isinstance(item, AttachedDictionary) for item in items):
+        raise InvalidInput("feature_attribution takes an attached dictionary (attach(model, dictionary)) or a "
+                           "non-empty list of them")
+    for item in items:
+        item._refuse_detached("features")
+        if not item.error_term:
+            raise GradientNotAvailable(f"feature_attribution of {item.label}: {NO_GRADIENT}")
     batch = prompt_list(prompts)
     points = sorted(range(len(items)), key=lambda i: execution_rank(items[i].point_out))
     found: dict = {}
@@ -133,9 +168,9 @@ class TopContexts:
     position: torch.Tensor
     tokens: list[list[str]]
 
-    def contexts(self, feature: int, before: int = 8, after: int = 2) -> list[tuple[float, str]]:
+    def contexts(self, feature: int, before: int = 24, after: int = 6) -> list[tuple[float, str]]:
         """``(activation, context)`` of ``feature``'s top tokens: ``before`` tokens, the token in ``[[...]]``, ``after``
-        tokens."""
+        tokens (enough, by default, to tell the sentences apart: the start of a short text is all of it)."""
         row = int((self.features == feature).nonzero()[0, 0]) if (self.features == feature).any() else None
         if row is None:
             raise InvalidInput(f"feature {feature} was not asked for; these are {self.features.tolist()}")
@@ -158,24 +193,38 @@ def top_activating_contexts(
     features: int | Sequence[int] | None = None,
     k: int = 10,
     batch_size: int = 8,
+    progress: bool | None = None,
 ) -> TopContexts:
     """Over ``texts``, the ``k`` tokens where each of ``features`` (default: all) is largest.
 
     Runs the texts in batches of ``batch_size`` (no gradients), reads the features, and keeps a running top-``k``
     per feature: memory ``[F, k]`` plus one batch, whatever the number of texts. Padding is never counted.
+    ``progress``: a progress bar over the texts (default: where there is more than one batch).
     """
+    if isinstance(texts, str):
+        raise InvalidInput("top_activating_contexts takes a list of texts, not one string: pass [text]")
     texts = list(texts)
-    if not texts or not all(isinstance(t, str) for t in texts):
-        raise InvalidInput("top_activating_contexts takes a non-empty list of texts")
+    if not texts or not all(isinstance(t, str) and t for t in texts):
+        raise InvalidInput("top_activating_contexts takes a non-empty list of non-empty texts")
+    positive("top_activating_contexts", "k", k)
+    positive("top_activating_contexts", "batch_size", batch_size)
+    attached._refuse_detached("features")
+    count = sum(len(ids) for ids in model.tokenizer(texts)["input_ids"])
+    if k > count:
+        raise InvalidArgument(f"top_activating_contexts: k={k}, but the texts hold {count} tokens in all: each feature "
+                              f"can have at most {count} top tokens. Give k <= {count}, or more texts")
     chosen = list(range(attached.dictionary.d_sae)) if features is None else _feature_index(attached, features)
     index = torch.tensor(chosen)
     values = torch.full((len(chosen), k), float("-inf"))
     where = torch.full((len(chosen), k, 2), -1, dtype=torch.long)
     tokens: list[list[str]] = []
+    bar = progress_bar(len(texts), "top activating contexts", progress, batch_size)
     for start in range(0, len(texts), batch_size):
         chunk = texts[start:start + batch_size]
         encoded = model.tokenizer(chunk, return_tensors="pt", padding=True)
         mask = encoded["attention_mask"].bool()
+        if bar is not None:
+            bar.update(len(chunk))
         saved: list = []
         with torch.no_grad(), model.trace(chunk):
             saved.append(attached.features[..., index.to(attached.dictionary.device)].save())
@@ -196,6 +245,8 @@ def top_activating_contexts(
         for row in range(len(chunk)):
             ids = encoded["input_ids"][row][mask[row]].tolist()
             tokens.append([model.tokenizer.decode([i]) for i in ids])
+    if bar is not None:
+        bar.close()
     empty = ~torch.isfinite(values) | (values <= 0)
     values = values.masked_fill(empty, float("nan"))
     where = where.masked_fill(empty[..., None], -1)
