@@ -125,6 +125,8 @@ def apply_proof(model: Any, proof: Proof, unserved: list[frozenset[str] | None] 
                           f"StandardizedTransformer(..., attn_implementation=\"eager\") to read them.")
             (decline_gradient if gradient else decline)(layer, value, reason)
     for value, reason, _ in _unproved(proof, "model"):
+        if value in FINAL_VALUES and isinstance(model.__dict__.get("_final_norm"), str):
+            continue  # (a model without a final norm to serve keeps its own reason)
         model._model_declines[value] = reason
     text = proof.describe()
     if quantization is not None:  # the twin was quantized (or cast) as the model is: say so
