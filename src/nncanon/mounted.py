@@ -23,7 +23,7 @@ from .gradients import forward_guard
 from .inputs import check_batch, refuse_no_prompt
 from .model_sites import final_norm_path, model_sites
 from .mounting import mount
-from .quantization import float_dtype, head_dtype, is_quantized
+from .quantization import QuantizedWeight, float_dtype, guarded, head_dtype, is_quantized
 from .quiet import wrapping_quietly
 from .served import Binding, check_write, model_value, served, served_as_stacked
 from .skipping import (
@@ -62,44 +62,6 @@ def apply_logit_steps(logits: torch.Tensor, family: Family, config: Any) -> torc
         else:  # pragma: no cover - a family definition error
             raise ValueError(f"unknown logit step {step.op!r}")
     return logits
-
-
-def _weight_refusal(envoy: Any) -> str:
-    module = envoy._module
-    holder = type(module.weight).__name__
-    return (f"{envoy.path}.weight is held quantized ({type(module).__name__} holding a {holder}): nncanon serves no "
-            "read or write of it through the surface (its storage is packed, so its shape and values are not the "
-            "layer's, and a write would corrupt it). Read it dequantized with "
-            "nncanon.quantization.dense_weight(<envoy>._module), [out_features, in_features]; to change the layer, "
-            "load the model unquantized.")
-
-
-class _QuantizedWeight:
-    """Mixed into the envoy of a layer holding its weight quantized: ``.weight`` refuses a read and a write."""
-
-    @property
-    def weight(self) -> Any:
-        raise ValueNotAvailable(_weight_refusal(self))
-
-    @weight.setter
-    def weight(self, value: Any) -> None:
-        raise InvalidWrite(_weight_refusal(self))
-
-    def __getattr__(self, name: str) -> Any:
-        # The property's ValueNotAvailable is an AttributeError, which lands here: raise it, not the module's weight.
-        if name == "weight":
-            raise ValueNotAvailable(_weight_refusal(self))
-        return super().__getattr__(name)
-
-
-#: The guarded envoy class of each envoy class (`MountedModel.guard_quantized_weights`).
-_GUARDED: dict[type, type] = {}
-
-
-def _guarded(cls: type) -> type:
-    if cls not in _GUARDED:
-        _GUARDED[cls] = type(cls.__name__, (_QuantizedWeight, cls), {"__module__": cls.__module__})
-    return _GUARDED[cls]
 
 
 class MountedModel(TransformersModel):
@@ -617,8 +579,8 @@ class MountedModel(TransformersModel):
         `nncanon.quantization.dense_weight` for a read. Called once the model's weights are loaded."""
         for envoy in self.modules():
             module = envoy.__dict__.get("_module")
-            if module is not None and is_quantized(module) and not isinstance(envoy, _QuantizedWeight):
-                envoy.__class__ = _guarded(type(envoy))
+            if module is not None and is_quantized(module) and not isinstance(envoy, QuantizedWeight):
+                envoy.__class__ = guarded(type(envoy))
 
     # -- support -------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from .components import (
 )
 from .components.anatomy import NEURON_VALUES, discover, neuron_sites
 from .components.attention import SCORES_GRADIENT_REASON
-from .components.inside import inside_sites
+from .components.inside import HEADS_FIRST_NORM, QK_ROLES, inside_sites, norm_heads_first, with_inside
 from .components.kernel import (
     RECOMPUTED,
     STATES,
@@ -433,7 +433,7 @@ def mount(model: Any, family: Family, config: Any) -> list[frozenset[str] | None
                 else:
                     sites = (*((name, site, None, True) for name, site in inputs.items()), *sites)
             inner, absent = inside_sites(attention._module, spec.attention)
-            sites = _with_inside(sites, inner, spec.attention)
+            sites = with_inside(sites, inner, spec.attention)
             reasons.update({name: f"{label}: {reason}" for name, reason in absent.items()})
             reasons["attention_probabilities"] = ProbabilitiesReason(attention)
             reasons["attention_scores"] = ProbabilitiesReason(attention, "attention_scores")
@@ -492,7 +492,6 @@ def mount(model: Any, family: Family, config: Any) -> list[frozenset[str] | None
 
 _NORM_ROLES: dict[tuple, dict[str, str]] = ProcessCache()
 
-
 def _mount_norms(layer: Envoy, spec: Family, where: str, label: str, order: str) -> None:
     """Bind block ``layer``'s norm values (`nncanon.components.norms`) on the components serving them; a norm the
     block has not is absent there (with the reason), one it has but cannot serve is declined (with the reason)."""
@@ -513,39 +512,20 @@ def _mount_norms(layer: Envoy, spec: Family, where: str, label: str, order: str)
         if state is None:
             continue
         names = [name for name in (scale, normalized) if name is not None]
-        if is_reason(found):
-            parallel = found.startswith("parallel block")
+        if is_reason(found):  # (a parallel block's MLP norm too: the one norm is served once, as the mixer's)
             for name in names:
                 state.reasons[name] = f"{label}: {found}"
-                if not parallel:
-                    state.absent.add(name)
+                state.absent.add(name)
             continue
         anatomy = norm_anatomy(block.get_submodule(found))
-        if isinstance(anatomy, str):
+        if isinstance(anatomy, str) or (role in QK_ROLES and norm_heads_first(attention, spec.attention, role)):
+            reason = anatomy if isinstance(anatomy, str) else HEADS_FIRST_NORM.format(role.replace("_", " "))
             for name in names:
-                state.reasons[name] = f"{label}: {anatomy}"
+                state.reasons[name] = f"{label}: {reason}"
             continue
         site = NormSite(found, _child(layer, found), anatomy, state.where, order, scale)
         state.norms.update({name: NormBinding(name, site, "scale" if name == scale else "normalized")
                             for name in names})
-
-
-def _with_inside(sites: tuple, inner: dict[str, Site], attention: str) -> tuple:
-    """An attention's ``sites`` with those inside its forward (`nncanon.components.inside`): the q/k values before
-    their norms (their module's input, read with the attention's operation hooks installed), the output gate (an
-    operation found at its first read). Kept per ``(sites, inner)`` so blocks of a layout share one tuple."""
-    if not inner:
-        return sites
-    key = (id(sites), id(inner))
-    known = _WITH_INSIDE.get(key)
-    if known is None or known[0] is not sites or known[1] is not inner:
-        extra = tuple((name, site, None, True) if site.op is not None else (name, site, None, False, attention)
-                      for name, site in inner.items())
-        known = _WITH_INSIDE[key] = (sites, inner, (*extra, *sites))
-    return known[2]
-
-
-_WITH_INSIDE: dict[tuple[int, int], tuple] = ProcessCache()
 
 
 def _mount_idle(model: Any, family: Family, config: Any, index: int, reason: str, running: list[int]) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from nnsight.modeling.quantization import resolve_load_kwargs
 
-from .errors import QuantizationUnavailable
+from .errors import InvalidWrite, QuantizationUnavailable, ValueNotAvailable
 
 #: transformers' ``quant_method`` -> (the module it imports, the package to install). Methods run here by the tests:
 #: bitsandbytes, torchao, quanto; the others are refused where their package is missing (docs/quantization.md).
@@ -437,3 +437,42 @@ def _coupled_by(threshold: float) -> str:
 def holds_quantized(layers: tuple) -> bool:
     """Whether a model's `signature` counts linear layers that hold their weights quantized."""
     return any("/" in name for name, _ in layers[0])
+
+
+def _weight_refusal(envoy: Any) -> str:
+    module = envoy._module
+    holder = type(module.weight).__name__
+    return (f"{envoy.path}.weight is held quantized ({type(module).__name__} holding a {holder}): nncanon serves no "
+            "read or write of it through the surface (its storage is packed, so its shape and values are not the "
+            "layer's, and a write would corrupt it). Read it dequantized with "
+            "nncanon.quantization.dense_weight(<envoy>._module), [out_features, in_features]; to change the layer, "
+            "load the model unquantized.")
+
+
+class QuantizedWeight:
+    """Mixed into the envoy of a layer holding its weight quantized: ``.weight`` refuses a read and a write."""
+
+    @property
+    def weight(self) -> Any:
+        raise ValueNotAvailable(_weight_refusal(self))
+
+    @weight.setter
+    def weight(self, value: Any) -> None:
+        raise InvalidWrite(_weight_refusal(self))
+
+    def __getattr__(self, name: str) -> Any:
+        # The property's ValueNotAvailable is an AttributeError, which lands here: raise it, not the module's weight.
+        if name == "weight":
+            raise ValueNotAvailable(_weight_refusal(self))
+        return super().__getattr__(name)
+
+
+#: The guarded envoy class of each envoy class (`nncanon.mounted.MountedModel.guard_quantized_weights`).
+_GUARDED: dict[type, type] = {}
+
+
+def guarded(cls: type) -> type:
+    """``cls`` (an envoy class) with `QuantizedWeight` mixed in, one class per class."""
+    if cls not in _GUARDED:
+        _GUARDED[cls] = type(cls.__name__, (QuantizedWeight, cls), {"__module__": cls.__module__})
+    return _GUARDED[cls]

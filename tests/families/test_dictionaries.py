@@ -15,7 +15,7 @@ import torch
 from nncanon.proof.checks.references import encode, site_references
 from nncanon.reading import in_execution_order
 from nncanon.sae import Dictionary, Point, attach, resolve, value_at
-from nncanon.sae.splice import point_shape
+from nncanon.sae.sites import point_shape
 from nncanon.testing import PROMPTS
 
 #: Standard values a dictionary reads here, besides resid_mid and the MLP's input; per-head values with one head

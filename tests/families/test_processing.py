@@ -21,7 +21,7 @@ from nncanon.proof.checks.references import encode, site_references
 from nncanon.reading import in_execution_order
 from nncanon.sae import Dictionary, attach, resolve, value_at
 from nncanon.sae.processing import CENTRING_REFUSED, norm_kind, value_bias
-from nncanon.sae.splice import point_shape
+from nncanon.sae.sites import point_shape
 from nncanon.testing import PROMPTS
 
 FEATURES, DELTA, FEATURE = 8, 0.75, 3

@@ -117,9 +117,8 @@ def test_bad_input(model, transcoders):
     bad = other[0].state_dict()
     bad["W_enc"] = bad["W_enc"].clone()
     bad["W_enc"][0, 0] = float("nan")
-    nan = Dictionary.from_tensors(bad["W_enc"], bad["b_enc"], bad["W_dec"], bad["b_dec"], architecture="transcoder")
-    with pytest.raises(InvalidDictionary, match="NaN"):
-        graphs.attribute(model, PROMPT, [nan, other[1]])
+    with pytest.raises(InvalidDictionary, match="NaN"):  # refused where it is made, before any graph
+        Dictionary.from_tensors(bad["W_enc"], bad["b_enc"], bad["W_dec"], bad["b_dec"], architecture="transcoder")
     with pytest.raises(InvalidInput, match="empty"):
         graphs.attribute(model, "", transcoders)
     with pytest.raises(InvalidInput, match="empty"):

@@ -136,3 +136,33 @@ def _gate_activation(tree: ast.AST | None) -> str | None:
 def _activation(func: ast.AST) -> str | None:
     name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
     return name if name in GATE_ACTIVATIONS else None
+
+
+def with_inside(sites: tuple, inner: dict[str, Site], attention: str) -> tuple:
+    """An attention's ``sites`` with those inside its forward (`nncanon.components.inside`): the q/k values before
+    their norms (their module's input, read with the attention's operation hooks installed), the output gate (an
+    operation found at its first read). Kept per ``(sites, inner)`` so blocks of a layout share one tuple."""
+    if not inner:
+        return sites
+    key = (id(sites), id(inner))
+    known = _WITH_INSIDE.get(key)
+    if known is None or known[0] is not sites or known[1] is not inner:
+        extra = tuple((name, site, None, True) if site.op is not None else (name, site, None, False, attention)
+                      for name, site in inner.items())
+        known = _WITH_INSIDE[key] = (sites, inner, (*extra, *sites))
+    return known[2]
+
+
+_WITH_INSIDE: dict[tuple[int, int], tuple] = ProcessCache()
+
+
+#: The q/k norms' roles, and the value whose site says how each norm receives its input.
+QK_ROLES = {"query_norm": "query_states_before_norm", "key_norm": "key_states_before_norm"}
+HEADS_FIRST_NORM = ("its {} receives its input heads-first ([b, H, s, head_dim]): its scale is not served (it "
+                    "would not be sequence-first); query_states_before_norm / key_states_before_norm are")
+
+
+def norm_heads_first(attention: torch.nn.Module, path: str, role: str) -> bool:
+    """Whether the attention calls the q/k norm of ``role`` on a heads-first tensor (`inside_sites` reads it)."""
+    site = inside_sites(attention, path)[0].get(QK_ROLES[role])
+    return site is not None and site.heads_first

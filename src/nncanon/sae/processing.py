@@ -49,7 +49,9 @@ from typing import Any
 import torch
 
 from ..errors import DictionaryMismatch, InvalidDictionary
-from .names import Point
+from ..reading import read
+from .names import Point, has_rotary
+from .sites import point_shape
 
 #: The kwargs of TransformerLens's loader that change what a hook computes, as SAELens records them.
 PROCESSINGS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases",
@@ -287,7 +289,6 @@ def _refuse_centring(model: Any, point: Point) -> None:
     """`DictionaryMismatch` where centring ``point``'s value is not what TransformerLens's ``center_writing_weights``
     computes: an architecture of `CENTRING_REFUSED`, a post-norm block, or a value wider than the model's width
     (hyper-connections keep ``k`` streams side by side: TransformerLens has no such model)."""
-    from .splice import point_shape
 
     config = model._text_config
     where = point.name or point.label
@@ -360,7 +361,6 @@ def value_bias(model: Any, layer: int, value: str, folded_norm: bool = False) ->
 
 
 def _measure_value_bias(model: Any, layer: int, folded_norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    from ..reading import read
 
     report = model.support()
     for needed in ("attention_input", "value_states", "attention_head_outputs"):
@@ -401,6 +401,5 @@ def _measure_value_bias(model: Any, layer: int, folded_norm: bool) -> tuple[torc
 
 
 def _rotary(model: Any, layer: int) -> bool:
-    from .names import has_rotary
 
     return model.support().available("self_attn", layer=layer) and has_rotary(model, layer)

@@ -21,7 +21,7 @@ from nnsight.intervention.interleaver import Mediator
 
 from ..components.norms import NORM_VALUES
 from ..gradients import first_read_in_backward, in_backward
-from ..reading import host
+from ..reading import host, in_execution_order
 from ..reading import read as read_value
 from ..served import Binding, Site, read_site
 from ..traced import outside_trace
@@ -248,3 +248,40 @@ class _Held:
     def take_over(self) -> PointRead:
         self.flush()
         return self.read
+
+
+#: Standard values whose shapes `point_shape` learns for every block in one trace.
+_PROBED = ("layer_input", "query_states", "key_states", "value_states", "attention_head_outputs", "attention_output",
+           "linear_attention_head_outputs", "linear_attention_output", "shared_expert_output", "mlp_output",
+           "layer_output")
+
+
+def point_shape(model: Any, point: Point) -> tuple[tuple[int, ...], torch.dtype, torch.device]:
+    """The shape after ``[b, s]``, the dtype and the device of ``point``'s value (one head's, where it names one),
+    learned from a one-token trace that reads every block's values (once per model)."""
+    known = model.__dict__.setdefault("_nncanon_sae_shapes", {})  # plain data: it travels with a remote request
+    value = "layer_input" if point.value == "resid_mid" else point.value
+    if (point.layer, value) not in known:
+        if value in _PROBED and not known.get("_all"):
+            known.update(_all_shapes(model))
+            known["_all"] = True
+        if (point.layer, value) not in known:
+            found: list = []
+            with torch.no_grad(), model.trace(torch.tensor([[1]])):
+                found.append(value_at(model, Point(point.layer, value, None, point.name, point.parts)).save())
+            known[(point.layer, value)] = (tuple(found[0].shape[2:]), found[0].dtype, found[0].device)
+    shape, dtype, device = known[(point.layer, value)]
+    return (shape[1:] if point.head is not None else shape), dtype, device
+
+
+def _all_shapes(model: Any) -> dict:
+    report = model.support()
+    plan = []
+    for layer in range(model.num_layers):
+        names = [name for name in _PROBED if report.available(name, layer=layer)]
+        plan += [(layer, name) for name in in_execution_order(model, layer, names)]
+    found: dict = {}
+    with torch.no_grad(), model.trace(torch.tensor([[1]])):
+        for layer, name in plan:
+            found[(layer, name)] = read_value(model, layer, name).save()
+    return {key: (tuple(tensor.shape[2:]), tensor.dtype, tensor.device) for key, tensor in found.items()}

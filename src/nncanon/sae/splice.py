@@ -31,13 +31,12 @@ from nnsight.intervention.interleaver import Mediator, OutOfOrderError
 from ..errors import DictionaryDetached, DictionaryMismatch, InvalidInput, InvalidWrite, NestedTrace, OutOfOrderRead
 from ..gradients import mark, refuse_gradient
 from ..mounted import MountedModel
-from ..reading import in_execution_order, read
 from ..served import check_write
 from ..traced import outside_trace, refuse_outside_trace
 from .dictionary import Dictionary, Normalization
 from .names import Point, mixers, resolve
 from .processing import IDENTITY, Mapping, mapping
-from .sites import PointRead, hand_back_now, keep_stream_before, open_point, value_at
+from .sites import PointRead, hand_back_now, keep_stream_before, open_point, point_shape
 
 #: The order a block's points are first read in (a trace reads several dictionaries in it): ``resid_mid`` reads
 #: ``layer_input`` first (its edit reaches the model through the mixer's contribution, later).
@@ -224,7 +223,7 @@ class AttachedDictionary:
         if not whole:  # (an error_term=False edit reads its own point only)
             self._keep_earlier_streams(label)
         try:
-            return self._open(label, whole)
+            return self._open_visit(label, whole)
         except OutOfOrderRead as error:
             later = self._later_in_block()
             if later is None:
@@ -244,7 +243,7 @@ class AttachedDictionary:
                 return other
         return None
 
-    def _open(self, label: str, whole: bool) -> _Visit:
+    def _open_visit(self, label: str, whole: bool) -> _Visit:
         if self.point_out != self.point:
             read_in = open_point(self.model, self.point, label)
             x_in = read_in.x
@@ -483,43 +482,6 @@ def attach(model: Any, dictionary: Dictionary, hook_name: str | Point | None = N
         attachment._edit = added[0] if added else None
     registry[name] = attachment
     return attachment
-
-
-#: Standard values whose shapes `point_shape` learns for every block in one trace.
-_PROBED = ("layer_input", "query_states", "key_states", "value_states", "attention_head_outputs", "attention_output",
-           "linear_attention_head_outputs", "linear_attention_output", "shared_expert_output", "mlp_output",
-           "layer_output")
-
-
-def point_shape(model: Any, point: Point) -> tuple[tuple[int, ...], torch.dtype, torch.device]:
-    """The shape after ``[b, s]``, the dtype and the device of ``point``'s value (one head's, where it names one),
-    learned from a one-token trace that reads every block's values (once per model)."""
-    known = model.__dict__.setdefault("_nncanon_sae_shapes", {})  # plain data: it travels with a remote request
-    value = "layer_input" if point.value == "resid_mid" else point.value
-    if (point.layer, value) not in known:
-        if value in _PROBED and not known.get("_all"):
-            known.update(_all_shapes(model))
-            known["_all"] = True
-        if (point.layer, value) not in known:
-            found: list = []
-            with torch.no_grad(), model.trace(torch.tensor([[1]])):
-                found.append(value_at(model, Point(point.layer, value, None, point.name, point.parts)).save())
-            known[(point.layer, value)] = (tuple(found[0].shape[2:]), found[0].dtype, found[0].device)
-    shape, dtype, device = known[(point.layer, value)]
-    return (shape[1:] if point.head is not None else shape), dtype, device
-
-
-def _all_shapes(model: Any) -> dict:
-    report = model.support()
-    plan = []
-    for layer in range(model.num_layers):
-        names = [name for name in _PROBED if report.available(name, layer=layer)]
-        plan += [(layer, name) for name in in_execution_order(model, layer, names)]
-    found: dict = {}
-    with torch.no_grad(), model.trace(torch.tensor([[1]])):
-        for layer, name in plan:
-            found[(layer, name)] = read(model, layer, name).save()
-    return {key: (tuple(tensor.shape[2:]), tensor.dtype, tensor.device) for key, tensor in found.items()}
 
 
 def _check_fit(model: Any, dictionary: Dictionary, point: Point, point_out: Point) -> None:
