@@ -109,9 +109,9 @@ def check_transcoders(model: Any, transcoders: Any) -> list[Dictionary | None]:
     """One transcoder (or ``None``: that block's whole MLP output is its error node) per block.
 
     ``transcoders``: a sequence with one entry per block, or a mapping ``{layer: transcoder}``. Each must be a
-    `nncanon.sae.Dictionary` reading the block's MLP input (``mlp.hook_in``: the MLP module's input, the norm's weight applied; a
-    transcoder at ``ln2.hook_normalized``, before the weight, is refused) and writing
-    its ``mlp_output`` (``hook_mlp_out``) where its config names them; its widths must be the model's.
+    `nncanon.sae.Dictionary` reading the block's MLP input (``mlp.hook_in``: the MLP module's input, the norm's
+    weight applied; a transcoder at ``ln2.hook_normalized``, before the weight, is refused) and writing its
+    ``mlp_output`` (``hook_mlp_out``) where its config names them; its widths must be the model's.
     """
     n_layers = len(model.layers)
     if isinstance(transcoders, Dictionary):

@@ -66,8 +66,8 @@ from ..support import COMPONENT_OF, layer_states
 DERIVED = ("resid_mid", "mlp_input", "mlp_module_output")
 
 #: TransformerLens hook names of a block, by their suffix after ``blocks.L.``: the nncanon value (a value name, a
-#: `DERIVED` one, or a marker resolved per block: ``"mixer_output"``, ``"mixer_normalized"``, ``"mlp_in"``, ``"q"``/``"k"`` and
-#: ``"rot_q"``/``"rot_k"``).
+#: `DERIVED` one, or a marker resolved per block: ``"mixer_output"``, ``"mixer_normalized"``, ``"mlp_in"``,
+#: ``"q"``/``"k"`` and ``"rot_q"``/``"rot_k"``).
 TRANSFORMER_LENS = {
     "hook_resid_pre": "layer_input",
     "hook_resid_mid": "resid_mid",
