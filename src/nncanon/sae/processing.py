@@ -246,7 +246,9 @@ def mapping(model: Any, processing: Processing, point: Point) -> Mapping:
             raise DictionaryMismatch(
                 f"the dictionary reads {where} under fold_ln: TransformerLens folds the norm's weight and bias into "
                 "the weights that read it, so the module's input there is the normalised stream before the norm's "
-                "weight (the norm's hook_normalized), not the norm's output nncanon serves at this point")
+                "weight (the norm's hook_normalized), not the norm's output nncanon serves at this point; attach it at "
+                f"blocks.{point.layer}.{'ln2' if point.value == 'mlp_input' else 'ln1'}.hook_normalized (the "
+                "norm's normalised value, which that input is under fold_ln)")
         if name in ("fold_ln", "center_unembed"):
             notes.append(f"{name}: no change at {where}")
         elif name == "center_writing_weights":
