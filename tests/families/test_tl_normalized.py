@@ -6,6 +6,8 @@ weight and bias, as TransformerLens computes it, or refused with the block's rea
 - A dictionary attached at ``ln2.hook_normalized``: its features are its encoding of that formula value; with the
   error term the logits are the clean run's bit for bit; without it, they are the logits of a plain forward hook on
   the norm module that makes its output ``reconstruction · (offset + weight) (+ bias)`` (1e-5).
+- ``ln_final.hook_normalized`` is ``model.final_normalized``, the same formula on the final norm's input; a write of
+  ``ln2.hook_normalized`` through `value_at` equals the same edit by a plain forward hook on the norm module.
 
 One block per variant (the last), a few traces each.
 """
@@ -146,3 +148,57 @@ def test_dictionary_at_ln2_hook_normalized(model, variant):
     finally:
         handle.remove()
     torch.testing.assert_close(replaced, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_ln_final_hook_normalized_is_the_formula_or_refused(model, variant):
+    """``ln_final.hook_normalized`` is ``model.final_normalized``: the final norm's input normalised before its
+    weight, or refused with the model's reason."""
+    if isinstance(model.__dict__.get("_final_norm"), str) or "final_normalized" in model._model_declines:
+        with pytest.raises(ValueNotAvailable, match="not available"):
+            resolve(model, "ln_final.hook_normalized")
+        return
+    point = resolve(model, "ln_final.hook_normalized")
+    assert (point.layer, point.value) == (None, "final_normalized")
+    site = model._final_norm["final_normalized"].site
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        ours = value_at(model, "ln_final.hook_normalized").save()
+    x = _reference_inputs(model, [site])[0]
+    torch.testing.assert_close(ours, _formula(site.anatomy, x).to(x.dtype), rtol=1e-5, atol=1e-5)
+
+
+def test_a_write_of_ln2_hook_normalized_equals_a_plain_hook(model, variant):
+    """Doubling ``ln2.hook_normalized`` at the last position through `value_at` gives the logits of a plain forward
+    hook on the norm module that makes its output there ``2 · normalized · (offset + weight) (+ bias)``."""
+    layer = model.num_layers - 1
+    entry = _served(model, layer)["ln2.hook_normalized"]
+    if isinstance(entry, str):
+        return
+    site = entry[1]
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        value = value_at(model, f"blocks.{layer}.ln2.hook_normalized")
+        value[:, -1] = value[:, -1] * 2
+        ours = model.logits.save()
+    calls = []
+
+    def replace(module, args, out):
+        calls.append(1)
+        if len(calls) > 1:
+            return None
+        y = _formula(site.anatomy, args[0])
+        y[:, -1] = y[:, -1].to(args[0].dtype).float() * 2
+        if getattr(module, "weight", None) is not None:
+            y = y * (module.weight.float() + site.anatomy.offset)
+        if getattr(module, "bias", None) is not None:
+            y = y + module.bias.float()
+        first = out[0] if isinstance(out, tuple) else out
+        mixed = first.clone()
+        mixed[:, -1] = y[:, -1].to(first.dtype)
+        return (mixed, *out[1:]) if isinstance(out, tuple) else mixed
+
+    handle = site.envoy._module.register_forward_hook(replace)
+    try:
+        with torch.no_grad():
+            reference = model._module(**encode(model)).logits
+    finally:
+        handle.remove()
+    torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
