@@ -379,8 +379,9 @@ class MountedModel(TransformersModel):
         norm's output, ``[batch, seq, hidden]``, weight (and bias) applied: what the head reads (through the modules
         `Family.before_head` names where a family has them, OPT's ``project_out``). ``lm_head`` of it, with the family's
         logit post-processing, is ``logits``; ``project_on_vocab(layers[-1].layer_output)`` normalises the stream to it.
-        TransformerLens's ``ln_final.hook_normalized`` is the norm's output before its weight (TransformerLens folds the
-        weight into the unembedding): that one is not this. Writable (a write reaches the head), with ``.grad``.
+        TransformerLens's ``ln_final.hook_normalized`` is the norm's input normalised before its weight (TransformerLens
+        folds the weight into the unembedding): ``final_normalized``, not this. Writable (a write reaches the head),
+        with ``.grad``.
 
         Raises:
             ValueNotAvailable: on a configuration without a final norm (OPT's post-LN).""")

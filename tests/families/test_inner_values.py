@@ -9,8 +9,12 @@ unwrapped model (the logits, bit for bit); the TransformerLens names resolve to 
 
 from __future__ import annotations
 
+import re
+
+import pytest
 import torch
 
+from nncanon.errors import ValueNotAvailable
 from nncanon.proof.checks.references import encode, finish, hf_block, plain_copy
 from nncanon.reading import host
 from nncanon.sae import resolve
@@ -116,8 +120,13 @@ def test_transformer_lens_names_resolve_to_the_inner_values(model):
             if report.available(value, layer=index):
                 assert resolve(model, f"blocks.{index}.{name}").value == value
         mixer = next((v for c, v in MIXER_INPUT.items() if report.available(c, layer=index)), None)
-        if mixer is not None:
-            assert resolve(model, f"blocks.{index}.ln1.hook_normalized").value == mixer
+        if mixer is not None:  # TransformerLens's ln1.hook_normalized: the norm's input before its weight
+            normalized = mixer.replace("_input", "_normalized")
+            if report.available(normalized, layer=index):
+                assert resolve(model, f"blocks.{index}.ln1.hook_normalized").value == normalized
+            else:
+                with pytest.raises(ValueNotAvailable, match=re.escape(report.reason(normalized, layer=index))):
+                    resolve(model, f"blocks.{index}.ln1.hook_normalized")
 
 
 def test_a_square_mlps_down_projection_is_told_by_its_name():

@@ -18,7 +18,7 @@ def model():
     return tiny_model("llama")
 
 
-def _write_set(folder, transcoders, reads="ln2.hook_normalized", writes="hook_mlp_out", npz=False):
+def _write_set(folder, transcoders, reads="mlp.hook_in", writes="hook_mlp_out", npz=False):
     lines = ['model_name: "tiny"', f'feature_input_hook: "{reads}"', f"feature_output_hook: '{writes}'",
              "transcoders:"]
     for layer, t in enumerate(transcoders):
@@ -51,7 +51,12 @@ def test_circuit_tracer_set_loads_as_the_same_transcoders(model, tmp_path, npz):
 def test_circuit_tracer_mlp_hooks_and_bad_sets(model, tmp_path):
     original = graphs.random_transcoders(model, n_features=12)
     loaded = graphs.load_transcoders(_write_set(tmp_path, original, reads="mlp.hook_in", writes="mlp.hook_out"))
-    assert loaded[1].cfg.hook_name == "blocks.1.ln2.hook_normalized"
+    assert loaded[1].cfg.hook_name == "blocks.1.mlp.hook_in"
+    # ln2.hook_normalized is the norm's input before its weight (TransformerLens's), not the MLP module's input a
+    # graph's transcoder reads: refused with the reason, never read as the other value.
+    normalized = graphs.load_transcoders(_write_set(tmp_path, original, reads="ln2.hook_normalized"))
+    with pytest.raises(InvalidDictionary, match="reads layers"):
+        graphs.attribute(model, "The cat", normalized)
     resid = graphs.load_transcoders(_write_set(tmp_path, original, reads="hook_resid_pre"))
     with pytest.raises(InvalidDictionary, match="reads layers"):
         graphs.attribute(model, "The cat", resid)

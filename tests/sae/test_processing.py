@@ -126,8 +126,23 @@ def test_what_cannot_be_reproduced_is_refused_at_attach(gpt2, llama):
     with pytest.raises(DictionaryMismatch, match="refuses on a rotary model"):
         attach(llama, _sae(llama._text_config.hidden_size, "blocks.1.hook_resid_post",
                            {"refactor_factored_attn_matrices": True}))
-    with pytest.raises(DictionaryMismatch, match="under fold_ln: TransformerLens folds the norm's weight"):
+    with pytest.raises(DictionaryMismatch, match=r"under fold_ln: TransformerLens folds the norm's weight.*attach it "
+                                                  r"at blocks\.1\.ln2\.hook_normalized"):
         attach(gpt2, _sae(d, "blocks.1.mlp.hook_in", {"fold_ln": True}))
+    # ln2.hook_normalized is before the weight under fold_ln or not: such a dictionary attaches there, and reads the
+    # LayerNorm's input centred over its root mean square (TransformerLens's value), not the MLP's input.
+    folded = _sae(d, "blocks.1.ln2.hook_normalized", {"fold_ln": True})
+    norm = gpt2._module.transformer.h[1].ln_2
+    seen = []
+    handle = norm.register_forward_pre_hook(lambda m, args: seen.append(args[0].detach().clone()))
+    try:
+        with attach(gpt2, folded) as item, torch.no_grad(), gpt2.trace(PROMPTS[0]):
+            features = item.features.save()
+    finally:
+        handle.remove()
+    h = seen[-1] - seen[-1].mean(-1, keepdim=True)
+    normalized = h / (h.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()
+    torch.testing.assert_close(features, folded.encode(normalized), rtol=1e-5, atol=1e-5)
 
 
 def test_circuit_tracer_names_resolve(gpt2, llama):

@@ -192,15 +192,19 @@ def test_several_dictionaries_at_once(model):
     assert attached(model) == {}
 
 
-def test_a_transcoder_reads_the_mlp_input_and_writes_its_output(model):
+@pytest.mark.parametrize("reads", ["mlp.hook_in", "ln2.hook_normalized"])
+def test_a_transcoder_reads_the_mlp_input_and_writes_its_output(model, reads):
+    """``mlp.hook_in`` is the MLP module's input (the norm's weight applied); ``ln2.hook_normalized`` the norm's input
+    normalised before its weight (TransformerLens's; circuit-tracer's Gemma-2 transcoders read it)."""
     d = model.hidden_size
     g = torch.Generator().manual_seed(4)
     coder = Dictionary.from_tensors(torch.randn(d, FEATURES, generator=g) / d ** 0.5, None,
                                     torch.randn(FEATURES, d, generator=g), None, architecture="transcoder",
-                                    hook_name="blocks.1.ln2.hook_normalized", hook_name_out="blocks.1.hook_mlp_out")
+                                    hook_name=f"blocks.1.{reads}", hook_name_out="blocks.1.hook_mlp_out")
     seen = {}
-    mlp = hf_block(model, 1).mlp
+    mlp, norm = hf_block(model, 1).mlp, hf_block(model, 1).post_attention_layernorm
     handles = [mlp.register_forward_pre_hook(lambda m, args: seen.setdefault("in", args[0].clone())),
+               norm.register_forward_pre_hook(lambda m, args: seen.setdefault("norm_in", args[0].clone())),
                mlp.register_forward_hook(lambda m, args, out: seen.setdefault("out", out.clone()))]
     try:
         with torch.no_grad():
@@ -212,7 +216,13 @@ def test_a_transcoder_reads_the_mlp_input_and_writes_its_output(model):
         features = item.features.clone().save()
         item.features[..., 1] += 2.0
         out = model.layers[1].mlp.mlp_output.save()
-    assert torch.equal(features, coder.encode(seen["in"]))
+    if reads == "mlp.hook_in":
+        assert torch.equal(features, coder.encode(seen["in"]))
+    else:  # an RMSNorm: x / sqrt(mean(x²) + eps), the weight not applied
+        x = seen["norm_in"].float()
+        normalized = x / (x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon).sqrt()
+        torch.testing.assert_close(features, coder.encode(normalized.to(x.dtype)), rtol=1e-5, atol=1e-6)
+        assert not torch.allclose(normalized, seen["in"], atol=1e-3)  # the two names read different values
     torch.testing.assert_close(out, seen["out"] + 2.0 * coder.W_dec[1], rtol=0, atol=1e-6)
 
 

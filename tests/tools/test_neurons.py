@@ -96,7 +96,8 @@ def test_a_neurons_share_is_its_activation_times_its_column_through_the_frozen_f
 
 @pytest.mark.parametrize("name", ["blocks.1.mlp.hook_post", "blocks.1.ln1.hook_normalized"])
 def test_a_dictionary_reads_the_neurons_and_attention_input(name):
-    """A dictionary attached at the neurons (``mlp.hook_post``) or at attention's input (``ln1.hook_normalized``)
+    """A dictionary attached at the neurons (``mlp.hook_post``) or at attention's normalised input before the norm's
+    weight (``ln1.hook_normalized``: ``attention_normalized``)
     encodes the served value (against the dictionary's own encode of a plain read)."""
     from nncanon.sae import Dictionary, attach, resolve
 

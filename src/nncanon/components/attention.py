@@ -79,8 +79,8 @@ class AttentionEnvoy(Component, Envoy):
         "attention_input",
         "what the attention module receives: the normed stream [b, s, d]",
         "The attention module's input, ``[batch, seq, hidden]``: the stream after the block's norm, with the norm's "
-        "weight (TransformerLens ``ln1.hook_normalized`` before its weight is folded). Writable: a write reaches "
-        "the query, key and value projections.",
+        "weight (TransformerLens ``ln1.hook_normalized``, before the weight, is ``attention_normalized``). Writable: "
+        "a write reaches the query, key and value projections.",
     )
     query_states_before_norm = served(
         "query_states_before_norm",

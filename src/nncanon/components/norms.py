@@ -357,6 +357,7 @@ class NormRead:
     clean_scale: torch.Tensor
     clean_normalized: torch.Tensor
     graph: bool
+    raw: Any = None  # the norm's raw output at this visit (what the write-back hands back, edited)
 
 
 def check_scale(value: torch.Tensor, what: str, shape: tuple | None = None) -> None:
@@ -391,15 +392,41 @@ def _read(site: NormSite, mediator: Mediator, label: str) -> NormRead:
         normalized = (centred / scale).to(x.dtype)
     read = NormRead(centred, scale, normalized, scale.detach().clone(), normalized.detach().clone(), graph)
     raw = _value(site, mediator, label)
-    mediator.transform = WriteBack(lambda: _write_back(site, read, raw, label), read, site, location, occurrence)
+    read.raw = raw
+    mediator.transform = WriteBack(_Pending(site, read, raw, label), read, site, location, occurrence)
     return read
 
 
-def _write_back(site: NormSite, read: NormRead, raw: Any, label: str) -> Any:
+def read_norm(site: NormSite, mediator: Mediator, label: str) -> tuple[NormRead, Any]:
+    """``(read, raw)``: the norm's `NormRead` at this visit (`_read`, its write-back pending) and the norm's raw output
+    it is handed back into (`write_back`)."""
+    read = _read(site, mediator, label)
+    return read, read.raw
+
+
+def write_back(site: NormSite, read: NormRead, raw: Any, label: str, normalized: torch.Tensor | None = None) -> Any:
+    """The norm's output ``raw`` with the edits of ``read`` in it, its normalised value taken as ``normalized``
+    (``[b, s, d]``, default ``read.normalized``): where that differs from the clean one, the output is
+    ``normalized · (offset + weight) (+ bias)``; nothing changed: ``raw`` itself."""
+    return _write_back(site, read, raw, label, normalized)
+
+
+class _Pending:
+    """A norm's pending write-back (what the worker hands the model when it moves on)."""
+
+    def __init__(self, site: NormSite, read: NormRead, raw: Any, label: str) -> None:
+        self.site, self.read, self.raw, self.label = site, read, raw, label
+
+    def __call__(self) -> Any:
+        return _write_back(self.site, self.read, self.raw, self.label)
+
+
+def _write_back(site: NormSite, read: NormRead, raw: Any, label: str, normalized: torch.Tensor | None = None) -> Any:
     """The norm's output with the edits of ``read`` in it (the formula where they changed), else ``raw`` itself."""
     out = raw[0] if isinstance(raw, tuple) else raw
+    normalized = read.normalized if normalized is None else normalized
     scale_changed = read.scale.detach() != read.clean_scale
-    normalized_changed = read.normalized.detach() != read.clean_normalized
+    normalized_changed = normalized.detach() != read.clean_normalized
     if not read.graph and not bool(scale_changed.any()) and not bool(normalized_changed.any()):
         return raw
     if bool(scale_changed.any()):
@@ -407,9 +434,9 @@ def _write_back(site: NormSite, read: NormRead, raw: Any, label: str) -> Any:
     by_scale = read.centred / read.scale
     kept = ~normalized_changed
     if read.graph:
-        used = torch.where(kept, by_scale + (read.normalized - read.normalized.detach()), read.normalized.float())
+        used = torch.where(kept, by_scale + (normalized - normalized.detach()), normalized.float())
     else:
-        used = torch.where(kept, by_scale, read.normalized.float())
+        used = torch.where(kept, by_scale, normalized.float())
     written = affine(site.anatomy, site.envoy._module, used).to(out.dtype)
     changed = (scale_changed | normalized_changed).expand_as(out)
     base = Through.apply(written, out, 1.0) if read.graph else out

@@ -149,8 +149,9 @@ def load_transcoders(config: str | os.PathLike, *, device: str | torch.device = 
 
 
 def _hook(name: str) -> str:
-    """circuit-tracer's MLP wrapper hooks as TransformerLens names (its ``mlp.hook_in`` is the MLP's input)."""
-    return {"mlp.hook_in": "ln2.hook_normalized", "mlp.hook_out": "hook_mlp_out"}.get(name, name)
+    """circuit-tracer's MLP wrapper hooks as the name table's names (its ``mlp.hook_in`` is the MLP module's input,
+    a name of the table; its ``mlp.hook_out`` the MLP's contribution, ``hook_mlp_out``)."""
+    return {"mlp.hook_out": "hook_mlp_out"}.get(name, name)
 
 
 def _read_layer(file: Path) -> dict[str, torch.Tensor]:

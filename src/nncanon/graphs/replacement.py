@@ -63,7 +63,7 @@ def support(model: Any) -> str | None:
     report = model.support()
     for layer in range(len(model.layers)):
         try:
-            resolve(model, f"blocks.{layer}.ln2.hook_normalized")
+            resolve(model, f"blocks.{layer}.mlp.hook_in")
         except ValueNotAvailable as error:
             return f"a transcoder has no MLP input to read: {error}"
         if report.available("linear_attention_output", layer):
@@ -109,8 +109,9 @@ def check_transcoders(model: Any, transcoders: Any) -> list[Dictionary | None]:
     """One transcoder (or ``None``: that block's whole MLP output is its error node) per block.
 
     ``transcoders``: a sequence with one entry per block, or a mapping ``{layer: transcoder}``. Each must be a
-    `nncanon.sae.Dictionary` reading the block's MLP input (``ln2.hook_normalized``, ``mlp.hook_in``) and writing
-    its ``mlp_output`` (``hook_mlp_out``) where its config names them; its widths must be the model's.
+    `nncanon.sae.Dictionary` reading the block's MLP input (``mlp.hook_in``: the MLP module's input, the norm's
+    weight applied; a transcoder at ``ln2.hook_normalized``, before the weight, is refused) and writing its
+    ``mlp_output`` (``hook_mlp_out``) where its config names them; its widths must be the model's.
     """
     n_layers = len(model.layers)
     if isinstance(transcoders, Dictionary):
@@ -156,8 +157,9 @@ def check_transcoders(model: Any, transcoders: Any) -> list[Dictionary | None]:
 
 
 def _mlp_hook(name: str) -> str:
-    """circuit-tracer's ``mlp.hook_in`` / ``mlp.hook_out`` (its MLP wrapper's hooks) as the name table's names."""
-    return name.replace("mlp.hook_in", "ln2.hook_normalized").replace("mlp.hook_out", "hook_mlp_out")
+    """circuit-tracer's ``mlp.hook_out`` (its MLP wrapper's output hook) as the name table's ``hook_mlp_out``
+    (``mlp.hook_in``, the MLP module's input, is a name of the table as it is)."""
+    return name.replace("mlp.hook_out", "hook_mlp_out")
 
 
 @dataclass

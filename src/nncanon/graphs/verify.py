@@ -147,6 +147,6 @@ def random_transcoders(model: Any, n_features: int = 16, seed: int = 0, threshol
             normal(hidden, n_features, std=hidden ** -0.5), normal(n_features, std=0.1) - 0.2,
             normal(n_features, hidden, std=0.05), normal(hidden, std=0.01),
             architecture="transcoder" if threshold is None else "jumprelu_transcoder",
-            hook_name=f"blocks.{layer}.ln2.hook_normalized", hook_name_out=f"blocks.{layer}.hook_mlp_out",
+            hook_name=f"blocks.{layer}.mlp.hook_in", hook_name_out=f"blocks.{layer}.hook_mlp_out",
             name=f"random-{layer}", **extra))
     return out

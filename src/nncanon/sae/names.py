@@ -17,8 +17,10 @@ TransformerLens                    nncanon
                                    ``linear_attn.linear_attention_output``)
 ``blocks.L.hook_mlp_out``          ``mlp.mlp_output``
 ``blocks.L.hook_mlp_in``           what the MLP's norm reads: ``hook_resid_mid``, on a parallel block ``layer_input``
-``blocks.L.ln2.hook_normalized``   ``mlp_input``: the MLP module's input (its norm applied, with the norm's weights)
-``blocks.L.ln1.hook_normalized``   ``self_attn.attention_input`` (a hybrid's linear mixer: ``linear_attention_input``)
+``blocks.L.ln2.hook_normalized``   ``mlp.mlp_normalized``: the MLP norm's input normalised, before its weight and bias
+                                   (refused with the reason where the block has no norm of its own before the MLP)
+``blocks.L.ln1.hook_normalized``   ``self_attn.attention_normalized`` (a hybrid's linear mixer:
+                                   ``linear_attn.linear_attention_normalized``), before the norm's weight and bias
 ``blocks.L.mlp.hook_in``           ``mlp_input``: circuit-tracer's (and TransformerBridge's) MLP input hook
 ``blocks.L.mlp.hook_out``          ``mlp_module_output``: the MLP module's output, before a post-norm (Gemma-2's
                                    ``post_feedforward_layernorm``) or a residual multiplier; ``mlp_output`` where
@@ -36,7 +38,7 @@ TransformerLens                    nncanon
 ``blocks.L.ln2.hook_scale``        ``mlp.mlp_norm_scale`` (a parallel block: refused, one norm feeds both)
 ``blocks.L.ln1_post.hook_scale``   ``self_attn.attention_post_norm_scale`` (post-norm blocks: Gemma-2/3, OLMo-2)
 ``blocks.L.ln2_post.hook_scale``   ``mlp.mlp_post_norm_scale``
-``ln_final.hook_scale``            ``model.final_norm_scale``
+``ln_final.hook_scale``            ``model.final_norm_scale``; ``ln_final.hook_normalized``: ``model.final_normalized``
 ``hook_embed``                     ``model.token_embeddings`` (the token embedding module's output)
 ``hook_pos_embed``                 ``model.position_embeddings`` (refused with the reason on a model without
                                    absolute position embeddings: rotary, ALiBi, recurrent)
@@ -64,8 +66,8 @@ from ..support import COMPONENT_OF, layer_states
 DERIVED = ("resid_mid", "mlp_input", "mlp_module_output")
 
 #: TransformerLens hook names of a block, by their suffix after ``blocks.L.``: the nncanon value (a value name, a
-#: `DERIVED` one, or a marker resolved per block: ``"mixer_output"``, ``"mlp_in"``, ``"q"``/``"k"`` and
-#: ``"rot_q"``/``"rot_k"``).
+#: `DERIVED` one, or a marker resolved per block: ``"mixer_output"``, ``"mixer_normalized"``, ``"mlp_in"``,
+#: ``"q"``/``"k"`` and ``"rot_q"``/``"rot_k"``).
 TRANSFORMER_LENS = {
     "hook_resid_pre": "layer_input",
     "hook_resid_mid": "resid_mid",
@@ -73,8 +75,8 @@ TRANSFORMER_LENS = {
     "hook_attn_out": "mixer_output",
     "hook_mlp_out": "mlp_output",
     "hook_mlp_in": "mlp_in",
-    "ln2.hook_normalized": "mlp_input",
-    "ln1.hook_normalized": "mixer_input",
+    "ln2.hook_normalized": "mlp_normalized",
+    "ln1.hook_normalized": "mixer_normalized",
     "mlp.hook_pre": "pre_activations",
     "mlp.hook_pre_linear": "linear_activations",
     "mlp.hook_post": "neurons",
@@ -95,7 +97,8 @@ TRANSFORMER_LENS = {
 }
 
 _PER_HEAD_INPUT = ("TransformerLens copies attention's input once per head (use_split_qkv_input): nncanon serves the "
-                   "one input every head reads, self_attn.attention_input (ln1.hook_normalized)")
+                   "one input every head reads, self_attn.attention_input (with the norm's weight; before it: "
+                   "self_attn.attention_normalized, ln1.hook_normalized)")
 
 #: TransformerLens hook names nncanon does not serve, with the reason and what to read instead.
 UNSERVED = {
@@ -112,13 +115,10 @@ UNSERVED = {
 MODEL_HOOKS = {"hook_embed": "token_embeddings", "hook_pos_embed": "position_embeddings"}
 
 #: TransformerLens hook names outside the blocks that nncanon does not serve, with the reason.
-MODEL_LEVEL = {
-    "ln_final.hook_normalized": "the final norm's output is not a standard value; model.project_on_vocab applies it "
-                                "(and the head) to any stream",
-}
+MODEL_LEVEL: dict[str, str] = {}
 
 #: TransformerLens hook names of the final norm: the model-level values they name.
-FINAL_NAMES = {"ln_final.hook_scale": "final_norm_scale"}
+FINAL_NAMES = {"ln_final.hook_scale": "final_norm_scale", "ln_final.hook_normalized": "final_normalized"}
 
 #: The values a point can be (the standard layer values and `DERIVED`), for messages.
 POINT_VALUES = ("layer_input", *COMPONENT_OF, *DERIVED, "layer_output")
@@ -230,7 +230,7 @@ def _transformer_lens(model: Any, layer: int, suffix: str, name: str) -> str:
         if report.available("linear_attn", layer=layer):
             return "linear_attention_norm_scale"
         raise ValueNotAvailable(f"{name} is not available: {report.reason('self_attn', layer=layer)}")
-    if marker in ("mixer_output", "mixer_input"):
+    if marker in ("mixer_output", "mixer_normalized"):
         suffix = marker.removeprefix("mixer_")
         if report.available("self_attn", layer=layer):
             return f"attention_{suffix}"

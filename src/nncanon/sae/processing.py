@@ -12,7 +12,8 @@ the model's weights), and maps what the dictionary writes back:
 recorded kwarg                      what the dictionary reads, from the value nncanon serves
 ==================================  ===============================================================================
 ``center_writing_weights``          on a LayerNorm model: every write to the stream is centred over the width, so
-                                    ``hook_resid_pre/mid/post``, ``hook_attn_out``, ``hook_mlp_out`` (and a
+                                    ``hook_resid_pre/mid/post``, ``hook_attn_out``, ``hook_mlp_out``,
+                                    ``hook_embed``, ``hook_pos_embed`` (``W_E``, ``W_pos`` are centred too; and a
                                     module's output that is one of them) are ``x - x.mean(-1)``; every other hook
                                     is unchanged (a LayerNorm removes the mean anyway). On an RMSNorm model
                                     TransformerLens skips it (with a warning): a no-op.
@@ -80,7 +81,7 @@ MODEL_CLASSES = ("HookedTransformer", "HookedSAETransformer", "AutoModelForCausa
 
 #: Values that are the residual stream or a write to it: centred under ``center_writing_weights``.
 STREAM = ("layer_input", "resid_mid", "layer_output", "attention_output", "linear_attention_output", "mlp_output",
-          "shared_expert_output", "mlp_module_output")
+          "shared_expert_output", "mlp_module_output", "token_embeddings", "position_embeddings")
 
 #: Values that are a pre-norm's output with its weight: ``fold_ln`` makes TransformerLens's hooks there
 #: (``attn.hook_in``, ``mlp.hook_in``) the normalised input without the weight.
@@ -247,7 +248,9 @@ def mapping(model: Any, processing: Processing, point: Point) -> Mapping:
             raise DictionaryMismatch(
                 f"the dictionary reads {where} under fold_ln: TransformerLens folds the norm's weight and bias into "
                 "the weights that read it, so the module's input there is the normalised stream before the norm's "
-                "weight (the norm's hook_normalized), not the norm's output nncanon serves at this point")
+                "weight (the norm's hook_normalized), not the norm's output nncanon serves at this point; attach it at "
+                f"blocks.{point.layer}.{'ln2' if point.value == 'mlp_input' else 'ln1'}.hook_normalized (the "
+                "norm's normalised value, which that input is under fold_ln)")
         if name in ("fold_ln", "center_unembed"):
             notes.append(f"{name}: no change at {where}")
         elif name == "center_writing_weights":

@@ -19,7 +19,8 @@ import torch
 from nnsight.intervention.eproperty import WriteBack
 from nnsight.intervention.interleaver import Mediator
 
-from ..components.norms import NORM_VALUES
+from ..components.norms import NORM_VALUES, NormRead, read_norm, write_back
+from ..errors import DictionaryMismatch
 from ..gradients import first_read_in_backward, in_backward
 from ..reading import host, in_execution_order
 from ..reading import read as read_value
@@ -80,6 +81,39 @@ class PointRead:
     def _handed(self, view: torch.Tensor) -> Any:
         self._after = view
         return self._binding.write_back(view, self._raw, self.mediator, self.graph)
+
+
+@dataclass
+class NormPointRead(PointRead):
+    """A read of a norm's normalised value (``mlp_normalized``...: TransformerLens's ``hook_normalized``), at the
+    norm's output: handed back as the norm's output, ``x · (offset + weight) (+ bias)`` where ``x`` changed
+    (`nncanon.components.norms.write_back`), the norm's own output bit for bit where nothing did."""
+
+    _norm: NormRead | None = None
+    _label: str = ""
+
+    def keep(self) -> Any:
+        self._after = self._view
+        return write_back(self._binding.site, self._norm, self._raw, self._label)
+
+    def _handed(self, view: torch.Tensor) -> Any:
+        self._after = view
+        return write_back(self._binding.site, self._norm, self._raw, self._label, view)
+
+
+def _open_norm(model: Any, point: Point, label: str) -> NormPointRead:
+    """Read norm value ``point.value`` of block ``point.layer`` (a ``*_normalized``; a scale is refused)."""
+    if not point.value.endswith("_normalized"):
+        raise DictionaryMismatch(f"{label}: {point.value} is a norm's scale [b, s, 1], not a value per token a "
+                                 "dictionary reads")
+    if in_backward():
+        raise first_read_in_backward(label)
+    binding = host(model, point.layer, point.value)._nncanon_norm(point.value)
+    mediator = Mediator.current(binding.site.location)
+    occurrence = mediator.wanted(binding.site.location)
+    norm, raw = read_norm(binding.site, mediator, label)
+    return NormPointRead(norm.normalized, binding.site.location, occurrence, mediator, norm.graph, binding, raw,
+                         norm.normalized, True, _norm=norm, _label=label)
 
 
 def binding_of(model: Any, layer: int, value: str) -> Binding:
@@ -145,6 +179,8 @@ def open_point(model: Any, point: Point, label: str | None = None) -> PointRead:
     (as a plain read would be) before the next is read.
     """
     label = label or point.label
+    if point.value in NORM_VALUES:
+        return _open_norm(model, point, label)
     if point.value != "resid_mid":
         binding = binding_of(model, point.layer, point.value)
         raw, view, graph, hand_back, mediator, occurrence = _read(binding, label)
@@ -212,7 +248,8 @@ def value_at(model: Any, name: str | Point, head: int | None = None) -> torch.Te
 
     Read, ``.save()`` and write it as any value: a standard value is the served tensor itself; ``hook_resid_mid``
     (``layer_input`` plus the token mixer's contribution) is a sum, and an edit of it reaches the model through the
-    contribution (the stream after the mixer moves by the edit); ``ln2.hook_normalized`` is the MLP module's input.
+    contribution (the stream after the mixer moves by the edit); ``ln2.hook_normalized`` is the MLP norm's normalised
+    input before its weight (``mlp.mlp_normalized``; a write makes the norm's output ``written · weight (+ bias)``).
     A name whose answer needs a probe of the model (``hook_resid_mid``, ``hook_mlp_in``) is resolved before the
     trace: pass the `Point` of ``resolve(model, name)``.
     """

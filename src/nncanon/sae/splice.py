@@ -28,6 +28,7 @@ import torch
 from nnsight.intervention.eproperty import WriteBack
 from nnsight.intervention.interleaver import Mediator, OutOfOrderError
 
+from ..components.norms import SCALES
 from ..errors import DictionaryDetached, DictionaryMismatch, InvalidInput, InvalidWrite, NestedTrace, OutOfOrderRead
 from ..gradients import mark, refuse_gradient
 from ..mounted import MountedModel
@@ -491,6 +492,9 @@ def _check_fit(model: Any, dictionary: Dictionary, point: Point, point_out: Poin
         if where.value in ("attention_probabilities", "attention_scores"):
             raise DictionaryMismatch(f"{dictionary.name}: {where.label} is [b, H, q, k], not a value per token: a "
                                      f"dictionary reads a value [b, s, ...] (the {which} point)")
+        if where.value in SCALES:
+            raise DictionaryMismatch(f"{dictionary.name}: {where.label} is a norm's scale [b, s, 1], not a vector per "
+                                     f"token: a dictionary reads a value [b, s, d] (the {which} point)")
     if point.head is not None or point_out.head is not None:
         for where in (point, point_out):
             if where.head is None:
