@@ -21,7 +21,7 @@ from nncanon.errors import ValueNotAvailable
 from nncanon.proof.checks.references import encode
 from nncanon.reading import host
 from nncanon.sae import Dictionary, attach, resolve, value_at
-from nncanon.sae.splice import point_shape
+from nncanon.sae.sites import point_shape
 from nncanon.testing import PROMPTS
 
 #: TransformerLens suffix -> the nncanon values it may name (the first the block serves).
