@@ -22,7 +22,7 @@ from nncanon.testing import PROMPTS
 #: sublayers, its norm is gated or names no epsilon, it has no such component, it does not run, post-LN OPT).
 PROPERTIES = ("has no", "have no", "calls no norm", "parallel block: one norm feeds both", "is gated",
               "names no epsilon", "takes its epsilon", "post-LN", "does not run", "flattened", "runs twice",
-              "is not a norm", "no norm of one stream")
+              "is not a norm", "no norm of one stream", "heads-first")
 
 
 def test_every_block_serves_its_norms_or_says_why(model, variant):

@@ -314,16 +314,19 @@ def _norm_gradients(model: Any, every: dict) -> list[CheckResult]:
         reference = expected[index, name]
         # A scale's gradient sums the width's terms g·N/scale in another order than plain PyTorch's, and its rounding
         # is relative to the terms, which cancel, not to the sum: the difference is measured per element against the
-        # terms' size (a normalised value's against its own), plus the gradient checks' absolute floor.
+        # terms' size; a normalised value's against its largest gradient (as every value's gradient is: an element's
+        # own size is no measure of the rounding the model's backward leaves in it); plus the checks' absolute floor.
         bar = scaled(NORM_GRADIENT_BAR)
         if grad.shape != reference.shape:
             results.append(compare("norm_gradients", index, (name,), grad, reference, bar))
             continue
-        size = terms.get((index, name), reference.detach().abs()).double() + GRADIENT_ABSOLUTE / NORM_GRADIENT_BAR
+        own = reference.detach().abs().amax().expand_as(reference)
+        size = terms.get((index, name), own).double() + GRADIENT_ABSOLUTE / NORM_GRADIENT_BAR
         error = float(((grad.detach().double() - reference.detach().double()).abs() / size).max())
         results.append(CheckResult("norm_gradients", index, (name,), error <= bar, error, bar,
                                    f"against a zero leaf added to {name} in a plain hook on its norm and "
-                                   "torch.autograd.grad, relative to the terms it sums", gradient=True))
+                                   "torch.autograd.grad, relative to the terms it sums (a scale) or its largest "
+                                   "gradient", gradient=True))
     return results
 
 
