@@ -161,7 +161,8 @@ def test_attention_serves_its_scores_and_inner_values_or_says_why(model, variant
     for index in report.layers_with("self_attn"):
         attention = model.layers[index].self_attn
         module = attention._module
-        if report.available("attention_probabilities", layer=index):
+        older = "load with transformers" in (report.reason("attention_scores", layer=index) or "")  # (older minors)
+        if report.available("attention_probabilities", layer=index) and not older:
             assert report.available("attention_scores", layer=index), report.reason("attention_scores", index)
             with torch.no_grad(), model.trace(PROMPTS):
                 scores = attention.attention_scores.save()

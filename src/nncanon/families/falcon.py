@@ -51,8 +51,14 @@ _ALIBI_TWICE = (
 )
 
 
+#: Why the scores are not served by the pre-5.25 inline attention (its softmax's input is not proved there).
+OLD_SCORES = ("transformers' Falcon before 5.25 computes attention inline, and its softmax's input is not proved to be "
+              "the scores on this minor: attention_probabilities are served; load with transformers 5.25 or later to "
+              "read attention_scores")
+
+
 def _declines(config: Any, layer: int) -> dict:
-    return {RECOMPUTED: _ALIBI_TWICE} if config.alibi else {}
+    return {"attention_scores": OLD_SCORES, **({RECOMPUTED: _ALIBI_TWICE} if config.alibi else {})}
 
 
 def _kv_heads(config: Any) -> int:

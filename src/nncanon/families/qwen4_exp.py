@@ -18,18 +18,24 @@ the attention: their contributions are declined.
 """
 
 from ..served import Site
+from ..versions import transformers_minor
 from .base import Family
 from .qwen3_next import DELTANET, QWEN_MOE
+
+#: Before transformers 5.25 the scores with this family's sinks are not proved (softmax of them gave NaN on 5.21).
+_OLD_SCORES = ({"attention_scores": "transformers' Qwen4-exp before 5.25: its attention's scores with the sinks are "
+                "not proved on this minor (attention_probabilities are served); load with transformers 5.25 or later"}
+               if transformers_minor() < (5, 25) else {})
 
 
 def _declines(config, layer: int) -> dict:
     if layer + 1 not in (getattr(config, "ple_layer_ids", None) or []):
-        return {}
+        return dict(_OLD_SCORES)
     reason = (
         f"layers[{layer}] adds a per-layer embedding to the stream before its attention "
         "(x = x + ple(x, input_ids)), a third term that is neither the mixer's nor the MLP's"
     )
-    return {name: reason for name in ("attention_output", "linear_attention_output", "mlp_output")}
+    return {**_OLD_SCORES, **{name: reason for name in ("attention_output", "linear_attention_output", "mlp_output")}}
 
 
 QWEN4_EXP = Family(
