@@ -27,10 +27,10 @@ from ..conftest import VARIANT_IDS, variant_params
 
 #: Families that build (each kind of block once; granitemoe: an assignment to a scaled site takes the gradient).
 BUILT = ("llama", "gpt2", "gemma2", "qwen3", "gpt_neox_parallel", "mixtral", "olmo2", "granite", "granitemoe", "cohere",
-         "bloom")
+         "bloom", "afmoe")
 #: Families declined: by structure (a linear mixer; an MLP without one input) and by the proof (a norm inside
-#: attention, DeepSeek's compressed-KV norm; an output gate, AFMoE's).
-DECLINED = {"bamba": "linear mixer", "biogpt": "no MLP input", "deepseek_v2": "not affine", "afmoe": "not affine"}
+#: attention, DeepSeek's compressed-KV norm).
+DECLINED = {"bamba": "linear mixer", "biogpt": "no MLP input", "deepseek_v2": "not affine"}
 
 CHOSEN = VARIANT_IDS if os.environ.get("NNCANON_GRAPHS_ALL") else (*BUILT, *DECLINED)
 

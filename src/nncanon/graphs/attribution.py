@@ -25,9 +25,9 @@ from typing import Any
 import torch
 
 from ..errors import InvalidArgument, InvalidInput
-from ..sae import Dictionary
+from .coders import Coders, check_transcoders
 from .graph import Graph
-from .replacement import Clean, Plan, check_transcoders, clean_run, frozen_run, plan_of
+from .replacement import Clean, Plan, clean_run, frozen_run, plan_of
 
 
 @dataclass
@@ -38,9 +38,10 @@ class Setup:
         model: The model.
         ids: ``[1, n]`` the prompt's token ids.
         plan, clean: The frozen model and the clean run.
-        transcoders: One per block (``None``: none).
+        transcoders: The transcoder set (`nncanon.graphs.coders.Coders`).
         active: ``[n_active, 3]`` (layer, pos, feature), sorted; values: ``[n_active]`` activations.
-        sources: ``[n_active, d]`` each active feature's source vector ``activation · W_dec[f]``.
+        sources: ``[n_active, R, d]`` each active feature's source vectors ``activation · W_dec[f]`` into its layer
+            and the ``R - 1`` after it (``R`` 1 for per-layer transcoders, ``n_layers`` for a cross-layer one).
         errors: ``[n_layers, n, d]`` the error nodes' vectors (position 0 zeroed where ``zero_bos``).
         leaves: Per block, the MLP output leaf's value ``[n, d]`` (the clean output less a skip connection).
         logit_ids, logit_probs: The logit targets and their probabilities.
@@ -51,7 +52,7 @@ class Setup:
     ids: torch.Tensor
     plan: Plan
     clean: Clean
-    transcoders: list[Dictionary | None]
+    transcoders: Coders
     active: torch.Tensor
     values: torch.Tensor
     sources: torch.Tensor
@@ -98,8 +99,8 @@ def _starts_special(model: Any, ids: torch.Tensor) -> bool:
 def setup(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
           zero_bos: bool | None = None) -> Setup:
     """The clean run, the active features, error vectors and logit targets of ``prompt``."""
-    plan = plan_of(model)
-    transcoders = check_transcoders(model, transcoders)
+    coders = check_transcoders(model, transcoders)
+    plan = plan_of(model, coders.reads)
     ids = token_ids(model, prompt)
     clean = clean_run(model, ids, plan)
     if not torch.isfinite(clean.logits).all():
@@ -107,37 +108,44 @@ def setup(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, 
     zero_bos = _starts_special(model, ids) if zero_bos is None else zero_bos
     start = 1 if zero_bos else 0
     n, d = clean.embeddings.shape
+    n_layers = len(plan.steps)
+    features: list[torch.Tensor | None] = []
+    for layer in range(n_layers):
+        if not coders.present(layer):
+            features.append(None)
+            continue
+        found = coders.encode(layer, clean.inputs[layer])
+        if not torch.isfinite(found).all():
+            raise InvalidInput(f"transcoder {layer}'s features on this prompt hold NaN or infinite values")
+        features.append(found)
+    reconstructions = coders.reconstructions(features, clean.inputs)
     actives, values, sources, leaves = [], [], [], []
-    errors = torch.zeros(len(plan.steps), n, d, dtype=clean.embeddings.dtype, device=clean.embeddings.device)
-    for layer, transcoder in enumerate(transcoders):
+    errors = torch.zeros(n_layers, n, d, dtype=clean.embeddings.dtype, device=clean.embeddings.device)
+    for layer in range(n_layers):
         out = clean.outputs[layer]
-        if transcoder is None:
+        if features[layer] is None:
             errors[layer, start:] = out[start:]
             leaves.append(out)
             continue
-        x = clean.inputs[layer].to(transcoder.dtype)
-        features = transcoder.encode(x)
-        if not torch.isfinite(features).all():
-            raise InvalidInput(f"transcoder {layer}'s features on this prompt hold NaN or infinite values")
-        reconstruction = transcoder.decode(features, x=x).to(out.dtype)
-        skip = (x @ transcoder.W_skip.T).to(out.dtype) if transcoder.W_skip is not None else None
-        leaves.append(out - skip if skip is not None else out)
-        errors[layer, start:] = (out - reconstruction)[start:]
-        features[:start] = 0
-        pos, feature = features.nonzero(as_tuple=True)
+        skip = coders.skip(layer, clean.inputs[layer])
+        leaves.append(out - skip.to(out.dtype) if skip is not None else out)
+        errors[layer, start:] = (out - reconstructions[layer].to(out.dtype))[start:]
+        found = features[layer]
+        found[:start] = 0
+        pos, feature = found.nonzero(as_tuple=True)
         actives.append(torch.stack([torch.full_like(pos, layer), pos, feature], dim=1))
-        values.append(features[pos, feature])
-        sources.append((features[pos, feature, None] * transcoder.W_dec[feature]).to(out.dtype))
+        values.append(found[pos, feature])
+        sources.append((found[pos, feature, None, None] * coders.decoders(layer, feature)).to(out.dtype))
     empty = torch.zeros(0, 3, dtype=torch.long, device=clean.embeddings.device)
     logits = clean.logits[-1].float()
     probs = torch.softmax(logits, dim=-1)
     top_p, top_ids = torch.topk(probs, min(max_n_logits, probs.shape[-1]))
     cutoff = int(torch.searchsorted(torch.cumsum(top_p, 0), torch.tensor(desired_logit_prob,
                                                                           device=top_p.device))) + 1
-    return Setup(model=model, ids=ids, plan=plan, clean=clean, transcoders=transcoders,
+    return Setup(model=model, ids=ids, plan=plan, clean=clean, transcoders=coders,
                  active=torch.cat(actives) if actives else empty,
                  values=torch.cat(values) if values else torch.zeros(0, device=empty.device),
-                 sources=torch.cat(sources) if sources else torch.zeros(0, d, device=empty.device),
+                 sources=torch.cat(sources) if sources else torch.zeros(0, coders.reach, d, device=empty.device),
                  errors=errors, leaves=leaves, logit_ids=top_ids[:cutoff], logit_probs=top_p[:cutoff],
                  zero_bos=zero_bos)
 
@@ -153,9 +161,8 @@ def target_values(s: Setup, inputs: list[torch.Tensor], head: torch.Tensor, feat
         values = torch.zeros(len(features), dtype=torch.float32, device=head.device)
         for layer in layers.unique().tolist():
             mask = layers == layer
-            transcoder = s.transcoders[layer]
-            x = inputs[layer][f_rows[mask], positions[mask]].to(transcoder.dtype)
-            values[mask] = (x * transcoder.W_enc[:, ids[mask]].T).sum(-1).float()
+            x = inputs[layer][f_rows[mask], positions[mask]].to(s.transcoders.dtype(layer))
+            values[mask] = (x * s.transcoders.encoder(layer, ids[mask]).T).sum(-1).float()
         out.append(values)
     if len(logits):
         last = head[rows[len(features):], -1].float()
@@ -171,7 +178,8 @@ def gradient_rows(s: Setup, grads: list[torch.Tensor], n: int) -> torch.Tensor:
     feature_cols = torch.zeros(n, len(s.active), device=g_embed.device)
     for layer in layers.unique().tolist():
         mask = layers == layer
-        feature_cols[:, mask] = (g_out[layer][:, positions[mask]] * s.sources[mask].float()[None]).sum(-1)
+        for r in range(min(s.sources.shape[1], len(g_out) - layer)):  # into layer + r
+            feature_cols[:, mask] += (g_out[layer + r][:, positions[mask]] * s.sources[mask, r].float()[None]).sum(-1)
     error_cols = torch.stack([(g * e.float()[None]).sum(-1) for g, e in zip(g_out, s.errors, strict=True)], dim=1)
     token_cols = (g_embed * s.clean.embeddings.float()[None]).sum(-1)
     return torch.cat([feature_cols, error_cols.flatten(1), token_cols], dim=1)
@@ -252,6 +260,7 @@ def build(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, 
                  logit_probabilities=s.logit_probs.float().cpu(), n_layers=n_layers,
                  scan=None, cfg={"model_type": model.config.model_type, "n_layers": n_layers,
                                  "d_model": s.clean.embeddings.shape[-1], "zero_bos": s.zero_bos,
+                                 "reads": list(s.plan.reads), "tokens": s.plan.tokens,
                                  "frozen": [[name for name in steps if name in s.clean.frozen[i]]
                                             for i, steps in enumerate(s.plan.steps)]})
 

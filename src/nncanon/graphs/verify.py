@@ -123,7 +123,8 @@ def _remove(s: Setup, leaves: list[torch.Tensor], graph: Graph, nodes: Any, row:
     for node in nodes:
         if node < n_features:
             layer, pos, _ = s.active[selected[node]].tolist()
-            leaves[1 + layer][row, pos] -= s.sources[selected[node]]
+            for r in range(min(s.sources.shape[1], n_layers - layer)):  # its vectors into layer + r
+                leaves[1 + layer + r][row, pos] -= s.sources[selected[node], r]
         elif node < n_features + n_layers * n_pos:
             layer, pos = divmod(node - n_features, n_pos)
             leaves[1 + layer][row, pos] -= s.errors[layer, pos]
