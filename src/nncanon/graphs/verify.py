@@ -25,6 +25,7 @@ import torch
 
 from ..sae import Dictionary
 from .attribution import Setup, setup, target_values
+from .coders import CrossLayerTranscoder
 from .graph import Graph
 from .replacement import frozen_run
 
@@ -151,3 +152,25 @@ def random_transcoders(model: Any, n_features: int = 16, seed: int = 0, threshol
             hook_name=f"blocks.{layer}.mlp.hook_in", hook_name_out=f"blocks.{layer}.hook_mlp_out",
             name=f"random-{layer}", **extra))
     return out
+
+
+def random_clt(model: Any, n_features: int = 16, seed: int = 0, threshold: float | None = None,
+               feature_input_hook: str = "hook_resid_mid", skip: bool = False) -> CrossLayerTranscoder:
+    """A random cross-layer transcoder for ``model`` (one encoder per block reading ``feature_input_hook``, decoders
+    into every later block's ``mlp_output``; ReLU, or JumpReLU with ``threshold``; a skip connection with ``skip``),
+    in the model's dtype: for checks and examples."""
+    hidden = model.config.get_text_config().hidden_size
+    n_layers = len(model.layers)
+    dtype = next(model._module.parameters()).dtype
+    generator = torch.Generator().manual_seed(seed)
+
+    def normal(*shape: int, std: float) -> torch.Tensor:
+        return (torch.randn(*shape, generator=generator) * std).to(dtype)
+    return CrossLayerTranscoder(
+        W_enc=normal(n_layers, hidden, n_features, std=hidden ** -0.5),
+        b_enc=normal(n_layers, n_features, std=0.1) - 0.2,
+        W_dec=[normal(n_features, n_layers - s, hidden, std=0.05) for s in range(n_layers)],
+        b_dec=normal(n_layers, hidden, std=0.01),
+        threshold=None if threshold is None else torch.full((n_layers, n_features), threshold, dtype=dtype),
+        W_skip=normal(n_layers, hidden, hidden, std=0.02) if skip else None,
+        feature_input_hook=feature_input_hook, name=f"random-clt-{seed}")
