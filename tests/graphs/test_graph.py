@@ -124,7 +124,7 @@ def test_bad_input(model, transcoders):
     with pytest.raises(InvalidInput, match="empty"):
         graphs.attribute(model, [], transcoders)
     with pytest.raises(InvalidArgument, match="offload"):
-        graphs.attribute(model, PROMPT, transcoders, offload="disk")
+        graphs.attribute(model, PROMPT, transcoders, offload="gpu")
 
 
 def test_sdpa_is_declined():

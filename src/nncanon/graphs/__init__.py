@@ -18,10 +18,11 @@ See ``docs/graphs.md``.
 from .coders import CrossLayerTranscoder
 from .formats import graph_json, load_clt, load_transcoders, save_clt, write_graph_json
 from .graph import Graph
+from .memory import GraphTooLarge, MemoryEstimate
 from .proof import attribute, support
 from .prune import PruneResult, graph_scores, node_influence, prune
 from .verify import GraphCheck, random_clt, random_transcoders, verify
 
-__all__ = ["CrossLayerTranscoder", "Graph", "GraphCheck", "PruneResult", "attribute", "graph_json", "graph_scores",
-           "load_clt", "load_transcoders", "node_influence", "prune", "random_clt", "random_transcoders", "save_clt",
-           "support", "verify", "write_graph_json"]
+__all__ = ["CrossLayerTranscoder", "Graph", "GraphCheck", "GraphTooLarge", "MemoryEstimate", "PruneResult",
+           "attribute", "graph_json", "graph_scores", "load_clt", "load_transcoders", "node_influence", "prune",
+           "random_clt", "random_transcoders", "save_clt", "support", "verify", "write_graph_json"]

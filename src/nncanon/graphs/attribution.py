@@ -19,6 +19,7 @@ block's MLP output) times each source's vector is the row.
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ import torch
 from ..errors import InvalidArgument, InvalidInput
 from .coders import Coders, check_transcoders
 from .graph import Graph
+from .memory import plan_batch
 from .replacement import Clean, Plan, clean_run, frozen_run, plan_of
 
 
@@ -210,10 +212,12 @@ class _Rows:
 
 def build(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
           max_feature_nodes: int | None = None, batch_size: int = 64, offload: str | None = None,
-          update_interval: int = 4, zero_bos: bool | None = None) -> Graph:
+          update_interval: int = 4, zero_bos: bool | None = None, verbose: bool = False,
+          memory_limit: int | None = None) -> Graph:
     """`nncanon.graphs.attribute` without the model's linearity proof (`nncanon.graphs.proof.support`)."""
-    if offload not in (None, "cpu"):
-        raise InvalidArgument(f"offload={offload!r}: nncanon keeps finished rows on the CPU (offload='cpu' or None)")
+    if offload not in OFFLOAD:
+        raise InvalidArgument(f"offload={offload!r}: one of {OFFLOAD} (finished rows on the host; 'disk': in a "
+                              "memory-mapped file)")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise InvalidArgument(f"batch_size must be a positive int, not {batch_size!r}")
     s = setup(model, prompt, transcoders, max_n_logits=max_n_logits, desired_logit_prob=desired_logit_prob,
@@ -224,8 +228,11 @@ def build(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, 
     total = offset + n_logits
     n_features = n_active if max_feature_nodes is None else min(max_feature_nodes, n_active)
     batch = max(1, min(batch_size, max(n_logits, n_features)))
+    batch, _ = plan_batch(model, n_pos, n_features + n_logits, total, batch, offload=offload, limit=memory_limit,
+                          verbose=verbose)
+    store = _Store(offload)
     rows = _Rows(s, batch)
-    edges = torch.zeros(n_features + n_logits, total)
+    edges = store.zeros(n_features + n_logits, total)
     row_node = torch.zeros(n_features + n_logits, dtype=torch.long)
     no = torch.zeros(0, dtype=torch.long, device=s.active.device)
     for start in range(0, n_logits, batch):
@@ -246,14 +253,18 @@ def build(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, 
             row_node[filled:filled + len(chunk)] = chunk
             visited[chunk] = True
             filled += len(chunk)
+    del rows
     selected = torch.where(visited)[0]
-    if n_features < n_active:
-        edges = edges[:, torch.cat([selected, torch.arange(n_active, total)])]
-    edges = edges[row_node.argsort()]
-    size = edges.shape[1]
-    adjacency = torch.zeros(size, size)
-    adjacency[:n_features] = edges[:n_features]
-    adjacency[size - n_logits:] = edges[n_features:]
+    columns = torch.cat([selected, torch.arange(n_active, total)]) if n_features < n_active else None
+    size = n_features + (n_layers + 1) * n_pos + n_logits
+    adjacency = store.zeros(size, size)
+    order = row_node.argsort()  # features (in the order of `selected`), then logits
+    for start in range(0, len(order), 256):  # (a block of rows at a time: no second copy of the rows)
+        block = edges[order[start:start + 256]]
+        block = block[:, columns] if columns is not None else block
+        target = torch.arange(start, min(start + 256, len(order)))
+        target = torch.where(target < n_features, target, target - n_features + size - n_logits)
+        adjacency[target] = block
     return Graph(input_string=_decode(model, s.ids), input_tokens=s.ids[0].cpu(), active_features=s.active.cpu(),
                  activation_values=s.values.float().cpu(), selected_features=selected,
                  adjacency_matrix=adjacency, logit_targets=s.logit_ids.cpu(),
@@ -261,8 +272,28 @@ def build(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, 
                  scan=None, cfg={"model_type": model.config.model_type, "n_layers": n_layers,
                                  "d_model": s.clean.embeddings.shape[-1], "zero_bos": s.zero_bos,
                                  "reads": list(s.plan.reads), "tokens": s.plan.tokens,
+                                 "cross_layer": s.transcoders.clt is not None, "batch": batch,
                                  "frozen": [[name for name in steps if name in s.clean.frozen[i]]
                                             for i, steps in enumerate(s.plan.steps)]})
+
+
+#: What ``offload`` may be: rows on the host (``None``, ``"cpu"``) or in a memory-mapped file (``"disk"``).
+OFFLOAD = (None, "cpu", "disk")
+
+
+class _Store:
+    """Where the rows and the adjacency matrix live: host memory, or (``"disk"``) memory-mapped temporary files
+    (deleted when the tensors are)."""
+
+    def __init__(self, offload: str | None) -> None:
+        self.disk = offload == "disk"
+
+    def zeros(self, rows: int, cols: int) -> torch.Tensor:
+        if not self.disk:
+            return torch.zeros(rows, cols)
+        with tempfile.NamedTemporaryFile(prefix="nncanon-graph-", suffix=".f32") as file:
+            # (mapped before the name is removed: the mapping keeps the file's pages until the tensor is freed)
+            return torch.from_file(file.name, shared=True, size=rows * cols, dtype=torch.float32).view(rows, cols)
 
 
 def partial_influences(edges: torch.Tensor, logit_probs: torch.Tensor, row_node: torch.Tensor, total: int,
