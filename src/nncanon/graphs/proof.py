@@ -13,6 +13,7 @@ import weakref
 from typing import Any
 
 from ..errors import ValueNotAvailable
+from ..support import GRAPH_PROOF
 from .attribution import build
 from .graph import Graph
 from .replacement import support as structural
@@ -33,6 +34,7 @@ def support(model: Any) -> str | None:
     module = model._module
     if module not in _PROVED:
         _PROVED[module] = prove(model)
+    model.__dict__[GRAPH_PROOF] = _PROVED[module]  # (support()'s line on graphs)
     return _PROVED[module]
 
 

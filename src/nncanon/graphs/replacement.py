@@ -38,6 +38,7 @@ from ..components.norms import statistics
 from ..errors import ValueNotAvailable
 from ..reading import host, in_execution_order, read
 from ..sae import resolve, value_at
+from ..support import graph_reason
 from .coders import READS, WRITES
 
 #: The values written back with the clean run's, in a block (those the block serves).
@@ -75,32 +76,11 @@ class Plan:
 
 
 def support(model: Any) -> str | None:
-    """Why an attribution graph of ``model`` cannot be built on the frozen replacement model, or ``None`` (it can).
-
-    A graph needs every block's token mixer linear in the stream once its pattern is frozen (softmax attention
-    with writable probabilities: ``attn_implementation="eager"``; a linear mixer's data-dependent gates are not
-    frozen values), and each block's ``mlp_output`` served.
-    """
-    report = model.support()
-    for layer in range(len(model.layers)):
-        try:
-            resolve(model, f"blocks.{layer}.mlp.hook_in")
-        except ValueNotAvailable as error:
-            return f"a transcoder has no MLP input to read: {error}"
-        if report.available("linear_attention_output", layer):
-            return (f"layers[{layer}] has a linear mixer (linear_attn): its data-dependent gates and decays are not "
-                    "frozen values of the surface yet, so the block is not linear in the stream")
-        if not report.available("mlp_output", layer):
-            return (f"layers[{layer}] serves no mlp_output for a transcoder to write: "
-                    f"{report.reason('mlp_output', layer)}")
-        if report.available("attention_output", layer) and not report.available("attention_probabilities", layer):
-            return (f"layers[{layer}]'s attention probabilities are not served, so its pattern cannot be frozen: "
-                    f"{report.reason('attention_probabilities', layer)}")
-    if getattr(model.config, "_attn_implementation", "eager") != "eager" and report.layers_with("attention_output"):
-        return ("attention runs " + repr(model.config._attn_implementation) + ", which never computes the "
-                "probabilities, so a frozen pattern cannot be written: load the model with attn_implementation="
-                "\"eager\"")
-    return None
+    """Why an attribution graph of ``model`` cannot be built on the frozen replacement model, or ``None`` (it can):
+    `nncanon.support.graph_reason` (every block's token mixer linear in the stream once its pattern, gate and
+    norms' scales are frozen: softmax attention with writable probabilities, ``attn_implementation="eager"``; each
+    block's ``mlp_output`` served)."""
+    return graph_reason(model.support(), getattr(model.config, "_attn_implementation", "eager"))
 
 
 def plan_of(model: Any, reads: list[str] | None = None) -> Plan:

@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from ..sae import Dictionary
+from ..errors import ValueNotAvailable
+from ..sae import Dictionary, resolve
 from .attribution import Setup, setup, target_values
 from .coders import CrossLayerTranscoder
 from .graph import Graph
@@ -135,8 +136,9 @@ def _remove(s: Setup, leaves: list[torch.Tensor], graph: Graph, nodes: Any, row:
 
 def random_transcoders(model: Any, n_features: int = 16, seed: int = 0, threshold: float | None = None
                        ) -> list[Any]:
-    """Random per-layer transcoders for ``model`` (one per block, reading its MLP's input and writing its
-    ``mlp_output``; ReLU, or JumpReLU with ``threshold``), in the model's dtype: for checks and examples."""
+    """Random per-layer transcoders for ``model`` (one per block, reading its MLP's input, or where the block runs
+    its MLP inline the stream its norm reads, and writing its ``mlp_output``; ReLU, or JumpReLU with
+    ``threshold``), in the model's dtype: for checks and examples."""
     hidden = model.config.get_text_config().hidden_size
     dtype = next(model._module.parameters()).dtype
     generator = torch.Generator().manual_seed(seed)
@@ -149,9 +151,18 @@ def random_transcoders(model: Any, n_features: int = 16, seed: int = 0, threshol
             normal(hidden, n_features, std=hidden ** -0.5), normal(n_features, std=0.1) - 0.2,
             normal(n_features, hidden, std=0.05), normal(hidden, std=0.01),
             architecture="transcoder" if threshold is None else "jumprelu_transcoder",
-            hook_name=f"blocks.{layer}.mlp.hook_in", hook_name_out=f"blocks.{layer}.hook_mlp_out",
+            hook_name=f"blocks.{layer}.{_default_read(model, layer)}", hook_name_out=f"blocks.{layer}.hook_mlp_out",
             name=f"random-{layer}", **extra))
     return out
+
+
+def _default_read(model: Any, layer: int) -> str:
+    """``mlp.hook_in`` where block ``layer`` has an MLP module to read, else ``hook_mlp_in`` (what its norm reads)."""
+    try:
+        resolve(model, f"blocks.{layer}.mlp.hook_in")
+    except ValueNotAvailable:
+        return "hook_mlp_in"
+    return "mlp.hook_in"
 
 
 def random_clt(model: Any, n_features: int = 16, seed: int = 0, threshold: float | None = None,
