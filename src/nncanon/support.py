@@ -164,13 +164,17 @@ GRAPH_PROOF, UNPROVED = "_nncanon_graph_proof", "<not yet run>"
 def graph_reason(report: SupportReport, attn_implementation: str | None) -> str | None:
     """Why the model's structure allows no attribution graph (`nncanon.graphs`), or ``None``: every block's token
     mixer must be linear in the stream once its pattern, gate and norms' scales are frozen values (softmax attention
-    with served probabilities, run eagerly; a linear mixer's data-dependent gates and decays are not frozen values
-    yet), and each block must serve ``mlp_output`` for a transcoder to write."""
+    with served probabilities, run eagerly; a linear mixer is not linear in the stream with its gates frozen, and
+    its inner products are not served values), and each block must serve ``mlp_output`` for a transcoder to
+    write."""
     for row in report.layers:
         layer = row.index
         if row.reasons["linear_attention_output"] is None:
-            return (f"layers[{layer}] has a linear mixer (linear_attn): its data-dependent gates and decays are not "
-                    "frozen values of the surface yet, so the block is not linear in the stream")
+            return (f"layers[{layer}] has a linear mixer (linear_attn), whose output is not linear in the stream even "
+                    "with its gates frozen: a gated DeltaNet's state multiplies keys, values and queries that are "
+                    "each computed from the stream (convolution, SiLU, L2 norm), Mamba's selective scan multiplies "
+                    "its input by dt, B and C computed from it and gates it by SiLU(z); the surface serves none of "
+                    "these as writable values to freeze")
         if row.reasons["mlp_output"] is not None:
             return f"layers[{layer}] serves no mlp_output for a transcoder to write: {row.reasons['mlp_output']}"
         if row.reasons["attention_output"] is None and row.reasons["attention_probabilities"] is not None:
