@@ -180,6 +180,9 @@ def graph_reason(report: SupportReport, attn_implementation: str | None) -> str 
         if row.reasons["attention_output"] is None and row.reasons["attention_probabilities"] is not None:
             return (f"layers[{layer}]'s attention probabilities are not served, so its pattern cannot be frozen: "
                     f"{row.reasons['attention_probabilities']}")
+    if report.model_declines.get("final_norm_scale"):
+        return ("the final norm's scale is not served, so it cannot be frozen: "
+                f"{report.model_declines['final_norm_scale']}")
     if (attn_implementation or "eager") != "eager" and report.layers_with("attention_output"):
         return (f"attention runs {attn_implementation!r}, which never computes the probabilities, so a frozen "
                 "pattern cannot be written: load the model with attn_implementation=\"eager\"")

@@ -47,6 +47,7 @@ def test_graph_exact_or_declined(variant):
     line = model.support().graphs  # support()'s line says the same
     assert line == ("yes (the frozen replacement model was proved affine in its sources on this model)"
                     if reason is None else f"no, {reason}")
+    print(f"GRAPH {variant.name}: {'built' if reason is None else 'declined: ' + reason}")  # (the sweep's record)
     if reason is not None:
         assert isinstance(reason, str) and len(reason) > 20
         with pytest.raises(ValueNotAvailable, match="no attribution graph"):

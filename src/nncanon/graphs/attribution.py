@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..errors import InvalidArgument, InvalidInput
+from ..errors import InvalidArgument, InvalidDictionary, InvalidInput
 from .coders import Coders, check_transcoders
 from .graph import Graph
 from .memory import plan_batch
@@ -111,6 +111,12 @@ def setup(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, 
     start = 1 if zero_bos else 0
     n, d = clean.embeddings.shape
     n_layers = len(plan.steps)
+    for layer in range(n_layers):
+        widths = (clean.inputs[layer].shape[-1], clean.outputs[layer].shape[-1])
+        if widths != (d, d):
+            raise InvalidDictionary(f"layers[{layer}]'s transcoder input ({plan.reads[layer]}) and mlp_output are "
+                                    f"{widths[0]} and {widths[1]} wide, not the model's width {d} that its "
+                                    "transcoders map (several streams per position?)")
     features: list[torch.Tensor | None] = []
     for layer in range(n_layers):
         if not coders.present(layer):

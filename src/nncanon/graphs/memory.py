@@ -76,12 +76,27 @@ def per_row_bytes(model: Any, n_pos: int) -> int:
     config = model.config.get_text_config()
     size = torch.finfo(next(model._module.parameters()).dtype).bits // 8
     d = config.hidden_size
-    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", 1) or 1
-    d_ff = (getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None)
-            or getattr(config, "ffn_dim", None) or 4 * d)
-    experts = getattr(config, "num_experts_per_tok", None) or 1
+    heads = _largest(config, ("num_attention_heads", "n_head")) or 1
+    d_ff = _largest(config, ("intermediate_size", "n_inner", "ffn_dim")) or 4 * d
+    experts = _largest(config, ("num_experts_per_tok",)) or 1
     per_layer = 3 * heads * n_pos * n_pos + 16 * n_pos * d + 4 * n_pos * d_ff * experts
     return size * (len(model.layers) * per_layer + 2 * n_pos * config.vocab_size)
+
+
+def _largest(config: Any, names: tuple[str, ...]) -> int | None:
+    """The first of ``names`` the config has as a number; where it varies per layer (a per-layer config, a list),
+    the largest."""
+    for name in names:
+        try:
+            value = getattr(config, name, None)
+        except Exception:  # (a config whose attribute varies per layer refuses the global read)
+            layers = getattr(config, "per_layer_config", None) or []
+            value = [getattr(layer, name, None) for layer in layers]
+        if isinstance(value, (list, tuple)):
+            value = max((v for v in value if isinstance(v, int)), default=None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def plan_batch(model: Any, n_pos: int, n_rows: int, n_cols: int, batch: int, *, offload: str | None,

@@ -113,13 +113,8 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
              if step.op in ("divide", "multiply", "truncate") and step.factor(model.config) is not None]
     tokens = ("token_embeddings" if report.available("token_embeddings") and family.embeddings.norm is None
               else "layer_input")
-    return Plan(steps=steps, reads=reads, parts=parts, final_norm=_has_final_norm(model), head=family.lm_head,
-                tokens=tokens, scale=scale)
-
-
-def _has_final_norm(model: Any) -> bool:
-    """Whether the model serves ``final_norm_scale`` (its final norm's anatomy is known)."""
-    return isinstance(model.__dict__.get("_final_norm"), dict)
+    return Plan(steps=steps, reads=reads, parts=parts, final_norm=report.available("final_norm_scale"),
+                head=family.lm_head, tokens=tokens, scale=scale)
 
 
 @dataclass
