@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nncanon import InvalidDictionary, graphs
+from nncanon import InvalidDictionary, ValueNotAvailable, graphs
+from nncanon.graphs import replacement
 from nncanon.graphs.attribution import setup
 from nncanon.sae import Dictionary, value_at
 from nncanon.testing import tiny_model
@@ -99,3 +100,17 @@ def test_attention_gate_is_frozen():
     assert all("attention_gate" in frozen for frozen in graph.cfg["frozen"])
     check = graphs.verify(model, graph, transcoders, samples=6)
     assert check.ok, str(check)
+
+
+def test_every_graph_checks_its_forward(monkeypatch):
+    """Each graph compares the frozen model's transcoder inputs with the surface's values of the clean run (its first
+    batch row has every leaf clean): a read computed otherwise is refused with the numbers, never a graph."""
+    model = tiny_model("llama")
+    transcoders = _at(graphs.random_transcoders(model, n_features=12, seed=11), "ln2.hook_normalized")
+    graphs.support(model)  # (the model's proof first, unaffected)
+
+    def doubled(anatomy, x):
+        return x.float() * 2, None
+    monkeypatch.setattr(replacement, "statistics", doubled)
+    with pytest.raises(ValueNotAvailable, match=r"transcoder input \(mlp_normalized\) differs from the clean run's"):
+        graphs.attribute(model, PROMPT, transcoders, max_n_logits=2)

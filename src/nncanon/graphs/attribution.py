@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..errors import InvalidArgument, InvalidDictionary, InvalidInput
+from ..errors import InvalidArgument, InvalidDictionary, InvalidInput, ValueNotAvailable
 from .coders import Coders, check_transcoders
 from .graph import Graph
 from .memory import plan_batch
@@ -238,6 +238,7 @@ def build(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, 
                           verbose=verbose)
     store = _Store(offload)
     rows = _Rows(s, batch)
+    _check_forward(s, rows)
     edges = store.zeros(n_features + n_logits, total)
     row_node = torch.zeros(n_features + n_logits, dtype=torch.long)
     no = torch.zeros(0, dtype=torch.long, device=s.active.device)
@@ -281,6 +282,30 @@ def build(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, 
                                  "cross_layer": s.transcoders.clt is not None, "batch": batch,
                                  "frozen": [[name for name in steps if name in s.clean.frozen[i]]
                                             for i, steps in enumerate(s.plan.steps)]})
+
+
+#: The forward check's tolerance (relative to the clean value's largest entry), as the proof's.
+FORWARD_RTOL = 1e-4
+
+
+def _check_forward(s: Setup, rows: _Rows) -> None:
+    """Every graph's forward check, on the rows' frozen run (its batch row 0 has every leaf at its clean value): the
+    transcoders' inputs and the head's output are the clean run's surface values; `ValueNotAvailable` with the
+    numbers where not (a read the frozen model does not compute as the surface serves it)."""
+    worst = []
+    with torch.no_grad():
+        for layer, x in enumerate(rows.inputs):
+            error = float((x[0].double() - s.clean.inputs[layer].double()).abs().max()
+                          / (s.clean.inputs[layer].double().abs().max() + 1e-12))
+            worst.append((error, f"layers[{layer}]'s transcoder input ({s.plan.reads[layer]})"))
+        head = rows.head[0].double()
+        worst.append((float((head - s.clean.head.double()).abs().max() / (s.clean.head.double().abs().max() + 1e-12)),
+                      "the head's output"))
+    error, where = max(worst)
+    if error > FORWARD_RTOL:
+        raise ValueNotAvailable(f"no attribution graph on this {s.model.config.model_type} model with these "
+                                f"transcoders: on the frozen replacement model {where} differs from the clean run's "
+                                f"by {error:.2e} relative (tolerance {FORWARD_RTOL:.0e})")
 
 
 #: What ``offload`` may be: rows on the host (``None``, ``"cpu"``) or in a memory-mapped file (``"disk"``).
