@@ -10,12 +10,6 @@ import torch
 from safetensors.torch import save_file
 
 from nncanon import InvalidDictionary, graphs
-from nncanon.testing import tiny_model
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model("llama")
 
 
 def _write_set(folder, transcoders, reads="mlp.hook_in", writes="hook_mlp_out", npz=False):

@@ -9,17 +9,7 @@ from nncanon import InvalidArgument, InvalidDictionary, InvalidInput, ValueNotAv
 from nncanon.sae import Dictionary
 from nncanon.testing import tiny_model
 
-PROMPT = "The cat sat on the mat"
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
-def transcoders(model):
-    return graphs.random_transcoders(model, n_features=12, seed=3)
+from .conftest import PROMPT
 
 
 @pytest.fixture(scope="module")

@@ -8,19 +8,8 @@ import torch
 
 from nncanon import InvalidArgument, graphs
 from nncanon.graphs.memory import per_row_bytes
-from nncanon.testing import tiny_model
 
-PROMPT = "The cat sat on the mat"
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
-def transcoders(model):
-    return graphs.random_transcoders(model, n_features=12, seed=10)
+from .conftest import PROMPT
 
 
 @pytest.fixture(scope="module")
