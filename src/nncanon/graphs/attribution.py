@@ -1,20 +1,23 @@
-"""`build`: an attribution graph of a prompt over per-layer transcoders, circuit-tracer's algorithm on the
-frozen replacement model (`nncanon.graphs.replacement`).
+"""`build`: an attribution graph of a prompt over per-layer or cross-layer transcoders, circuit-tracer's algorithm
+on the frozen replacement model (`nncanon.graphs.replacement`).
 
 Conventions (circuit-tracer's): a feature's activation is its transcoder's (JumpReLU strict: ``pre > threshold``);
-a feature target is the encoder pre-activation without ``b_enc`` (``x · W_enc[:, f]``, ``x`` the MLP's input); a
-feature source is ``activation · W_dec[f]`` at the MLP's output; an error node is the MLP's output less the
-transcoder's reconstruction at one (layer, position); position 0's features and errors are zeroed where the prompt
+a feature target is the encoder pre-activation without ``b_enc`` (``x · W_enc[:, f]``, ``x`` the value the
+transcoder reads: `nncanon.graphs.coders.READS`); a feature source is ``activation · W_dec[f]`` at the MLP's output
+(a cross-layer feature's: at every MLP output it decodes to); an error node is the MLP's output less every
+reconstruction into it at one (layer, position); position 0's features and errors are zeroed where the prompt
 starts with a special token (its MLP outputs are then constants of the frozen model); logit targets are the most
 probable tokens after the family's soft-cap until their probabilities sum to ``desired_logit_prob`` (at most
 ``max_n_logits``), each target the head's output (before the soft-cap) dotted with the one-hot of the token less the
-vocabulary's mean: ``W_U[t] - mean(W_U)`` applied to the final norm's output; a token node's vector is the stream
-entering block 0 at its position (``layers[0].layer_input``: the token embedding, with the family's embedding scale
-and any position embedding in it).
+vocabulary's mean: ``W_U[t] - mean(W_U)`` applied to the final norm's output; a token node's vector is
+``model.token_embeddings`` at its position (the token's embedding, with the family's scale where the embedding module
+applies it; absolute position embeddings are constants of the frozen model, in every target's bias term), or the
+stream entering block 0 where an embedding norm sits before it (`nncanon.graphs.replacement.Plan.tokens`).
 
-Each row of the adjacency matrix is one backward pass: a batch of ``batch_size`` copies of the prompt runs the
-frozen model once, target ``b`` reads batch row ``b``, and the gradient at each leaf (the stream into block 0, each
-block's MLP output) times each source's vector is the row.
+Each row of the adjacency matrix is one backward pass: a batch of at most ``batch_size`` copies of the prompt (as
+many as fit the memory: `nncanon.graphs.memory`) runs the frozen model once, target ``b`` reads batch row ``b``, and
+the gradient at each leaf (the token nodes' vectors, each block's MLP output) times each source's vector is the row.
+Batch row 0 of that run has every leaf at its clean value: the graph's forward check (`_check_forward`).
 """
 
 from __future__ import annotations
