@@ -156,6 +156,52 @@ def value_reason(states: dict[str, Any], value: str) -> str | None:
     return value_reason(states, component) if state is None else state.reason(value)
 
 
+#: Where `nncanon.graphs` keeps its linearity proof's verdict on a model (in the model's ``__dict__``: ``None``
+#: where it held, else the reason), read by `graphs_line`; `UNPROVED` until the proof runs.
+GRAPH_PROOF, UNPROVED = "_nncanon_graph_proof", "<not yet run>"
+
+
+def graph_reason(report: SupportReport, attn_implementation: str | None) -> str | None:
+    """Why the model's structure allows no attribution graph (`nncanon.graphs`), or ``None``: every block's token
+    mixer must be linear in the stream once its pattern, gate and norms' scales are frozen values (softmax attention
+    with served probabilities, run eagerly; a linear mixer is not linear in the stream with its gates frozen, and
+    its inner products are not served values), and each block must serve ``mlp_output`` for a transcoder to
+    write."""
+    for row in report.layers:
+        layer = row.index
+        if row.reasons["linear_attention_output"] is None:
+            return (f"layers[{layer}] has a linear mixer (linear_attn), whose output is not linear in the stream even "
+                    "with its gates frozen: a gated DeltaNet's state multiplies keys, values and queries that are "
+                    "each computed from the stream (convolution, SiLU, L2 norm), Mamba's selective scan multiplies "
+                    "its input by dt, B and C computed from it and gates it by SiLU(z); the surface serves none of "
+                    "these as writable values to freeze")
+        if row.reasons["mlp_output"] is not None:
+            return f"layers[{layer}] serves no mlp_output for a transcoder to write: {row.reasons['mlp_output']}"
+        if row.reasons["attention_output"] is None and row.reasons["attention_probabilities"] is not None:
+            return (f"layers[{layer}]'s attention probabilities are not served, so its pattern cannot be frozen: "
+                    f"{row.reasons['attention_probabilities']}")
+    if report.model_declines.get("final_norm_scale"):
+        return ("the final norm's scale is not served, so it cannot be frozen: "
+                f"{report.model_declines['final_norm_scale']}")
+    if (attn_implementation or "eager") != "eager" and report.layers_with("attention_output"):
+        return (f"attention runs {attn_implementation!r}, which never computes the probabilities, so a frozen "
+                "pattern cannot be written: load the model with attn_implementation=\"eager\"")
+    return None
+
+
+def graphs_line(report: SupportReport, attn_implementation: str | None, proof: str | None) -> str:
+    """``support()``'s line on attribution graphs: declined by structure (`graph_reason`) or by the linearity proof,
+    proved, or not yet proved (`nncanon.graphs.support` runs the proof)."""
+    reason = graph_reason(report, attn_implementation)
+    if reason is not None:
+        return f"no, {reason}"
+    if proof == UNPROVED:
+        return "the structure allows them; the linearity proof runs at first use (nncanon.graphs.support(model))"
+    if proof is None:
+        return "yes (the frozen replacement model was proved affine in its sources on this model)"
+    return f"no, {proof}"
+
+
 def attached_lines(model: Any) -> list[str]:
     """What is attached to ``model`` beside its values, one line each: the one place the surface learns of the
     dictionaries `nncanon.sae.attach` keeps on the model (under ``model.__dict__["_nncanon_attached"]``)."""
@@ -190,7 +236,8 @@ class SupportReport:
     def __init__(self, layers: list[LayerSupport], model_type: str, family: str, provenance: str = "",
                  model_declines: dict | None = None, cause: str | None = None,
                  attached: list[str] | None = None, batch: str | None = None,
-                 model_gradient_declines: dict | None = None, model_absent: dict | None = None) -> None:
+                 model_gradient_declines: dict | None = None, model_absent: dict | None = None,
+                 graphs: str | None = None) -> None:
         self.layers = layers
         self.model_type = model_type
         self.family = family
@@ -208,6 +255,8 @@ class SupportReport:
         self.cause = cause
         #: What is attached to the model beside its values (a dictionary of `nncanon.sae`), one line each.
         self.attached = list(attached or [])
+        #: Whether attribution graphs (`nncanon.graphs`) can be built on the model, and why not: one line.
+        self.graphs = graphs
         #: Why the model does not compute the tokens of a batch independently (bitsandbytes LLM.int8's outlier
         #: columns: an edit at one token or in one invoke moves the others), ``None`` where it does.
         self.batch = batch
@@ -229,11 +278,14 @@ class SupportReport:
             absent = frozenset(name for state in states.values() if state is not None for name in state.absent)
             rows.append(LayerSupport(index, type(layer._module).__name__, reasons, absent, gradients))
         provenance = model.__dict__.get("_provenance")
-        return cls(rows, model._text_config.model_type, model.family.name,
-                   provenance.text if provenance is not None else "", model.__dict__.get("_model_declines"),
-                   getattr(provenance, "cause", None), attached_lines(model),
-                   model._batch_coupling() if hasattr(model, "_batch_coupling") else None,
-                   model.__dict__.get("_model_gradient_declines"), model.__dict__.get("_model_absent"))
+        report = cls(rows, model._text_config.model_type, model.family.name,
+                     provenance.text if provenance is not None else "", model.__dict__.get("_model_declines"),
+                     getattr(provenance, "cause", None), attached_lines(model),
+                     model._batch_coupling() if hasattr(model, "_batch_coupling") else None,
+                     model.__dict__.get("_model_gradient_declines"), model.__dict__.get("_model_absent"))
+        report.graphs = graphs_line(report, getattr(model.config, "_attn_implementation", "eager"),
+                                    model.__dict__.get(GRAPH_PROOF, UNPROVED))
+        return report
 
     def _row(self, layer: int) -> LayerSupport:
         return self.layers[layer_index(layer, len(self.layers), "support()")]
@@ -319,6 +371,7 @@ class SupportReport:
             "model_gradients_declined": dict(self.model_gradient_declines),
             "attached": list(self.attached),
             "batch": self.batch,
+            "graphs": self.graphs,
             "layers": [
                 {"layer": row.index, "block_type": row.block_type, "values": dict(row.reasons),
                  "gradients_declined": dict(row.gradient_reasons)}
@@ -354,6 +407,7 @@ class SupportReport:
         head += [f"model.{name}: none, {reason}" for name, reason in self.model_absent.items()]
         head += [f"model.{name} served, its .grad not: {reason}"
                  for name, reason in self.model_gradient_declines.items()]
+        head += [f"attribution graphs: {self.graphs}"] if self.graphs else []
         lines = [line for text in head for line in _wrapped(text)]
         if everywhere:
             lines += _wrapped("served on every layer: " + ", ".join(everywhere))

@@ -27,10 +27,10 @@ from ..conftest import VARIANT_IDS, variant_params
 
 #: Families that build (each kind of block once; granitemoe: an assignment to a scaled site takes the gradient).
 BUILT = ("llama", "gpt2", "gemma2", "qwen3", "gpt_neox_parallel", "mixtral", "olmo2", "granite", "granitemoe", "cohere",
-         "bloom")
-#: Families declined: by structure (a linear mixer; an MLP without one input) and by the proof (a norm inside
-#: attention, DeepSeek's compressed-KV norm; an output gate, AFMoE's).
-DECLINED = {"bamba": "linear mixer", "biogpt": "no MLP input", "deepseek_v2": "not affine", "afmoe": "not affine"}
+         "bloom", "afmoe", "biogpt")
+#: Families declined: by structure (a linear mixer) and by the proof (a norm inside attention, DeepSeek's
+#: compressed-KV norm). (AFMoE's output gate is frozen; BioGPT's inline MLP is read where its norm reads.)
+DECLINED = {"bamba": "linear mixer", "deepseek_v2": "not affine"}
 
 CHOSEN = VARIANT_IDS if os.environ.get("NNCANON_GRAPHS_ALL") else (*BUILT, *DECLINED)
 
@@ -43,7 +43,11 @@ def test_graph_exact_or_declined(variant):
     transcoders = graphs.random_transcoders(model, n_features=12, seed=1)
     reason = graphs.support(model)
     if variant.name in DECLINED:
-        assert reason is not None
+        assert reason is not None and DECLINED[variant.name] in reason
+    line = model.support().graphs  # support()'s line says the same
+    assert line == ("yes (the frozen replacement model was proved affine in its sources on this model)"
+                    if reason is None else f"no, {reason}")
+    print(f"GRAPH {variant.name}: {'built' if reason is None else 'declined: ' + reason}")  # (the sweep's record)
     if reason is not None:
         assert isinstance(reason, str) and len(reason) > 20
         with pytest.raises(ValueNotAvailable, match="no attribution graph"):
@@ -69,3 +73,18 @@ def _layout(model, graph):
     top = probs.topk(graph.n_logits)
     assert torch.equal(top.indices, graph.logit_targets)
     torch.testing.assert_close(top.values, graph.logit_probabilities)
+
+
+def test_support_line():
+    """``print(model.support())`` says whether graphs can be built, within 120 columns; before the proof ran, that
+    the structure allows them; under sdpa, why not."""
+    model = tiny_model("qwen2", attn_implementation="eager")
+    text = str(model.support())
+    assert "attribution graphs: " in text and all(len(line) <= 120 for line in text.splitlines())
+    if graphs.support(model) is None:
+        assert "attribution graphs: yes" in str(model.support())
+    sdpa = tiny_model("qwen2", attn_implementation="sdpa")
+    assert "attribution graphs: no, attention runs 'sdpa'" in str(sdpa.support())
+    assert sdpa.support().to_dict()["graphs"].startswith("no, attention runs 'sdpa'")
+    fresh = tiny_model("llama", attn_implementation="eager")
+    assert fresh.support().graphs.startswith(("the structure allows them", "yes"))

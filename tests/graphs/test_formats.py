@@ -10,12 +10,6 @@ import torch
 from safetensors.torch import save_file
 
 from nncanon import InvalidDictionary, graphs
-from nncanon.testing import tiny_model
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model("llama")
 
 
 def _write_set(folder, transcoders, reads="mlp.hook_in", writes="hook_mlp_out", npz=False):
@@ -52,12 +46,12 @@ def test_circuit_tracer_mlp_hooks_and_bad_sets(model, tmp_path):
     original = graphs.random_transcoders(model, n_features=12)
     loaded = graphs.load_transcoders(_write_set(tmp_path, original, reads="mlp.hook_in", writes="mlp.hook_out"))
     assert loaded[1].cfg.hook_name == "blocks.1.mlp.hook_in"
-    # ln2.hook_normalized is the norm's input before its weight (TransformerLens's), not the MLP module's input a
-    # graph's transcoder reads: refused with the reason, never read as the other value.
+    # ln2.hook_normalized (the norm's input before its weight, circuit-tracer's Gemma-2 sets) is read as such
     normalized = graphs.load_transcoders(_write_set(tmp_path, original, reads="ln2.hook_normalized"))
-    with pytest.raises(InvalidDictionary, match="reads layers"):
-        graphs.attribute(model, "The cat", normalized)
-    resid = graphs.load_transcoders(_write_set(tmp_path, original, reads="hook_resid_pre"))
+    graph = graphs.attribute(model, "The cat", normalized)
+    assert graph.cfg["reads"] == ["mlp_normalized"] * len(model.layers)
+    assert graphs.verify(model, graph, normalized, samples=3).ok
+    resid = graphs.load_transcoders(_write_set(tmp_path, original, reads="hook_attn_out"))
     with pytest.raises(InvalidDictionary, match="reads layers"):
         graphs.attribute(model, "The cat", resid)
     with pytest.raises(InvalidDictionary, match="does not exist"):

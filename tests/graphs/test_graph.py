@@ -9,17 +9,7 @@ from nncanon import InvalidArgument, InvalidDictionary, InvalidInput, ValueNotAv
 from nncanon.sae import Dictionary
 from nncanon.testing import tiny_model
 
-PROMPT = "The cat sat on the mat"
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
-def transcoders(model):
-    return graphs.random_transcoders(model, n_features=12, seed=3)
+from .conftest import PROMPT
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +114,7 @@ def test_bad_input(model, transcoders):
     with pytest.raises(InvalidInput, match="empty"):
         graphs.attribute(model, [], transcoders)
     with pytest.raises(InvalidArgument, match="offload"):
-        graphs.attribute(model, PROMPT, transcoders, offload="disk")
+        graphs.attribute(model, PROMPT, transcoders, offload="gpu")
 
 
 def test_sdpa_is_declined():

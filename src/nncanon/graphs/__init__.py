@@ -7,17 +7,22 @@
   (``verify``): the checks that a graph's edges are exact (completeness, removal effects).
 - `prune`, `graph_scores` (``prune``): circuit-tracer's pruning by influence and its replacement / completeness
   scores.
-- `write_graph_json`, `load_transcoders` (``formats``): the graph JSON of circuit-tracer's frontend and Neuronpedia,
-  circuit-tracer's transcoder sets.
+- `write_graph_json`, `load_transcoders`, `load_clt`, `save_clt` (``formats``): the graph JSON of circuit-tracer's
+  frontend and Neuronpedia, circuit-tracer's transcoder sets and cross-layer transcoders.
+- `CrossLayerTranscoder` (``coders``): circuit-tracer's CLT; `random_clt`, `random_transcoders`: random sets for
+  checks.
 
 See ``docs/graphs.md``.
 """
 
-from .formats import graph_json, load_transcoders, write_graph_json
+from .coders import CrossLayerTranscoder
+from .formats import graph_json, load_clt, load_transcoders, save_clt, write_graph_json
 from .graph import Graph
+from .memory import GraphTooLarge, MemoryEstimate
 from .proof import attribute, support
 from .prune import PruneResult, graph_scores, node_influence, prune
-from .verify import GraphCheck, random_transcoders, verify
+from .verify import GraphCheck, random_clt, random_transcoders, verify
 
-__all__ = ["Graph", "GraphCheck", "PruneResult", "attribute", "graph_json", "graph_scores", "load_transcoders",
-           "node_influence", "prune", "random_transcoders", "support", "verify", "write_graph_json"]
+__all__ = ["CrossLayerTranscoder", "Graph", "GraphCheck", "GraphTooLarge", "MemoryEstimate", "PruneResult",
+           "attribute", "graph_json", "graph_scores", "load_clt", "load_transcoders", "node_influence", "prune",
+           "random_clt", "random_transcoders", "save_clt", "support", "verify", "write_graph_json"]

@@ -1,33 +1,38 @@
-"""`build`: an attribution graph of a prompt over per-layer transcoders, circuit-tracer's algorithm on the
-frozen replacement model (`nncanon.graphs.replacement`).
+"""`build`: an attribution graph of a prompt over per-layer or cross-layer transcoders, circuit-tracer's algorithm
+on the frozen replacement model (`nncanon.graphs.replacement`).
 
 Conventions (circuit-tracer's): a feature's activation is its transcoder's (JumpReLU strict: ``pre > threshold``);
-a feature target is the encoder pre-activation without ``b_enc`` (``x · W_enc[:, f]``, ``x`` the MLP's input); a
-feature source is ``activation · W_dec[f]`` at the MLP's output; an error node is the MLP's output less the
-transcoder's reconstruction at one (layer, position); position 0's features and errors are zeroed where the prompt
+a feature target is the encoder pre-activation without ``b_enc`` (``x · W_enc[:, f]``, ``x`` the value the
+transcoder reads: `nncanon.graphs.coders.READS`); a feature source is ``activation · W_dec[f]`` at the MLP's output
+(a cross-layer feature's: at every MLP output it decodes to); an error node is the MLP's output less every
+reconstruction into it at one (layer, position); position 0's features and errors are zeroed where the prompt
 starts with a special token (its MLP outputs are then constants of the frozen model); logit targets are the most
 probable tokens after the family's soft-cap until their probabilities sum to ``desired_logit_prob`` (at most
 ``max_n_logits``), each target the head's output (before the soft-cap) dotted with the one-hot of the token less the
-vocabulary's mean: ``W_U[t] - mean(W_U)`` applied to the final norm's output; a token node's vector is the stream
-entering block 0 at its position (``layers[0].layer_input``: the token embedding, with the family's embedding scale
-and any position embedding in it).
+vocabulary's mean: ``W_U[t] - mean(W_U)`` applied to the final norm's output; a token node's vector is
+``model.token_embeddings`` at its position (the token's embedding, with the family's scale where the embedding module
+applies it; absolute position embeddings are constants of the frozen model, in every target's bias term), or the
+stream entering block 0 where an embedding norm sits before it (`nncanon.graphs.replacement.Plan.tokens`).
 
-Each row of the adjacency matrix is one backward pass: a batch of ``batch_size`` copies of the prompt runs the
-frozen model once, target ``b`` reads batch row ``b``, and the gradient at each leaf (the stream into block 0, each
-block's MLP output) times each source's vector is the row.
+Each row of the adjacency matrix is one backward pass: a batch of at most ``batch_size`` copies of the prompt (as
+many as fit the memory: `nncanon.graphs.memory`) runs the frozen model once, target ``b`` reads batch row ``b``, and
+the gradient at each leaf (the token nodes' vectors, each block's MLP output) times each source's vector is the row.
+Batch row 0 of that run has every leaf at its clean value: the graph's forward check (`_check_forward`).
 """
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..errors import InvalidArgument, InvalidInput
-from ..sae import Dictionary
+from ..errors import InvalidArgument, InvalidDictionary, InvalidInput, ValueNotAvailable
+from .coders import Coders, check_transcoders
 from .graph import Graph
-from .replacement import Clean, Plan, check_transcoders, clean_run, frozen_run, plan_of
+from .memory import plan_batch
+from .replacement import Clean, Plan, clean_run, frozen_run, plan_of
 
 
 @dataclass
@@ -38,9 +43,10 @@ class Setup:
         model: The model.
         ids: ``[1, n]`` the prompt's token ids.
         plan, clean: The frozen model and the clean run.
-        transcoders: One per block (``None``: none).
+        transcoders: The transcoder set (`nncanon.graphs.coders.Coders`).
         active: ``[n_active, 3]`` (layer, pos, feature), sorted; values: ``[n_active]`` activations.
-        sources: ``[n_active, d]`` each active feature's source vector ``activation · W_dec[f]``.
+        sources: ``[n_active, R, d]`` each active feature's source vectors ``activation · W_dec[f]`` into its layer
+            and the ``R - 1`` after it (``R`` 1 for per-layer transcoders, ``n_layers`` for a cross-layer one).
         errors: ``[n_layers, n, d]`` the error nodes' vectors (position 0 zeroed where ``zero_bos``).
         leaves: Per block, the MLP output leaf's value ``[n, d]`` (the clean output less a skip connection).
         logit_ids, logit_probs: The logit targets and their probabilities.
@@ -51,7 +57,7 @@ class Setup:
     ids: torch.Tensor
     plan: Plan
     clean: Clean
-    transcoders: list[Dictionary | None]
+    transcoders: Coders
     active: torch.Tensor
     values: torch.Tensor
     sources: torch.Tensor
@@ -98,8 +104,8 @@ def _starts_special(model: Any, ids: torch.Tensor) -> bool:
 def setup(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
           zero_bos: bool | None = None) -> Setup:
     """The clean run, the active features, error vectors and logit targets of ``prompt``."""
-    plan = plan_of(model)
-    transcoders = check_transcoders(model, transcoders)
+    coders = check_transcoders(model, transcoders)
+    plan = plan_of(model, coders.reads)
     ids = token_ids(model, prompt)
     clean = clean_run(model, ids, plan)
     if not torch.isfinite(clean.logits).all():
@@ -107,37 +113,50 @@ def setup(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, 
     zero_bos = _starts_special(model, ids) if zero_bos is None else zero_bos
     start = 1 if zero_bos else 0
     n, d = clean.embeddings.shape
+    n_layers = len(plan.steps)
+    for layer in range(n_layers):
+        widths = (clean.inputs[layer].shape[-1], clean.outputs[layer].shape[-1])
+        if widths != (d, d):
+            raise InvalidDictionary(f"layers[{layer}]'s transcoder input ({plan.reads[layer]}) and mlp_output are "
+                                    f"{widths[0]} and {widths[1]} wide, not the model's width {d} that its "
+                                    "transcoders map (several streams per position?)")
+    features: list[torch.Tensor | None] = []
+    for layer in range(n_layers):
+        if not coders.present(layer):
+            features.append(None)
+            continue
+        found = coders.encode(layer, clean.inputs[layer])
+        if not torch.isfinite(found).all():
+            raise InvalidInput(f"transcoder {layer}'s features on this prompt hold NaN or infinite values")
+        features.append(found)
+    reconstructions = coders.reconstructions(features, clean.inputs)
     actives, values, sources, leaves = [], [], [], []
-    errors = torch.zeros(len(plan.steps), n, d, dtype=clean.embeddings.dtype, device=clean.embeddings.device)
-    for layer, transcoder in enumerate(transcoders):
+    errors = torch.zeros(n_layers, n, d, dtype=clean.embeddings.dtype, device=clean.embeddings.device)
+    for layer in range(n_layers):
         out = clean.outputs[layer]
-        if transcoder is None:
+        if features[layer] is None:
             errors[layer, start:] = out[start:]
             leaves.append(out)
             continue
-        x = clean.inputs[layer].to(transcoder.dtype)
-        features = transcoder.encode(x)
-        if not torch.isfinite(features).all():
-            raise InvalidInput(f"transcoder {layer}'s features on this prompt hold NaN or infinite values")
-        reconstruction = transcoder.decode(features, x=x).to(out.dtype)
-        skip = (x @ transcoder.W_skip.T).to(out.dtype) if transcoder.W_skip is not None else None
-        leaves.append(out - skip if skip is not None else out)
-        errors[layer, start:] = (out - reconstruction)[start:]
-        features[:start] = 0
-        pos, feature = features.nonzero(as_tuple=True)
+        skip = coders.skip(layer, clean.inputs[layer])
+        leaves.append(out - skip.to(out.dtype) if skip is not None else out)
+        errors[layer, start:] = (out - reconstructions[layer].to(out.dtype))[start:]
+        found = features[layer]
+        found[:start] = 0
+        pos, feature = found.nonzero(as_tuple=True)
         actives.append(torch.stack([torch.full_like(pos, layer), pos, feature], dim=1))
-        values.append(features[pos, feature])
-        sources.append((features[pos, feature, None] * transcoder.W_dec[feature]).to(out.dtype))
+        values.append(found[pos, feature])
+        sources.append((found[pos, feature, None, None] * coders.decoders(layer, feature)).to(out.dtype))
     empty = torch.zeros(0, 3, dtype=torch.long, device=clean.embeddings.device)
     logits = clean.logits[-1].float()
     probs = torch.softmax(logits, dim=-1)
     top_p, top_ids = torch.topk(probs, min(max_n_logits, probs.shape[-1]))
     cutoff = int(torch.searchsorted(torch.cumsum(top_p, 0), torch.tensor(desired_logit_prob,
                                                                           device=top_p.device))) + 1
-    return Setup(model=model, ids=ids, plan=plan, clean=clean, transcoders=transcoders,
+    return Setup(model=model, ids=ids, plan=plan, clean=clean, transcoders=coders,
                  active=torch.cat(actives) if actives else empty,
                  values=torch.cat(values) if values else torch.zeros(0, device=empty.device),
-                 sources=torch.cat(sources) if sources else torch.zeros(0, d, device=empty.device),
+                 sources=torch.cat(sources) if sources else torch.zeros(0, coders.reach, d, device=empty.device),
                  errors=errors, leaves=leaves, logit_ids=top_ids[:cutoff], logit_probs=top_p[:cutoff],
                  zero_bos=zero_bos)
 
@@ -153,9 +172,8 @@ def target_values(s: Setup, inputs: list[torch.Tensor], head: torch.Tensor, feat
         values = torch.zeros(len(features), dtype=torch.float32, device=head.device)
         for layer in layers.unique().tolist():
             mask = layers == layer
-            transcoder = s.transcoders[layer]
-            x = inputs[layer][f_rows[mask], positions[mask]].to(transcoder.dtype)
-            values[mask] = (x * transcoder.W_enc[:, ids[mask]].T).sum(-1).float()
+            x = inputs[layer][f_rows[mask], positions[mask]].to(s.transcoders.dtype(layer))
+            values[mask] = (x * s.transcoders.encoder(layer, ids[mask]).T).sum(-1).float()
         out.append(values)
     if len(logits):
         last = head[rows[len(features):], -1].float()
@@ -171,7 +189,8 @@ def gradient_rows(s: Setup, grads: list[torch.Tensor], n: int) -> torch.Tensor:
     feature_cols = torch.zeros(n, len(s.active), device=g_embed.device)
     for layer in layers.unique().tolist():
         mask = layers == layer
-        feature_cols[:, mask] = (g_out[layer][:, positions[mask]] * s.sources[mask].float()[None]).sum(-1)
+        for r in range(min(s.sources.shape[1], len(g_out) - layer)):  # into layer + r
+            feature_cols[:, mask] += (g_out[layer + r][:, positions[mask]] * s.sources[mask, r].float()[None]).sum(-1)
     error_cols = torch.stack([(g * e.float()[None]).sum(-1) for g, e in zip(g_out, s.errors, strict=True)], dim=1)
     token_cols = (g_embed * s.clean.embeddings.float()[None]).sum(-1)
     return torch.cat([feature_cols, error_cols.flatten(1), token_cols], dim=1)
@@ -202,10 +221,12 @@ class _Rows:
 
 def build(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
           max_feature_nodes: int | None = None, batch_size: int = 64, offload: str | None = None,
-          update_interval: int = 4, zero_bos: bool | None = None) -> Graph:
+          update_interval: int = 4, zero_bos: bool | None = None, verbose: bool = False,
+          memory_limit: int | None = None) -> Graph:
     """`nncanon.graphs.attribute` without the model's linearity proof (`nncanon.graphs.proof.support`)."""
-    if offload not in (None, "cpu"):
-        raise InvalidArgument(f"offload={offload!r}: nncanon keeps finished rows on the CPU (offload='cpu' or None)")
+    if offload not in OFFLOAD:
+        raise InvalidArgument(f"offload={offload!r}: one of {OFFLOAD} (finished rows on the host; 'disk': in a "
+                              "memory-mapped file)")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise InvalidArgument(f"batch_size must be a positive int, not {batch_size!r}")
     s = setup(model, prompt, transcoders, max_n_logits=max_n_logits, desired_logit_prob=desired_logit_prob,
@@ -216,8 +237,12 @@ def build(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, 
     total = offset + n_logits
     n_features = n_active if max_feature_nodes is None else min(max_feature_nodes, n_active)
     batch = max(1, min(batch_size, max(n_logits, n_features)))
+    batch, _ = plan_batch(model, n_pos, n_features + n_logits, total, batch, offload=offload, limit=memory_limit,
+                          verbose=verbose)
+    store = _Store(offload)
     rows = _Rows(s, batch)
-    edges = torch.zeros(n_features + n_logits, total)
+    _check_forward(s, rows)
+    edges = store.zeros(n_features + n_logits, total)
     row_node = torch.zeros(n_features + n_logits, dtype=torch.long)
     no = torch.zeros(0, dtype=torch.long, device=s.active.device)
     for start in range(0, n_logits, batch):
@@ -238,22 +263,71 @@ def build(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, 
             row_node[filled:filled + len(chunk)] = chunk
             visited[chunk] = True
             filled += len(chunk)
+    del rows
     selected = torch.where(visited)[0]
-    if n_features < n_active:
-        edges = edges[:, torch.cat([selected, torch.arange(n_active, total)])]
-    edges = edges[row_node.argsort()]
-    size = edges.shape[1]
-    adjacency = torch.zeros(size, size)
-    adjacency[:n_features] = edges[:n_features]
-    adjacency[size - n_logits:] = edges[n_features:]
+    columns = torch.cat([selected, torch.arange(n_active, total)]) if n_features < n_active else None
+    size = n_features + (n_layers + 1) * n_pos + n_logits
+    adjacency = store.zeros(size, size)
+    order = row_node.argsort()  # features (in the order of `selected`), then logits
+    for start in range(0, len(order), 256):  # (a block of rows at a time: no second copy of the rows)
+        block = edges[order[start:start + 256]]
+        block = block[:, columns] if columns is not None else block
+        target = torch.arange(start, min(start + 256, len(order)))
+        target = torch.where(target < n_features, target, target - n_features + size - n_logits)
+        adjacency[target] = block
     return Graph(input_string=_decode(model, s.ids), input_tokens=s.ids[0].cpu(), active_features=s.active.cpu(),
                  activation_values=s.values.float().cpu(), selected_features=selected,
                  adjacency_matrix=adjacency, logit_targets=s.logit_ids.cpu(),
                  logit_probabilities=s.logit_probs.float().cpu(), n_layers=n_layers,
                  scan=None, cfg={"model_type": model.config.model_type, "n_layers": n_layers,
                                  "d_model": s.clean.embeddings.shape[-1], "zero_bos": s.zero_bos,
+                                 "reads": list(s.plan.reads), "tokens": s.plan.tokens,
+                                 "cross_layer": s.transcoders.clt is not None, "batch": batch,
                                  "frozen": [[name for name in steps if name in s.clean.frozen[i]]
                                             for i, steps in enumerate(s.plan.steps)]})
+
+
+#: The forward check's tolerance (relative to the clean value's largest entry), as the proof's.
+FORWARD_RTOL = 1e-4
+
+
+def _check_forward(s: Setup, rows: _Rows) -> None:
+    """Every graph's forward check, on the rows' frozen run (its batch row 0 has every leaf at its clean value): the
+    transcoders' inputs and the head's output are the clean run's surface values; `ValueNotAvailable` with the
+    numbers where not (a read the frozen model does not compute as the surface serves it)."""
+    worst = []
+    with torch.no_grad():
+        for layer, x in enumerate(rows.inputs):
+            error = float((x[0].double() - s.clean.inputs[layer].double()).abs().max()
+                          / (s.clean.inputs[layer].double().abs().max() + 1e-12))
+            worst.append((error, f"layers[{layer}]'s transcoder input ({s.plan.reads[layer]})"))
+        head = rows.head[0].double()
+        worst.append((float((head - s.clean.head.double()).abs().max() / (s.clean.head.double().abs().max() + 1e-12)),
+                      "the head's output"))
+    error, where = max(worst)
+    if error > FORWARD_RTOL:
+        raise ValueNotAvailable(f"no attribution graph on this {s.model.config.model_type} model with these "
+                                f"transcoders: on the frozen replacement model {where} differs from the clean run's "
+                                f"by {error:.2e} relative (tolerance {FORWARD_RTOL:.0e})")
+
+
+#: What ``offload`` may be: rows on the host (``None``, ``"cpu"``) or in a memory-mapped file (``"disk"``).
+OFFLOAD = (None, "cpu", "disk")
+
+
+class _Store:
+    """Where the rows and the adjacency matrix live: host memory, or (``"disk"``) memory-mapped temporary files
+    (deleted when the tensors are)."""
+
+    def __init__(self, offload: str | None) -> None:
+        self.disk = offload == "disk"
+
+    def zeros(self, rows: int, cols: int) -> torch.Tensor:
+        if not self.disk:
+            return torch.zeros(rows, cols)
+        with tempfile.NamedTemporaryFile(prefix="nncanon-graph-", suffix=".f32") as file:
+            # (mapped before the name is removed: the mapping keeps the file's pages until the tensor is freed)
+            return torch.from_file(file.name, shared=True, size=rows * cols, dtype=torch.float32).view(rows, cols)
 
 
 def partial_influences(edges: torch.Tensor, logit_probs: torch.Tensor, row_node: torch.Tensor, total: int,

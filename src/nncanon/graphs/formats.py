@@ -5,7 +5,12 @@
 - `load_transcoders`: a circuit-tracer transcoder set (a YAML config naming ``feature_input_hook``,
   ``feature_output_hook`` as TransformerLens hook names and one file per layer: ``.safetensors`` in its ReLU
   layout, ``W_enc [d_sae, d_model]``, ``W_dec [d_model, d_sae]``, optional ``W_skip``; or a Gemma Scope ``.npz``
-  with ``threshold``), as `nncanon.sae.Dictionary` transcoders reading the names through the one name table.
+  with ``threshold``), as `nncanon.sae.Dictionary` transcoders reading the names through the one name table; or a
+  cross-layer transcoder (``model_kind: cross_layer_transcoder``: `load_clt`).
+- `load_clt`, `save_clt`: circuit-tracer's cross-layer transcoder folder (``W_enc_<i>.safetensors`` holding
+  ``W_enc_<i> [F, d]``, ``b_enc_<i> [F]``, ``b_dec_<i> [d]``, optional ``threshold_<i> [F]``;
+  ``W_dec_<i>.safetensors`` holding ``W_dec_<i> [F, n_layers - i, d]``) as a
+  `nncanon.graphs.coders.CrossLayerTranscoder`.
 """
 
 from __future__ import annotations
@@ -19,10 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from ..errors import InvalidDictionary
 from ..sae import Dictionary
+from .coders import CrossLayerTranscoder
 from .graph import Graph
 from .prune import prune
 
@@ -111,8 +117,10 @@ def write_graph_json(graph: Graph, out_dir: str | os.PathLike, slug: str, tokeni
 
 
 def load_transcoders(config: str | os.PathLike, *, device: str | torch.device = "cpu",
-                     dtype: torch.dtype | None = None) -> list[Dictionary]:
-    """A circuit-tracer transcoder set from its YAML config (local files; ``filepath`` relative to the config).
+                     dtype: torch.dtype | None = None) -> list[Dictionary] | CrossLayerTranscoder:
+    """A circuit-tracer transcoder set from its YAML config (local files; ``filepath`` relative to the config), or
+    its cross-layer transcoder (``model_kind: cross_layer_transcoder``: the folder's safetensors beside the config,
+    or in its ``subfolder``; `load_clt`).
 
     Raises:
         InvalidDictionary: a config or file that is missing or not in circuit-tracer's layout, a remote
@@ -123,6 +131,11 @@ def load_transcoders(config: str | os.PathLike, *, device: str | torch.device = 
         raise InvalidDictionary(f"the transcoder config {os.fspath(config)!r} does not exist")
     try:
         cfg = yaml.safe_load(path.read_text())
+        if isinstance(cfg, dict) and cfg.get("model_kind") == "cross_layer_transcoder":
+            folder = path.parent / str(cfg.get("subfolder") or "")
+            return load_clt(folder, feature_input_hook=cfg.get("feature_input_hook", "hook_resid_mid"),
+                            feature_output_hook=cfg.get("feature_output_hook", "hook_mlp_out"),
+                            name=str(cfg.get("scan") or folder.name), device=device, dtype=dtype)
         entries = sorted(cfg["transcoders"], key=lambda entry: int(entry["layer"]))
         reads, writes = cfg["feature_input_hook"], cfg["feature_output_hook"]
     except (yaml.YAMLError, KeyError, TypeError, ValueError) as error:
@@ -173,3 +186,61 @@ def _read_layer(file: Path) -> dict[str, torch.Tensor]:
         if "threshold" in raw:
             weights["threshold"] = raw["threshold"]
     return weights
+
+
+def load_clt(folder: str | os.PathLike, *, feature_input_hook: str = "hook_resid_mid",
+             feature_output_hook: str = "hook_mlp_out", name: str | None = None, device: str | torch.device = "cpu",
+             dtype: torch.dtype | None = None) -> CrossLayerTranscoder:
+    """circuit-tracer's cross-layer transcoder folder (``W_enc_<i>`` / ``W_dec_<i>`` safetensors; module docstring).
+
+    Raises:
+        InvalidDictionary: no ``W_enc_0.safetensors``, layers missing, a file without its tensors.
+    """
+    root = Path(folder)
+    count = len(list(root.glob("W_enc_*.safetensors")))
+    if count == 0:
+        raise InvalidDictionary(f"{root} holds no W_enc_<layer>.safetensors: not a circuit-tracer cross-layer "
+                                "transcoder folder")
+    enc, dec, b_enc, b_dec, thresholds = [], [], [], [], []
+    for layer in range(count):
+        files = root / f"W_enc_{layer}.safetensors", root / f"W_dec_{layer}.safetensors"
+        missing = [str(file.name) for file in files if not file.is_file()]
+        if missing:
+            raise InvalidDictionary(f"{root} has {count} encoder files but not {', '.join(missing)}")
+        one, two = load_file(str(files[0])), load_file(str(files[1]))
+        try:
+            enc.append(one[f"W_enc_{layer}"].T)
+            b_enc.append(one[f"b_enc_{layer}"])
+            b_dec.append(one[f"b_dec_{layer}"])
+            thresholds.append(one.get(f"threshold_{layer}"))
+            dec.append(two[f"W_dec_{layer}"])
+        except KeyError as error:
+            raise InvalidDictionary(f"{root}: layer {layer}'s files have no {error}") from None
+    if any(t is None for t in thresholds) and not all(t is None for t in thresholds):
+        raise InvalidDictionary(f"{root}: some layers have a JumpReLU threshold and others none")
+    threshold = None if thresholds[0] is None else torch.stack([t.reshape(-1) for t in thresholds])
+    clt = CrossLayerTranscoder(torch.stack(enc).contiguous(), torch.stack(b_enc), dec, torch.stack(b_dec),
+                               threshold, None, feature_input_hook, feature_output_hook, name or root.name)
+    return clt.to(device=device, dtype=dtype)
+
+
+def save_clt(clt: CrossLayerTranscoder, folder: str | os.PathLike, *, scan: str | None = None) -> Path:
+    """Write ``clt`` in circuit-tracer's layout (its ``to_safetensors``) with a ``config.yaml`` (``model_kind:
+    cross_layer_transcoder``, the hooks) that `load_transcoders` and circuit-tracer read; returns the config's path.
+    (A skip connection is not part of the layout and is not written.)"""
+    root = Path(folder)
+    root.mkdir(parents=True, exist_ok=True)
+    for layer in range(clt.n_layers):
+        tensors = {f"W_enc_{layer}": clt.W_enc[layer].T, f"b_enc_{layer}": clt.b_enc[layer],
+                   f"b_dec_{layer}": clt.b_dec[layer]}
+        if clt.threshold is not None:
+            tensors[f"threshold_{layer}"] = clt.threshold[layer]
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
+                  str(root / f"W_enc_{layer}.safetensors"))
+        save_file({f"W_dec_{layer}": clt.W_dec[layer].detach().cpu().contiguous()},
+                  str(root / f"W_dec_{layer}.safetensors"))
+    config = {"model_kind": "cross_layer_transcoder", "scan": scan or clt.name,
+              "feature_input_hook": clt.feature_input_hook, "feature_output_hook": clt.feature_output_hook}
+    path = root / "config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path

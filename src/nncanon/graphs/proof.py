@@ -13,6 +13,7 @@ import weakref
 from typing import Any
 
 from ..errors import ValueNotAvailable
+from ..support import GRAPH_PROOF
 from .attribution import build
 from .graph import Graph
 from .replacement import support as structural
@@ -33,6 +34,7 @@ def support(model: Any) -> str | None:
     module = model._module
     if module not in _PROVED:
         _PROVED[module] = prove(model)
+    model.__dict__[GRAPH_PROOF] = _PROVED[module]  # (support()'s line on graphs)
     return _PROVED[module]
 
 
@@ -54,22 +56,29 @@ def prove(model: Any) -> str | None:
 
 def attribute(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
               max_feature_nodes: int | None = None, batch_size: int = 64, offload: str | None = None,
-              update_interval: int = 4, zero_bos: bool | None = None) -> Graph:
+              update_interval: int = 4, zero_bos: bool | None = None, verbose: bool = False,
+              memory_limit: int | None = None) -> Graph:
     """An attribution graph of ``prompt`` (circuit-tracer's ``attribute``), unpruned.
 
     Args:
         model: A `nncanon.StandardizedTransformer` (eager attention; `nncanon.graphs.support` says which can).
         prompt: A string, a list of token ids or a ``[n]``/``[1, n]`` tensor.
         transcoders: One `nncanon.sae.Dictionary` per block (``None``: that block's MLP output is all error), or
-            ``{layer: transcoder}`` (`nncanon.graphs.formats.load_transcoders` reads circuit-tracer sets).
+            ``{layer: transcoder}``, or a `nncanon.graphs.CrossLayerTranscoder`
+            (`nncanon.graphs.formats.load_transcoders` reads circuit-tracer sets).
         max_n_logits, desired_logit_prob: Logit targets: the most probable tokens until their probabilities sum to
             ``desired_logit_prob``, at most ``max_n_logits``.
         max_feature_nodes: Feature nodes at most (those of most influence on the logits, found as circuit-tracer
             finds them); ``None``: every active feature.
-        batch_size: Targets per backward pass (the frozen forward runs on this many copies of the prompt).
-        offload: ``None`` or ``"cpu"`` (finished rows are always kept on the CPU; the model is not moved).
+        batch_size: Targets per backward pass at most (the frozen forward runs on this many copies of the prompt;
+            fewer where they would not fit the memory available: `nncanon.graphs.memory`).
+        offload: ``None`` or ``"cpu"``: finished rows kept in host memory; ``"disk"``: the rows and the adjacency
+            matrix in memory-mapped temporary files (host memory no longer holds them). The model is not moved.
         update_interval: Batches between re-rankings of the features by influence.
         zero_bos: Zero position 0's features and errors (default: where the prompt starts with a special token).
+        verbose: Print the memory estimate before the rows run.
+        memory_limit: Bytes available to the graph (default: measured: the device's free memory, the host's
+            ``MemAvailable``).
 
     Returns:
         A `Graph` (rows of selected features and logits filled; node order in `nncanon.graphs.graph`).
@@ -77,11 +86,12 @@ def attribute(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 
     Raises:
         ValueNotAvailable: the model cannot be linearised (`nncanon.graphs.support`'s reason: its structure, or
         the linearity proof's numbers); InvalidDictionary: a transcoder of another
-        width, one that names another point, NaN weights; InvalidInput: an empty prompt, NaN logits or features.
+        width, one that names another point, NaN weights; InvalidInput: an empty prompt, NaN logits or features;
+        GraphTooLarge: the memory estimate exceeds what is available (the message gives both).
     """
     reason = support(model)
     if reason is not None:
         raise ValueNotAvailable(f"no attribution graph on this {model.config.model_type} model: {reason}")
     return build(model, prompt, transcoders, max_n_logits=max_n_logits, desired_logit_prob=desired_logit_prob,
                  max_feature_nodes=max_feature_nodes, batch_size=batch_size, offload=offload,
-                 update_interval=update_interval, zero_bos=zero_bos)
+                 update_interval=update_interval, zero_bos=zero_bos, verbose=verbose, memory_limit=memory_limit)

@@ -1,14 +1,27 @@
-"""The local replacement model: the model with every norm's scale and every attention pattern frozen at the clean
-run's values and each MLP's output a fixed leaf, read and written through the standard surface only.
+"""The local replacement model: the model with every norm's scale, every attention pattern and every attention gate
+frozen at the clean run's values and each MLP's output a fixed leaf, read and written through the standard surface
+only.
 
 Frozen means written back: each norm's scale (``attention_norm_scale``, ``attention_post_norm_scale``,
-``mlp_norm_scale``, ``model.final_norm_scale``) and each block's ``attention_probabilities`` are written with the
-clean run's values, detached, so the forward's values are the clean run's while no gradient flows through a norm's
-denominator or a softmax. Each block's ``mlp_output`` is written with a leaf tensor (its clean value; less the
-transcoder's skip connection, which is added back live), so nothing flows through an MLP's nonlinearity either.
-What is left between the stream entering block 0 (``layers[0].layer_input``: the token nodes) and the targets (each
-transcoder's input, the head's output) is linear: the graph's edges are gradients times source vectors, and the
-frozen model is affine in the sources (`nncanon.graphs.verify` proves it on every graph it checks).
+``mlp_norm_scale``, ``model.final_norm_scale``), each block's ``attention_probabilities`` and ``attention_gate`` (an
+output-gated attention's multiplier: Qwen3-Next, Qwen3.5, AFMoE...) are written with the clean run's values,
+detached, so the forward's values are the clean run's while no gradient flows through a norm's denominator, a
+softmax or a gate. Each block's ``mlp_output`` is written with a leaf tensor (its clean value; less the transcoder's
+skip connection, which is added back live), so nothing flows through an MLP's nonlinearity either. The token nodes
+are a leaf written to ``model.token_embeddings`` (the token embedding module's output, with the family's scale where
+the module applies it; absolute position embeddings, added after, are constants: part of every target's bias
+term), or to ``layers[0].layer_input`` where a norm sits between the embeddings and the stream (BLOOM's
+``word_embeddings_layernorm``: its scale is no frozen value) or the token embeddings are not served. What is left
+between the token nodes and the targets (each transcoder's input, the head's output) is linear: the graph's edges
+are gradients times source vectors, and the frozen model is affine in the sources (`nncanon.graphs.verify` proves
+it on every graph it checks).
+
+A transcoder's input is read where it was trained (`nncanon.graphs.coders.READS`): the MLP module's input
+(``mlp_input``); the MLP norm's input normalised before its weight (``mlp_normalized``, TransformerLens's
+``ln2.hook_normalized``), on the frozen model ``centred(stream) / scale`` with the clean run's scale, so the
+gradient flows through the frozen scale and not through the norm's weight; or the stream after the mixer
+(``resid_mid``, ``layer_input + attention_output``), the stream a norm reads being read as those parts; or the
+stream entering the block (``layer_input``).
 
 `plan_of` says what a model freezes (or why it cannot be linearised); `clean_run` reads the clean values;
 `frozen_run` runs the frozen model on given leaves (``[B, n, d]``: one batch row per target of a backward).
@@ -21,18 +34,19 @@ from typing import Any
 
 import torch
 
-from ..errors import InvalidDictionary, ValueNotAvailable
+from ..components.norms import statistics
+from ..errors import ValueNotAvailable
 from ..reading import host, in_execution_order, read
-from ..sae import Dictionary, resolve, value_at
+from ..sae import resolve, value_at
+from ..support import graph_reason
+from .coders import READS, WRITES
 
 #: The values written back with the clean run's, in a block (those the block serves).
-FROZEN = ("attention_norm_scale", "attention_probabilities", "attention_post_norm_scale", "mlp_norm_scale")
+FROZEN = ("attention_norm_scale", "attention_probabilities", "attention_gate", "attention_post_norm_scale",
+          "mlp_norm_scale")
 
 #: Marks where a block's transcoder input is read among its frozen values.
 INPUT = "<transcoder input>"
-
-#: The name a transcoder's input point must resolve to, and its output's.
-READS, WRITES = "mlp_input", "mlp_output"
 
 
 @dataclass
@@ -40,126 +54,67 @@ class Plan:
     """What the frozen model writes and reads, per block, in the order the block computes them.
 
     Attributes:
-        steps: Per block, the names to write (`FROZEN` values, ``mlp_output``) and `INPUT`, in execution order.
+        steps: Per block, the names to write (`FROZEN` values, ``mlp_output``), the stream's parts to read
+            (``layer_input``, ``attention_output``, for a transcoder reading ``mlp_normalized`` or ``resid_mid``)
+            and `INPUT`, in execution order.
+        reads: Per block, the value of `READS` its transcoder reads.
+        parts: Per block, the values whose sum is the stream the MLP's norm reads (``()`` where not needed).
         final_norm: Whether ``model.final_norm_scale`` is frozen (the model has a final norm).
         head: The unembedding's module path (its output: the logits before the family's soft-cap).
+        tokens: Where the token nodes' leaf is written: ``"token_embeddings"`` or ``"layer_input"`` (block 0's).
         scale: The linear logit steps after the head, as ``(op, factor)`` (soft-caps left out: circuit-tracer's
             logit targets are before the final soft-cap).
     """
 
     steps: list[list[str]]
+    reads: list[str]
+    parts: list[tuple[str, ...]]
     final_norm: bool
     head: str
+    tokens: str = "token_embeddings"
     scale: list[tuple[str, Any]] = field(default_factory=list)
 
 
 def support(model: Any) -> str | None:
-    """Why an attribution graph of ``model`` cannot be built on the frozen replacement model, or ``None`` (it can).
-
-    A graph needs every block's token mixer linear in the stream once its pattern is frozen (softmax attention
-    with writable probabilities: ``attn_implementation="eager"``; a linear mixer's data-dependent gates are not
-    frozen values), and each block's ``mlp_output`` served.
-    """
-    report = model.support()
-    for layer in range(len(model.layers)):
-        try:
-            resolve(model, f"blocks.{layer}.mlp.hook_in")
-        except ValueNotAvailable as error:
-            return f"a transcoder has no MLP input to read: {error}"
-        if report.available("linear_attention_output", layer):
-            return (f"layers[{layer}] has a linear mixer (linear_attn): its data-dependent gates and decays are not "
-                    "frozen values of the surface yet, so the block is not linear in the stream")
-        if not report.available("mlp_output", layer):
-            return (f"layers[{layer}] serves no mlp_output for a transcoder to write: "
-                    f"{report.reason('mlp_output', layer)}")
-        if report.available("attention_output", layer) and not report.available("attention_probabilities", layer):
-            return (f"layers[{layer}]'s attention probabilities are not served, so its pattern cannot be frozen: "
-                    f"{report.reason('attention_probabilities', layer)}")
-    if getattr(model.config, "_attn_implementation", "eager") != "eager" and report.layers_with("attention_output"):
-        return ("attention runs " + repr(model.config._attn_implementation) + ", which never computes the "
-                "probabilities, so a frozen pattern cannot be written: load the model with attn_implementation="
-                "\"eager\"")
-    return None
+    """Why an attribution graph of ``model`` cannot be built on the frozen replacement model, or ``None`` (it can):
+    `nncanon.support.graph_reason` (every block's token mixer linear in the stream once its pattern, gate and
+    norms' scales are frozen: softmax attention with writable probabilities, ``attn_implementation="eager"``; each
+    block's ``mlp_output`` served)."""
+    return graph_reason(model.support(), getattr(model.config, "_attn_implementation", "eager"))
 
 
-def plan_of(model: Any) -> Plan:
-    """The `Plan` of ``model``; `ValueNotAvailable` with `support`'s reason where it cannot be linearised."""
+def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
+    """The `Plan` of ``model`` for transcoders reading ``reads`` (per block; default ``mlp_input``);
+    `ValueNotAvailable` with `support`'s reason where it cannot be linearised."""
     reason = support(model)
     if reason is not None:
         raise ValueNotAvailable(f"no attribution graph on this {model.config.model_type} model: {reason}")
     report = model.support()
-    steps = []
-    for layer in range(len(model.layers)):
-        names = [name for name in FROZEN if report.available(name, layer)] + [WRITES]
+    reads = list(reads) if reads is not None else ["mlp_input"] * len(model.layers)
+    steps, parts = [], []
+    for layer, kind in enumerate(reads):
+        assert kind in READS, kind
+        if kind == "mlp_normalized" and not report.available("mlp_norm_scale", layer):
+            raise ValueNotAvailable(f"layers[{layer}]'s transcoder reads mlp_normalized, but the MLP norm's scale is "
+                                    f"not served, so it cannot be frozen: {report.reason('mlp_norm_scale', layer)}")
+        stream: tuple[str, ...] = ()
+        if kind == "layer_input":
+            stream = ("layer_input",)
+        elif kind != "mlp_input":
+            point = resolve(model, f"blocks.{layer}.hook_mlp_in")
+            stream = point.parts if point.value == "resid_mid" else (point.value,)
+        names = [name for name in FROZEN if report.available(name, layer)] + [WRITES, *stream]
         ordered = in_execution_order(model, layer, names)
         ordered.insert(ordered.index(WRITES), INPUT)
         steps.append(ordered)
+        parts.append(stream)
     family = model._family
     scale = [(step.op, step.factor(model.config)) for step in family.logit_steps
              if step.op in ("divide", "multiply", "truncate") and step.factor(model.config) is not None]
-    return Plan(steps=steps, final_norm=_has_final_norm(model), head=family.lm_head, scale=scale)
-
-
-def _has_final_norm(model: Any) -> bool:
-    """Whether the model serves ``final_norm_scale`` (its final norm's anatomy is known)."""
-    return isinstance(model.__dict__.get("_final_norm"), dict)
-
-
-def check_transcoders(model: Any, transcoders: Any) -> list[Dictionary | None]:
-    """One transcoder (or ``None``: that block's whole MLP output is its error node) per block.
-
-    ``transcoders``: a sequence with one entry per block, or a mapping ``{layer: transcoder}``. Each must be a
-    `nncanon.sae.Dictionary` reading the block's MLP input (``mlp.hook_in``: the MLP module's input, the norm's
-    weight applied; a transcoder at ``ln2.hook_normalized``, before the weight, is refused) and writing its
-    ``mlp_output`` (``hook_mlp_out``) where its config names them; its widths must be the model's.
-    """
-    n_layers = len(model.layers)
-    if isinstance(transcoders, Dictionary):
-        transcoders = [transcoders]
-    if isinstance(transcoders, dict):
-        wrong = sorted(str(k) for k in transcoders if not (isinstance(k, int) and 0 <= k < n_layers))
-        if wrong:
-            raise InvalidDictionary(f"transcoders are keyed by layer 0..{n_layers - 1}; got keys {wrong}")
-        transcoders = [transcoders.get(layer) for layer in range(n_layers)]
-    transcoders = list(transcoders)
-    if len(transcoders) != n_layers:
-        raise InvalidDictionary(f"the model has {n_layers} blocks and {len(transcoders)} transcoders were given: pass "
-                                "one per block (None where a block has none) or a mapping {layer: transcoder}")
-    hidden = model.config.get_text_config().hidden_size
-    for layer, transcoder in enumerate(transcoders):
-        if transcoder is None:
-            continue
-        if not isinstance(transcoder, Dictionary):
-            raise InvalidDictionary(f"transcoder {layer} is a {type(transcoder).__name__}, not a "
-                                    "nncanon.sae.Dictionary")
-        cfg = transcoder.cfg
-        where = f"transcoder {layer} ({transcoder.name})"
-        if cfg.activation not in ("relu", "jumprelu", "topk") or cfg.rescale_acts_by_decoder_norm:
-            raise InvalidDictionary(f"{where} is {cfg.architecture}: a graph's feature targets are the encoder's "
-                                    "pre-activation, which relu, jumprelu and top-k transcoders have")
-        if cfg.normalize_activations != "none" or cfg.apply_b_dec_to_input:
-            raise InvalidDictionary(f"{where} normalises its input ({cfg.normalize_activations}, apply_b_dec_to_input="
-                                    f"{cfg.apply_b_dec_to_input}): its features are not linear in the MLP's input")
-        if cfg.d_in != hidden or cfg.d_out != hidden:
-            raise InvalidDictionary(f"{where} maps {cfg.d_in} -> {cfg.d_out}, but this model's blocks are {hidden} "
-                                    "wide: it was trained on another model")
-        for name, expected in ((cfg.hook_name, READS), (cfg.hook_name_out, WRITES)):
-            if name is None:
-                continue
-            point = resolve(model, _mlp_hook(name))
-            if point.layer != layer or point.value != expected:
-                raise InvalidDictionary(f"{where} names {name!r} ({point.label}); a graph's transcoder for block "
-                                        f"{layer} reads layers.{layer}.{READS} and writes layers.{layer}.{WRITES}")
-        for key, tensor in transcoder.state_dict().items():
-            if not torch.isfinite(tensor).all():
-                raise InvalidDictionary(f"{where}'s {key} holds NaN or infinite values")
-    return transcoders
-
-
-def _mlp_hook(name: str) -> str:
-    """circuit-tracer's ``mlp.hook_out`` (its MLP wrapper's output hook) as the name table's ``hook_mlp_out``
-    (``mlp.hook_in``, the MLP module's input, is a name of the table as it is)."""
-    return name.replace("mlp.hook_out", "hook_mlp_out")
+    tokens = ("token_embeddings" if report.available("token_embeddings") and family.embeddings.norm is None
+              else "layer_input")
+    return Plan(steps=steps, reads=reads, parts=parts, final_norm=report.available("final_norm_scale"),
+                head=family.lm_head, tokens=tokens, scale=scale)
 
 
 @dataclass
@@ -169,9 +124,10 @@ class Clean:
     Attributes:
         frozen: Per block, the `FROZEN` values it serves, ``[1, ...]``.
         final_scale: ``model.final_norm_scale`` ``[1, n, 1]`` (``None``: no final norm).
-        inputs: Per block, the MLP's input ``[n, d]``.
+        inputs: Per block, the transcoder's input ``[n, d]`` (the value of ``plan.reads`` as the surface serves it).
         outputs: Per block, ``mlp_output`` ``[n, d]``.
-        embeddings: ``layers[0].layer_input`` ``[n, d]``: the token nodes' vectors.
+        embeddings: The token nodes' vectors ``[n, d]`` (``model.token_embeddings`` or ``layers[0].layer_input``:
+            ``plan.tokens``).
         logits: ``model.logits`` ``[n, vocab]`` (after the family's post-processing).
         head: The head's output with the linear logit steps ``[n, vocab]`` (what `frozen_run` returns).
     """
@@ -185,23 +141,33 @@ class Clean:
     head: torch.Tensor
 
 
+def _token_site(model: Any, plan: Plan) -> tuple[Any, str]:
+    return (model, "token_embeddings") if plan.tokens == "token_embeddings" else (model.layers[0], "layer_input")
+
+
 def clean_run(model: Any, ids: torch.Tensor, plan: Plan) -> Clean:
-    """Read the clean run's frozen values, MLP inputs and outputs, stream into block 0 and logits (one trace)."""
+    """Read the clean run's frozen values, transcoder inputs, MLP outputs, token vectors and logits (one trace)."""
     frozen: list[dict[str, torch.Tensor]] = [{} for _ in plan.steps]
     inputs: list[torch.Tensor] = []
     outputs: list[torch.Tensor] = []
     saved: dict[str, Any] = {}
     head = _envoy(model, plan.head)
+    owner, name = _token_site(model, plan)
     with torch.no_grad(), model.trace(ids):
-        saved["embeddings"] = model.layers[0].layer_input.save()
+        saved["embeddings"] = getattr(owner, name).save()
         for layer, steps in enumerate(plan.steps):
-            for name in steps:
-                if name == INPUT:
-                    inputs.append(value_at(model, f"layers.{layer}.{READS}").save())
-                elif name == WRITES:
+            parts: dict[str, torch.Tensor] = {}
+            for step in steps:
+                if step == INPUT:
+                    inputs.append(_clean_input(model, layer, plan, parts).save())
+                elif step == WRITES:
                     outputs.append(read(model, layer, WRITES).save())
+                elif step in plan.parts[layer] and step not in FROZEN:
+                    parts[step] = read(model, layer, step)
                 else:
-                    frozen[layer][name] = read(model, layer, name).save()
+                    frozen[layer][step] = read(model, layer, step).save()
+                    if step in plan.parts[layer]:
+                        parts[step] = frozen[layer][step]
         if plan.final_norm:
             saved["final"] = model.final_norm_scale.save()
         saved["head"] = head.output.save()
@@ -212,39 +178,75 @@ def clean_run(model: Any, ids: torch.Tensor, plan: Plan) -> Clean:
                  head=_linear_steps(saved["head"], plan)[0].detach())
 
 
-def frozen_run(model: Any, ids: torch.Tensor, plan: Plan, clean: Clean, embeddings: torch.Tensor,
-               outputs: list[torch.Tensor], skips: list[Dictionary | None] | None = None
-               ) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """The frozen model on ``embeddings`` ``[B, n, d]`` (written to ``layers[0].layer_input``) and ``outputs``
-    (per block ``[B, n, d]``, written to ``mlp_output``, plus the live skip connection of a skip transcoder in
-    ``skips``).
+def _clean_input(model: Any, layer: int, plan: Plan, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The transcoder input of ``layer`` on the clean run: the surface's value."""
+    kind = plan.reads[layer]
+    if kind == "mlp_input":
+        return value_at(model, f"layers.{layer}.mlp_input")
+    if kind == "mlp_normalized":
+        return read(model, layer, "mlp_normalized")
+    return _stream(plan, layer, parts)
 
-    Returns each block's MLP input ``[B, n, d]`` and the head's output ``[B, n, vocab]`` with the family's linear
-    logit steps (before any soft-cap), both in the autograd graph of the leaves given.
+
+def _stream(plan: Plan, layer: int, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The stream the MLP's norm reads: the sum of its parts, in the model's order."""
+    total = parts[plan.parts[layer][0]]
+    for name in plan.parts[layer][1:]:
+        total = total + parts[name]
+    return total
+
+
+def frozen_run(model: Any, ids: torch.Tensor, plan: Plan, clean: Clean, embeddings: torch.Tensor,
+               outputs: list[torch.Tensor], coders: Any = None) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The frozen model on ``embeddings`` ``[B, n, d]`` (the token nodes' leaf, written where ``plan.tokens`` says)
+    and ``outputs`` (per block ``[B, n, d]``, written to ``mlp_output``, plus the live skip connection of the
+    transcoders ``coders``, a `nncanon.graphs.coders.Coders`).
+
+    Returns each block's transcoder input ``[B, n, d]`` and the head's output ``[B, n, vocab]`` with the family's
+    linear logit steps (before any soft-cap), both in the autograd graph of the leaves given.
     """
     batch = embeddings.shape[0]
     ids = ids.expand(batch, -1)
     inputs: list[torch.Tensor] = []
     saved: dict[str, Any] = {}
     head = _envoy(model, plan.head)
+    owner, name = _token_site(model, plan)
     with model.trace(ids):
-        model.layers[0].layer_input = embeddings
+        setattr(owner, name, embeddings)
         for layer, steps in enumerate(plan.steps):
-            for name in steps:
-                if name == INPUT:
-                    inputs.append(value_at(model, f"layers.{layer}.{READS}").save())
-                elif name == WRITES:
+            parts: dict[str, torch.Tensor] = {}
+            for step in steps:
+                if step == INPUT:
+                    inputs.append(_frozen_input(model, layer, plan, clean, parts).save())
+                elif step == WRITES:
                     written = outputs[layer]
-                    skip = skips[layer] if skips is not None else None
-                    if skip is not None and skip.W_skip is not None:
-                        written = written + (inputs[layer].to(skip.dtype) @ skip.W_skip.T).to(written.dtype)
+                    skip = coders.skip(layer, inputs[layer]) if coders is not None else None
+                    if skip is not None:
+                        written = written + skip.to(written.dtype)
                     model.layers[layer].mlp.mlp_output = written
+                elif step in plan.parts[layer] and step not in FROZEN:
+                    parts[step] = read(model, layer, step)
                 else:
-                    _freeze(host(model, layer, name), name, clean.frozen[layer][name], batch)
+                    _freeze(host(model, layer, step), step, clean.frozen[layer][step], batch)
         if plan.final_norm:
             _freeze(model, "final_norm_scale", clean.final_scale, batch)
         saved["head"] = head.output.save()
     return inputs, _linear_steps(saved["head"], plan)
+
+
+def _frozen_input(model: Any, layer: int, plan: Plan, clean: Clean, parts: dict[str, torch.Tensor]
+                  ) -> torch.Tensor:
+    """The transcoder input of ``layer`` on the frozen model, linear in the leaves (``mlp_normalized``: the stream
+    centred and divided by the clean run's scale, so the gradient flows through the frozen scale)."""
+    kind = plan.reads[layer]
+    if kind == "mlp_input":
+        return value_at(model, f"layers.{layer}.mlp_input")
+    stream = _stream(plan, layer, parts)
+    if kind != "mlp_normalized":
+        return stream
+    anatomy = model.layers[layer].mlp._nncanon_norm("mlp_normalized").site.anatomy
+    centred, _ = statistics(anatomy, stream)
+    return (centred / clean.frozen[layer]["mlp_norm_scale"]).to(stream.dtype)
 
 
 def _freeze(owner: Any, name: str, value: torch.Tensor, batch: int) -> None:

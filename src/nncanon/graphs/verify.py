@@ -23,8 +23,10 @@ from typing import Any
 
 import torch
 
-from ..sae import Dictionary
+from ..errors import ValueNotAvailable
+from ..sae import Dictionary, resolve
 from .attribution import Setup, setup, target_values
+from .coders import CrossLayerTranscoder
 from .graph import Graph
 from .replacement import frozen_run
 
@@ -123,7 +125,8 @@ def _remove(s: Setup, leaves: list[torch.Tensor], graph: Graph, nodes: Any, row:
     for node in nodes:
         if node < n_features:
             layer, pos, _ = s.active[selected[node]].tolist()
-            leaves[1 + layer][row, pos] -= s.sources[selected[node]]
+            for r in range(min(s.sources.shape[1], n_layers - layer)):  # its vectors into layer + r
+                leaves[1 + layer + r][row, pos] -= s.sources[selected[node], r]
         elif node < n_features + n_layers * n_pos:
             layer, pos = divmod(node - n_features, n_pos)
             leaves[1 + layer][row, pos] -= s.errors[layer, pos]
@@ -133,8 +136,9 @@ def _remove(s: Setup, leaves: list[torch.Tensor], graph: Graph, nodes: Any, row:
 
 def random_transcoders(model: Any, n_features: int = 16, seed: int = 0, threshold: float | None = None
                        ) -> list[Any]:
-    """Random per-layer transcoders for ``model`` (one per block, reading its MLP's input and writing its
-    ``mlp_output``; ReLU, or JumpReLU with ``threshold``), in the model's dtype: for checks and examples."""
+    """Random per-layer transcoders for ``model`` (one per block, reading its MLP's input, or where the block runs
+    its MLP inline the stream its norm reads, and writing its ``mlp_output``; ReLU, or JumpReLU with
+    ``threshold``), in the model's dtype: for checks and examples."""
     hidden = model.config.get_text_config().hidden_size
     dtype = next(model._module.parameters()).dtype
     generator = torch.Generator().manual_seed(seed)
@@ -147,6 +151,37 @@ def random_transcoders(model: Any, n_features: int = 16, seed: int = 0, threshol
             normal(hidden, n_features, std=hidden ** -0.5), normal(n_features, std=0.1) - 0.2,
             normal(n_features, hidden, std=0.05), normal(hidden, std=0.01),
             architecture="transcoder" if threshold is None else "jumprelu_transcoder",
-            hook_name=f"blocks.{layer}.mlp.hook_in", hook_name_out=f"blocks.{layer}.hook_mlp_out",
+            hook_name=f"blocks.{layer}.{_default_read(model, layer)}", hook_name_out=f"blocks.{layer}.hook_mlp_out",
             name=f"random-{layer}", **extra))
     return out
+
+
+def _default_read(model: Any, layer: int) -> str:
+    """``mlp.hook_in`` where block ``layer`` has an MLP module to read, else ``hook_mlp_in`` (what its norm reads)."""
+    try:
+        resolve(model, f"blocks.{layer}.mlp.hook_in")
+    except ValueNotAvailable:
+        return "hook_mlp_in"
+    return "mlp.hook_in"
+
+
+def random_clt(model: Any, n_features: int = 16, seed: int = 0, threshold: float | None = None,
+               feature_input_hook: str = "hook_resid_mid", skip: bool = False) -> CrossLayerTranscoder:
+    """A random cross-layer transcoder for ``model`` (one encoder per block reading ``feature_input_hook``, decoders
+    into every later block's ``mlp_output``; ReLU, or JumpReLU with ``threshold``; a skip connection with ``skip``),
+    in the model's dtype: for checks and examples."""
+    hidden = model.config.get_text_config().hidden_size
+    n_layers = len(model.layers)
+    dtype = next(model._module.parameters()).dtype
+    generator = torch.Generator().manual_seed(seed)
+
+    def normal(*shape: int, std: float) -> torch.Tensor:
+        return (torch.randn(*shape, generator=generator) * std).to(dtype)
+    return CrossLayerTranscoder(
+        W_enc=normal(n_layers, hidden, n_features, std=hidden ** -0.5),
+        b_enc=normal(n_layers, n_features, std=0.1) - 0.2,
+        W_dec=[normal(n_features, n_layers - s, hidden, std=0.05) for s in range(n_layers)],
+        b_dec=normal(n_layers, hidden, std=0.01),
+        threshold=None if threshold is None else torch.full((n_layers, n_features), threshold, dtype=dtype),
+        W_skip=normal(n_layers, hidden, hidden, std=0.02) if skip else None,
+        feature_input_hook=feature_input_hook, name=f"random-clt-{seed}")

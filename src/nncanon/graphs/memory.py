@@ -1,0 +1,125 @@
+"""Memory of a graph: an estimate before the rows run, the memory available, and the batch that fits.
+
+What a graph holds (bytes):
+
+- the frozen forward, per batch row (a target of one backward pass), kept for the backward: per block the attention
+  scores, probabilities and the frozen pattern (``3 · heads · n²`` elements: eager attention computes them; the
+  one term above linear in the positions), the stream-sized tensors (``~16 · n · d``) and the MLP's
+  (``4 · n · d_ff``, times the experts each token uses), and the head's logits (``2 · n · vocab``);
+- the rows: ``(features + logits) × (active + (layers + 1) · n + logits)`` float32 (on the host, or in a file with
+  ``offload="disk"``), and the adjacency matrix assembled from them (``n_nodes²``, likewise).
+
+`plan_batch` shrinks the batch until the forward fits the memory available on the model's device (CUDA: free memory;
+CPU: ``MemAvailable``), so memory grows with the rows (linearly in the positions for a fixed number of feature
+nodes) and not with the batch, and refuses (`GraphTooLarge`, with the estimate) where one row does not fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+import torch
+
+from ..errors import NncanonError
+
+
+class GraphTooLarge(NncanonError, MemoryError):
+    """The graph's estimated memory exceeds what the machine has available (the message gives both)."""
+
+
+@dataclass
+class MemoryEstimate:
+    """A graph's estimated memory, in bytes.
+
+    Attributes:
+        per_row: The frozen forward's activations per batch row (on the model's device).
+        batch: Batch rows of the frozen forward.
+        rows: The rows and the assembled adjacency matrix (host memory, or a file with ``offload="disk"``).
+        available: Memory available on the model's device (``limit``: as given).
+        host_available: Host memory available (the rows' side).
+        on_disk: Whether the rows go to a file.
+    """
+
+    per_row: int
+    batch: int
+    rows: int
+    available: int
+    host_available: int
+    on_disk: bool
+
+    @property
+    def forward(self) -> int:
+        return self.per_row * self.batch
+
+    def __str__(self) -> str:
+        where = "in a file" if self.on_disk else "host"
+        return (f"memory estimate: frozen forward {_gib(self.forward)} ({self.batch} rows x {_gib(self.per_row)}; "
+                f"{_gib(self.available)} available on the model's device), rows and adjacency {_gib(self.rows)} "
+                f"({where}; {_gib(self.host_available)} host memory available)")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.3f} GiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def available(device: torch.device) -> int:
+    """Bytes available on ``device``: CUDA's free memory, else the host's (``psutil``: ``MemAvailable``)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    return int(psutil.virtual_memory().available)
+
+
+def per_row_bytes(model: Any, n_pos: int) -> int:
+    """The frozen forward's activations of one batch row of ``n_pos`` positions (module docstring)."""
+    config = model.config.get_text_config()
+    size = torch.finfo(next(model._module.parameters()).dtype).bits // 8
+    d = config.hidden_size
+    heads = _largest(config, ("num_attention_heads", "n_head")) or 1
+    d_ff = _largest(config, ("intermediate_size", "n_inner", "ffn_dim")) or 4 * d
+    experts = _largest(config, ("num_experts_per_tok",)) or 1
+    per_layer = 3 * heads * n_pos * n_pos + 16 * n_pos * d + 4 * n_pos * d_ff * experts
+    return size * (len(model.layers) * per_layer + 2 * n_pos * config.vocab_size)
+
+
+def _largest(config: Any, names: tuple[str, ...]) -> int | None:
+    """The first of ``names`` the config has as a number; where it varies per layer (a per-layer config, a list),
+    the largest."""
+    for name in names:
+        try:
+            value = getattr(config, name, None)
+        except Exception:  # (a config whose attribute varies per layer refuses the global read)
+            layers = getattr(config, "per_layer_config", None) or []
+            value = [getattr(layer, name, None) for layer in layers]
+        if isinstance(value, (list, tuple)):
+            value = max((v for v in value if isinstance(v, int)), default=None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def plan_batch(model: Any, n_pos: int, n_rows: int, n_cols: int, batch: int, *, offload: str | None,
+               limit: int | None, verbose: bool) -> tuple[int, MemoryEstimate]:
+    """The batch to run (at most ``batch``) and the estimate; `GraphTooLarge` where one row does not fit.
+
+    ``n_rows``, ``n_cols``: the rows to compute and their length; ``limit``: the bytes available on the model's
+    device and the host (default: measured).
+    """
+    device = next(model._module.parameters()).device
+    on_device = available(device) if limit is None else limit
+    host = available(torch.device("cpu")) if limit is None else limit
+    per_row = per_row_bytes(model, n_pos)
+    size = n_rows + 0  # the assembled adjacency is at most n_cols wide and tall
+    rows = 4 * (size * n_cols + n_cols * n_cols)
+    estimate = MemoryEstimate(per_row, batch, rows, on_device, host, offload == "disk")
+    shared = device.type == "cpu" and not estimate.on_disk  # the rows share the host's memory with the forward
+    budget = on_device - (rows if shared else 0)
+    fitting = budget // max(per_row, 1)
+    if fitting < 1 or (not estimate.on_disk and rows > host):
+        raise GraphTooLarge(f"this graph needs more memory than is available: {estimate} (a shorter prompt, "
+                            "max_feature_nodes, or offload='disk' for the rows)")
+    estimate.batch = int(min(batch, fitting))
+    if verbose:
+        print(estimate)
+    return estimate.batch, estimate
