@@ -1,0 +1,126 @@
+"""Every view in a real browser (headless Chromium, `conftest`): it loads with no console error and no network
+request, its DOM holds one element per node / head / cell of the data it was made from, a click on a feature shows
+its contexts, its screenshot is not blank (and is the docs' picture: docs/assets/views), and text from the data
+never runs as script."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+import nncanon
+from nncanon import demo_dictionary, graphs, views
+from nncanon.cli import main
+from nncanon.sae import attach
+
+from .conftest import open_page, screenshot
+
+PROMPT = "The Eiffel Tower is in the city of"
+PAYLOAD = "</script><script>window.PWNED=1</script>"
+HOSTILE = [PAYLOAD, " café ☃ 東京", "<img src=x onerror=\"window.PWNED=2\">", "&amp; \u2028"]
+
+
+def _contexts(layer: int, feature: int) -> list[tuple[float, str]]:
+    """Made-up contexts with markup, script and non-ASCII in them (they must show as text)."""
+    return [(2.5, f"Paris, France: the [[ Eiffel]] Tower (L{layer} #{feature}) {PAYLOAD}"),
+            (1.25, "Le café [[ près]] de la tour ☃ <b>bold?</b>")]
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory):
+    """Every view's page, written once: ``{name: (path, what it was made from)}``."""
+    out = tmp_path_factory.mktemp("views")
+    llama = nncanon.demo_model("llama")
+    transcoders = graphs.random_transcoders(llama, n_features=16)
+    graph = graphs.attribute(llama, PROMPT, transcoders, max_n_logits=3, desired_logit_prob=0.95,
+                             max_feature_nodes=48)
+    pruned = graphs.prune(graph, node_threshold=1.0, edge_threshold=0.99)
+    made = {"graph": (views.write_graph_page(graph, out / "graph.html", llama.tokenizer, contexts=_contexts,
+                                             pruned=pruned), pruned)}
+    hybrid = nncanon.demo_model("hybrid")
+    made["attention"] = (views.attention_page(hybrid, PROMPT).write(out / "attention.html"), hybrid)
+    made["lens"] = (views.lens_page(llama, PROMPT).write(out / "lens.html"), llama)
+    gpt2 = nncanon.demo_model("gpt2")
+    corpus = (nncanon.demo.DEMO_DIR / "corpus.txt").read_text().splitlines()[:96]
+    with attach(gpt2, demo_dictionary()) as item:
+        made["feature"] = (views.feature_page(gpt2, item, corpus, 12, k=8).write(out / "feature.html"), None)
+    assert main(["ablate", "--model", "gpt2", "--model", "hybrid", "--fast", "--out", str(out), "--quiet"]) == 0
+    made["study"] = (out / "ablate.html", None)
+    patterns = {0: torch.softmax(torch.randn(2, 4, 4), -1), 1: torch.full((2, 4, 4), float("nan"))}
+    made["hostile_attention"] = (views.attention_page(tokens=HOSTILE, patterns=patterns).write(
+        out / "hostile_attention.html"), None)
+    made["hostile_lens"] = (views.lens_page(tokens=HOSTILE, top_tokens=[HOSTILE, HOSTILE[::-1]],
+                                            probabilities=[[0.1, 0.5, float("nan"), 1.0]] * 2).write(
+        out / "hostile_lens.html"), None)
+    return made
+
+
+@pytest.mark.parametrize("name", ["graph", "attention", "lens", "feature", "study", "hostile_attention",
+                                  "hostile_lens"])
+def test_page_loads_offline_without_errors_and_draws_something(browser, pages, name):
+    result = open_page(browser, pages[name][0])
+    assert result["errors"] == [], result["errors"]
+    assert result["requests"] == [], f"the page asked the network for {result['requests']}"
+    assert browser.execute_script("return window.PWNED") is None, "text from the data ran as script"
+    variance = screenshot(browser, name)
+    assert variance > 100, f"the screenshot of {name} is blank (grey-level variance {variance:.1f})"
+
+
+def test_graph_page_has_one_element_per_kept_node_and_a_click_shows_contexts(browser, pages):
+    path, pruned = pages["graph"]
+    open_page(browser, path)
+    kept = int(pruned.node_mask.sum())
+    assert browser.execute_script("return document.querySelectorAll('#nodes .node').length") == kept
+    features = browser.find_elements("css selector", "#nodes .node.kind-0")
+    assert features, "no feature node survived pruning: the fixture must keep some"
+    browser.execute_script("arguments[0].dispatchEvent(new MouseEvent('click', {bubbles: true}))", features[0])
+    contexts = browser.find_element("css selector", "#contexts").text
+    assert "Eiffel" in contexts and PAYLOAD in contexts and "café" in contexts, contexts
+    assert browser.find_element("css selector", "#activation").text.startswith("activation ")
+    assert browser.execute_script("return window.PWNED") is None
+    browser.execute_script("arguments[0].dispatchEvent(new MouseEvent('click', {bubbles: true}))", features[-1])
+    exported = browser.execute_script("return window.exportPinned()")
+    assert len(exported["nodes"]) == (2 if len(features) > 1 else 0), exported
+    json.dumps(exported)
+    edges = browser.find_element("css selector", "#edges-shown").text
+    browser.execute_script("const s = document.getElementById('threshold'); s.value = 90; "
+                           "s.dispatchEvent(new Event('input'))")
+    assert browser.find_element("css selector", "#edges-shown").text != edges, "the slider hid no edge"
+    screenshot(browser, "graph_clicked")
+
+
+def test_attention_page_has_one_thumbnail_per_head_and_says_where_there_is_none(browser, pages):
+    path, hybrid = pages["attention"]
+    open_page(browser, path)
+    report = hybrid.support()
+    served = [layer for layer in range(hybrid.num_layers) if report.available("attention_probabilities", layer=layer)]
+    heads = sum(hybrid.config.num_attention_heads for _ in served)
+    assert browser.execute_script("return document.querySelectorAll('canvas.head').length") == heads
+    declined = browser.execute_script("return document.querySelectorAll('.no-attention').length")
+    assert declined == hybrid.num_layers - len(served) > 0
+
+
+def test_lens_and_study_pages_have_one_cell_per_value(browser, pages):
+    path, llama = pages["lens"]
+    open_page(browser, path)
+    n_tokens = len(llama.tokenizer(PROMPT)["input_ids"])
+    assert browser.execute_script("return document.querySelectorAll('#lens .cell').length") == \
+        llama.num_layers * n_tokens
+    open_page(browser, pages["study"][0])
+    text = browser.find_element("css selector", "#kind").text
+    assert text.startswith("ESTIMATED (--fast)"), text
+    cells = browser.execute_script("return document.querySelectorAll('.model .cell').length")
+    data = json.loads(re.search(r'id="view-data">(.*?)</script>', pages["study"][0].read_text()).group(1))
+    assert [model["name"] for model in data["models"]] == ["gpt2", "hybrid"]
+    assert cells == sum(len(row) for model in data["models"] for row in model["grid"]) > 0
+
+
+def test_hostile_text_shows_as_text(browser, pages):
+    open_page(browser, pages["hostile_lens"][0])
+    body = browser.find_element("css selector", "#lens").text
+    assert "</script><" in body and "東京" in body and "<img src=x" in body  # (cells show 10 characters)
+    assert browser.execute_script("return document.querySelectorAll('main img, main script').length") == 0
+    assert browser.execute_script("return document.querySelectorAll('.cell.nan').length") == 2
