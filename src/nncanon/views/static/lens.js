@@ -9,8 +9,9 @@
     for (let s = 0; s < T.length; s++) {
       const p = DATA.p[r][s], top = showToken(DATA.top[r][s]);
       const td = el("td", {}, null, tr);
-      const cell = el("div", {class: p === null ? "cell nan" : "cell", "data-layer": DATA.layers[r], "data-pos": s,
-        style: p === null ? "" : `background:${blues(p)};color:${textOn(p)}`}, top.slice(0, 10), td);
+      const cell = el("div", {class: p === null ? "cell two nan" : "cell two", "data-layer": DATA.layers[r],
+        "data-pos": s, style: p === null ? "" : `background:${blues(p)};color:${textOn(p)}`},
+        `${top.slice(0, 10)}\n${fmt(p, 2)}`, td);
       cell.addEventListener("mousemove", (event) => tip(event,
         `layer ${DATA.layers[r]}, after "${showToken(T[s])}" (${s}):\ntop "${top}" p=${fmt(p)}`));
       cell.addEventListener("mouseleave", (event) => tip(event, null));
