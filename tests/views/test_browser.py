@@ -6,15 +6,14 @@ never runs as script."""
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 import torch
 
 import nncanon
 from nncanon import demo_dictionary, graphs, views
-from nncanon.cli import main
 from nncanon.sae import attach
+from nncanon.study import head_effects, linear_head_layers
 
 from .conftest import open_page, screenshot
 
@@ -33,22 +32,24 @@ def _contexts(layer: int, feature: int) -> list[tuple[float, str]]:
 def pages(tmp_path_factory):
     """Every view's page, written once: ``{name: (path, what it was made from)}``."""
     out = tmp_path_factory.mktemp("views")
-    llama = nncanon.demo_model("llama")
-    transcoders = graphs.random_transcoders(llama, n_features=16)
-    graph = graphs.attribute(llama, PROMPT, transcoders, max_n_logits=3, desired_logit_prob=0.95,
+    gpt2 = nncanon.demo_model("gpt2")  # (eager attention: its patterns can be frozen)
+    transcoders = graphs.random_transcoders(gpt2, n_features=16)
+    graph = graphs.attribute(gpt2, PROMPT, transcoders, max_n_logits=3, desired_logit_prob=0.95,
                              max_feature_nodes=48)
     pruned = graphs.prune(graph, node_threshold=1.0, edge_threshold=0.99)
-    made = {"graph": (views.write_graph_page(graph, out / "graph.html", llama.tokenizer, contexts=_contexts,
+    made = {"graph": (views.write_graph_page(graph, out / "graph.html", gpt2.tokenizer, contexts=_contexts,
                                              pruned=pruned), pruned)}
     hybrid = nncanon.demo_model("hybrid")
     made["attention"] = (views.attention_page(hybrid, PROMPT).write(out / "attention.html"), hybrid)
-    made["lens"] = (views.lens_page(llama, PROMPT).write(out / "lens.html"), llama)
-    gpt2 = nncanon.demo_model("gpt2")
-    corpus = (nncanon.demo.DEMO_DIR / "corpus.txt").read_text().splitlines()[:96]
+    made["lens"] = (views.lens_page(gpt2, PROMPT).write(out / "lens.html"), gpt2)
+    corpus = (nncanon.demo.DEMO_DIR / "corpus.txt").read_text().splitlines()[:48]
     with attach(gpt2, demo_dictionary()) as item:
         made["feature"] = (views.feature_page(gpt2, item, corpus, 12, k=8).write(out / "feature.html"), None)
-    assert main(["ablate", "--model", "gpt2", "--model", "hybrid", "--fast", "--out", str(out), "--quiet"]) == 0
-    made["study"] = (out / "ablate.html", None)
+    effects = {"gpt2": head_effects(gpt2, PROMPT, " Paris", fast=True),
+               "hybrid": head_effects(hybrid, PROMPT, " Paris", fast=True)}
+    made["study"] = (views.study_page(effects, " Paris", PROMPT, estimated="log_odds",
+                                      linear_layers={"hybrid": linear_head_layers(hybrid)}).write(out / "study.html"),
+                     effects)
     patterns = {0: torch.softmax(torch.randn(2, 4, 4), -1), 1: torch.full((2, 4, 4), float("nan"))}
     made["hostile_attention"] = (views.attention_page(tokens=HOSTILE, patterns=patterns).write(
         out / "hostile_attention.html"), None)
@@ -104,18 +105,18 @@ def test_attention_page_has_one_thumbnail_per_head_and_says_where_there_is_none(
 
 
 def test_lens_and_study_pages_have_one_cell_per_value(browser, pages):
-    path, llama = pages["lens"]
+    path, model = pages["lens"]
     open_page(browser, path)
-    n_tokens = len(llama.tokenizer(PROMPT)["input_ids"])
+    n_tokens = len(model.tokenizer(PROMPT)["input_ids"])
     assert browser.execute_script("return document.querySelectorAll('#lens .cell').length") == \
-        llama.num_layers * n_tokens
+        model.num_layers * n_tokens
     open_page(browser, pages["study"][0])
     text = browser.find_element("css selector", "#kind").text
     assert text.startswith("ESTIMATED (--fast)"), text
     cells = browser.execute_script("return document.querySelectorAll('.model .cell').length")
-    data = json.loads(re.search(r'id="view-data">(.*?)</script>', pages["study"][0].read_text()).group(1))
-    assert [model["name"] for model in data["models"]] == ["gpt2", "hybrid"]
-    assert cells == sum(len(row) for model in data["models"] for row in model["grid"]) > 0
+    assert cells == sum(grid.numel() for grid in pages["study"][1].values()) > 0
+    nan = sum(int(grid.isnan().sum()) for grid in pages["study"][1].values())
+    assert browser.execute_script("return document.querySelectorAll('.model .cell.nan').length") == nan
 
 
 def test_hostile_text_shows_as_text(browser, pages):

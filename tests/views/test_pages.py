@@ -162,3 +162,14 @@ def test_nncanon_view_serves_a_folder_and_a_saved_graph(tmp_path, monkeypatch, c
     (tmp_path / "notes.txt").write_text("not a page")
     assert main(["view", str(tmp_path / "notes.txt")]) == 2
     assert "not a page (.html), a saved graph (.pt) or a folder" in capsys.readouterr().err
+
+
+def test_nncanon_ablate_writes_its_page_beside_the_png(tmp_path, capsys):
+    assert main(["ablate", "--model", "gpt2", "--fast", "--out", str(tmp_path), "--quiet"]) == 0
+    assert f"{tmp_path / 'ablate.html'}" in capsys.readouterr().out
+    data = embedded((tmp_path / "ablate.html").read_text())
+    assert data["kind"] == "estimated" and [model["name"] for model in data["models"]] == ["gpt2"]
+    model = nncanon.demo_model("gpt2")
+    assert len(data["models"][0]["grid"]) == model.num_layers
+    assert list(data["studies"]) == [label for label in data["studies"] if label.startswith("gpt2 (layer ")]
+    assert (tmp_path / "head_effects.png").exists()

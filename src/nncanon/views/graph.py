@@ -102,7 +102,6 @@ def graph_data(graph: Graph, tokenizer: Any = None, node_threshold: float = 0.8,
     influence = node_influence(graph).float().cpu()
     total = float(influence.abs().sum()) or 1.0
     kept = node_mask.cpu().nonzero().flatten().tolist()
-    place = {index: i for i, index in enumerate(kept)}
     errors_end = graph.n_features + graph.n_layers * graph.n_pos
     selected = graph.active_features[graph.selected_features].tolist() if graph.n_features else []
     activations = graph.activation_values[graph.selected_features].tolist() if graph.n_features else []
@@ -125,13 +124,11 @@ def graph_data(graph: Graph, tokenizer: Any = None, node_threshold: float = 0.8,
                                         rounded(influence[index]), rounded(abs(float(influence[index])) / total)),
                               strict=True):
             columns[key].append(value)
-    targets, sources = edge_mask.cpu().nonzero(as_tuple=True)
-    weights = adjacency[targets, sources].tolist()
-    for target, source, weight in zip(targets.tolist(), sources.tolist(), weights, strict=True):
-        if target in place and source in place and weight != 0:
-            data["src"].append(place[source])
-            data["tgt"].append(place[target])
-            data["w"].append(rounded(weight))
+    keep = node_mask.cpu()
+    weights = adjacency[keep][:, keep]
+    targets, sources = (edge_mask.cpu()[keep][:, keep] & (weights != 0)).nonzero(as_tuple=True)  # kept order
+    data["src"], data["tgt"] = sources.tolist(), targets.tolist()
+    data["w"] = [rounded(w) for w in weights[targets, sources].tolist()]
     data["logits"] = logits
     return data
 

@@ -115,19 +115,26 @@
   let threshold = 0, hovered = -1, selected = -1;
   const pinned = new Set();
   function visible(e) { return absW[e] >= threshold; }
+  const STYLES = [["rgba(200,60,30,0.8)", 1.6], ["rgba(40,90,200,0.8)", 1.6], ["rgba(200,60,30,0.05)", 0.7],
+    ["rgba(40,90,200,0.05)", 0.7], ["rgba(200,60,30,0.18)", 0.7], ["rgba(40,90,200,0.18)", 0.7]];
   function draw() {
+    /* one path per style (sign x focus): a few strokes whatever the number of edges */
     ctx.clearRect(0, 0, width, height);
     const focus = hovered >= 0 ? hovered : selected;
+    const paths = STYLES.map(() => new Path2D());
     let n = 0;
     for (let e = 0; e < E; e++) {
       if (!visible(e)) continue;
       n++;
       const s = DATA.src[e], t = DATA.tgt[e];
-      const on = focus < 0 || s === focus || t === focus;
-      ctx.strokeStyle = DATA.w[e] >= 0 ? (on ? "rgba(200,60,30,A)" : "rgba(200,60,30,0.05)").replace("A", focus < 0 ? 0.18 : 0.8)
-        : (on ? "rgba(40,90,200,A)" : "rgba(40,90,200,0.05)").replace("A", focus < 0 ? 0.18 : 0.8);
-      ctx.lineWidth = on && focus >= 0 ? 1.6 : 0.7;
-      ctx.beginPath(); ctx.moveTo(X[s], Y[s]); ctx.lineTo(X[t], Y[t]); ctx.stroke();
+      const group = (DATA.w[e] >= 0 ? 0 : 1) + (focus < 0 ? 4 : (s === focus || t === focus) ? 0 : 2);
+      paths[group].moveTo(X[s], Y[s]);
+      paths[group].lineTo(X[t], Y[t]);
+    }
+    for (const group of [2, 3, 4, 5, 0, 1]) {
+      ctx.strokeStyle = STYLES[group][0];
+      ctx.lineWidth = STYLES[group][1];
+      ctx.stroke(paths[group]);
     }
     shown.textContent = `${n} of ${E} edges shown (|weight| >= ${fmt(threshold)})`;
   }
