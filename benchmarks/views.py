@@ -105,8 +105,8 @@ def main() -> None:
     finally:
         browser.quit()
     result = {
-        "nodes": kept, "edges": edges, "graph_nodes": graph.n_nodes, "page_bytes": len(page),
-        "bytes_per_node": round(len(page) / kept, 1), "build_page_s": round(building, 3),
+        "nodes": kept, "edges": edges, "graph_nodes": graph.n_nodes, "page_bytes": page.size,
+        "bytes_per_node": round(page.size / kept, 1), "build_page_s": round(building, 3),
         "prune_s": round(pruning, 3), "make_graph_s": round(made, 3),
         "ready_ms_median": round(statistics.median(ready), 1),
         "painted_ms_median": round(statistics.median(painted), 1),

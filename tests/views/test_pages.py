@@ -66,7 +66,8 @@ def test_graph_page_holds_the_kept_nodes_and_edges_of_prune():
     assert data["tokens"][0] == PAYLOAD and PAYLOAD not in str(page)  # escaped in the page, intact in the data
     shares = [s for s, k in zip(data["nodes"]["share"], data["nodes"]["kind"], strict=True) if k == 1]
     assert shares and all(0 <= s <= 1 for s in shares)
-    assert views.bytes_per_node(page) == pytest.approx(len(page) / len(kept))
+    assert views.bytes_per_node(page) == pytest.approx(page.size / len(kept))
+    assert isinstance(page, str) and page.startswith("<!DOCTYPE html>") and page.kind == "graph"
 
 
 def test_graph_page_in_jupyter_is_a_sandboxed_iframe_of_the_page():

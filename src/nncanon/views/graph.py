@@ -138,7 +138,7 @@ def graph_page(graph: Graph, tokenizer: Any = None, node_threshold: float = 0.8,
     """The attribution graph page of ``graph`` pruned at ``node_threshold`` / ``edge_threshold`` (`graph_data`).
 
     ``tokenizer`` labels the tokens and logits (without it they show as ids); ``contexts`` gives features' top
-    activating contexts; ``pruned`` a `prune` result already computed. ``str(page)`` is the HTML.
+    activating contexts; ``pruned`` a `prune` result already computed. The page is the HTML (a ``str``).
 
     Raises:
         InvalidInput: a graph whose fields disagree or come from another model than ``tokenizer``'s, NaN values.
@@ -169,4 +169,4 @@ def bytes_per_node(page: Page) -> float:
         return math.nan
     start = page.html.index('"kind":[') + len('"kind":[')
     nodes = page.html[start:page.html.index("]", start)].count(",") + 1
-    return len(page) / nodes
+    return page.size / nodes

@@ -58,22 +58,29 @@ def rounded(value: float, digits: int = 4) -> float | None:
     return float(f"{value:.{digits}g}")
 
 
-class Page:
-    """One self-contained HTML page of a view.
+class Page(str):
+    """One self-contained HTML page of a view: the document itself (a ``str``), with ``write`` and Jupyter's
+    ``_repr_html_``.
 
     Attributes:
-        html: The whole document.
         kind: The view (``"graph"``, ``"attention"``, ``"lens"``, ``"feature"``, ``"study"``).
     """
 
-    def __init__(self, document: str, kind: str) -> None:
-        self.html = document
-        self.kind = kind
+    kind: str
 
-    def __str__(self) -> str:
-        return self.html
+    def __new__(cls, document: str, kind: str) -> Page:
+        page = super().__new__(cls, document)
+        page.kind = kind
+        return page
 
-    def __len__(self) -> int:
+    @property
+    def html(self) -> str:
+        """The whole document, as a plain ``str``."""
+        return str.__str__(self)
+
+    @property
+    def size(self) -> int:
+        """The page's size in bytes (UTF-8)."""
         return len(self.html.encode("utf-8"))
 
     def write(self, path: str | os.PathLike) -> Path:
