@@ -174,3 +174,19 @@ def test_nncanon_ablate_writes_its_page_beside_the_png(tmp_path, capsys):
     assert len(data["models"][0]["grid"]) == model.num_layers
     assert list(data["studies"]) == [label for label in data["studies"] if label.startswith("gpt2 (layer ")]
     assert (tmp_path / "head_effects.png").exists()
+
+
+def test_attention_and_lens_pages_hold_what_plain_transformers_computes():
+    model = nncanon.demo_model("gpt2")
+    prompt = "The Eiffel Tower is in"
+    inputs = model.tokenizer(prompt, return_tensors="pt")
+    with torch.no_grad():
+        out = model._module(**inputs, output_attentions=True)
+    layers = embedded(views.attention_page(model, prompt))["layers"]
+    assert [layer["layer"] for layer in layers] == list(range(model.num_layers))
+    for layer, reference in zip(layers, out.attentions, strict=True):
+        assert torch.allclose(torch.tensor(layer["heads"]), reference[0].float(), atol=6e-4)
+    lens = embedded(views.lens_page(model, prompt))
+    last = model.tokenizer.convert_ids_to_tokens(out.logits[0].argmax(-1).tolist())
+    assert lens["top"][-1] == [model.tokenizer.convert_tokens_to_string([t]) for t in last]
+    assert lens["p"][-1] == pytest.approx(out.logits[0].softmax(-1).amax(-1).tolist(), abs=1e-3)
