@@ -77,11 +77,13 @@ def open_page(driver, path: Path, timeout: float = 20.0) -> dict:
     return {"errors": errors, "requests": requests, "ready_ms": driver.execute_script("return window.viewReady")}
 
 
-def screenshot(driver, name: str) -> float:
-    """Save the window as ``docs/assets/views/<name>.png``; returns the variance of its grey levels."""
+def screenshot(driver, name: str, save: bool = True) -> float:
+    """The variance of the window's grey levels; with ``save``, the window saved as ``docs/assets/views/<name>.png``
+    (the docs' pictures)."""
     from PIL import Image, ImageStat
 
     png = driver.get_screenshot_as_png()
-    ASSETS.mkdir(parents=True, exist_ok=True)
-    (ASSETS / f"{name}.png").write_bytes(png)
+    if save:
+        ASSETS.mkdir(parents=True, exist_ok=True)
+        (ASSETS / f"{name}.png").write_bytes(png)
     return float(ImageStat.Stat(Image.open(io.BytesIO(png)).convert("L")).var[0])

@@ -17,6 +17,7 @@ import nncanon
 from nncanon import graphs, views
 from nncanon.cli import main
 from nncanon.errors import InvalidInput
+from nncanon.sae.tools import TopContexts
 from nncanon.views.features import decoder_logits, feature_data
 from nncanon.views.page import script_json
 from nncanon.views.studies import study_data
@@ -190,3 +191,19 @@ def test_attention_and_lens_pages_hold_what_plain_transformers_computes():
     last = model.tokenizer.convert_ids_to_tokens(out.logits[0].argmax(-1).tolist())
     assert lens["top"][-1] == [model.tokenizer.convert_tokens_to_string([t]) for t in last]
     assert lens["p"][-1] == pytest.approx(out.logits[0].softmax(-1).amax(-1).tolist(), abs=1e-3)
+
+
+def test_graph_contexts_from_top_contexts_tables_reach_the_page():
+    graph = synthetic_graph(n_layers=2, n_pos=3, per_cell=2, seed=3)
+    table = TopContexts(features=torch.tensor([0, 1]), values=torch.tensor([[3.0, float("nan")], [1.0, 0.5]]),
+                        text=torch.tensor([[0, -1], [0, 0]]), position=torch.tensor([[1, -1], [0, 2]]),
+                        tokens=[["Le", " café", " <b>", "!"]])
+    data = embedded(views.graph_page(graph, contexts={0: table, 1: table}, node_threshold=1.0, edge_threshold=1.0))
+    kinds, layers, features = (data["nodes"][key] for key in ("kind", "layer", "feature"))
+    shown = {f"{layer}_{feature}" for kind, layer, feature in zip(kinds, layers, features, strict=True)
+             if kind == 0 and feature in (0, 1)}
+    assert shown and set(data["contexts"]) == shown
+    for key in shown:
+        expected = [[3.0, "Le", " café", " <b>!"]] if key.endswith("_0") else [[1.0, "", "Le", " café <b>!"],
+                                                                              [0.5, "Le café", " <b>", "!"]]
+        assert data["contexts"][key] == expected
