@@ -207,3 +207,13 @@ def test_graph_contexts_from_top_contexts_tables_reach_the_page():
         expected = [[3.0, "Le", " café", " <b>!"]] if key.endswith("_0") else [[1.0, "", "Le", " café <b>!"],
                                                                               [0.5, "Le café", " <b>", "!"]]
         assert data["contexts"][key] == expected
+
+
+def test_feature_data_ranks_the_logits_and_refuses_a_vocabulary_of_another_size():
+    logits = torch.tensor([0.5, -2.0, 3.0, float("nan"), -1.0])
+    data = feature_data([["a"]], [torch.tensor([1.0])], feature=0, logits=logits, vocab=list("vwxyz"), n_logits=2)
+    assert data["promoted"] == [["x", 3.0], ["v", 0.5]] and data["suppressed"] == [["w", -2.0], ["z", -1.0]]
+    assert feature_data([["a"]], [torch.tensor([1.0])], 0, logits=logits, vocab=lambda i: f"#{i}",
+                        n_logits=1)["promoted"] == [["#2", 3.0]]
+    with pytest.raises(InvalidInput, match="5 logits but 3 vocabulary strings"):
+        feature_data([["a"]], [torch.tensor([1.0])], feature=0, logits=logits, vocab=["a", "b", "c"])

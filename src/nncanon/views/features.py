@@ -9,7 +9,7 @@ family's own final norm, head and logit post-processing apply.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -54,13 +54,15 @@ def decoder_logits(model: Any, direction: torch.Tensor) -> torch.Tensor | None:
 
 
 def feature_data(tokens: Sequence[Sequence[str]], activations: Sequence[Any], feature: int, k: int = 10,
-                 logits: torch.Tensor | None = None, vocab: Sequence[str] | None = None, n_logits: int = 10,
+                 logits: torch.Tensor | None = None, vocab: Sequence[str] | Callable[[int], str] | None = None,
+                 n_logits: int = 10,
                  before: int = 24, after: int = 6, bins: int = 30) -> dict:
     """The page's data from each text's ``tokens`` and ``feature``'s ``activations`` on them.
 
     ``contexts``: the ``k`` largest activations, each ``{"tokens", "acts", "at"}`` (``before`` tokens, the token,
     ``after`` tokens; ``at`` the token's index); ``histogram``: ``counts`` and ``edges`` of the positive
-    activations; ``promoted`` / ``suppressed``: ``[token, logit]`` of ``logits`` ``[vocab]`` (``vocab`` its strings).
+    activations; ``promoted`` / ``suppressed``: ``[token, logit]`` of ``logits`` ``[vocab]`` (``vocab``: the token
+    strings, or a function from a token id to its string, called for the shown tokens only).
 
     Raises:
         InvalidInput: a text whose activations are not one per token.
@@ -94,14 +96,16 @@ def feature_data(tokens: Sequence[Sequence[str]], activations: Sequence[Any], fe
     data: dict[str, Any] = {"feature": feature, "contexts": contexts, "histogram": histogram, "nan": nan,
                             "density": rounded(len(flat) / total if total else 0.0), "tokens_seen": total}
     if logits is not None:
-        if vocab is None or len(vocab) != len(logits):
+        if vocab is None or (not callable(vocab) and len(vocab) != len(logits)):
             raise InvalidInput(f"{len(logits)} logits but {None if vocab is None else len(vocab)} vocabulary strings")
+        decode = vocab if callable(vocab) else vocab.__getitem__
         finite = torch.nan_to_num(logits.float(), nan=0.0)
-        top, low = finite.topk(n_logits), (-finite).topk(n_logits)
-        data["promoted"] = [[vocab[i], rounded(v)] for v, i in zip(top.values.tolist(), top.indices.tolist(),
-                                                                    strict=True)]
-        data["suppressed"] = [[vocab[i], rounded(-v)] for v, i in zip(low.values.tolist(), low.indices.tolist(),
-                                                                       strict=True)]
+        count = min(n_logits, len(finite))
+        top, low = finite.topk(count), (-finite).topk(count)
+        data["promoted"] = [[decode(i), rounded(v)] for v, i in zip(top.values.tolist(), top.indices.tolist(),
+                                                                     strict=True)]
+        data["suppressed"] = [[decode(i), rounded(-v)] for v, i in zip(low.values.tolist(), low.indices.tolist(),
+                                                                        strict=True)]
     return data
 
 
@@ -121,11 +125,7 @@ def feature_page(model: Any, attached: Any, texts: Sequence[str], feature: int, 
         raise InvalidInput(f"feature {feature} is not one of the dictionary's {dictionary.d_sae} features")
     tokens, values = feature_activations(model, attached, texts, int(feature), batch_size)
     logits = decoder_logits(model, dictionary.W_dec[int(feature)])
-    vocab = None
-    if logits is not None:
-        ids = list(range(len(logits)))
-        vocab = [model.tokenizer.decode([i]) for i in ids]
-    data = feature_data(tokens, values, int(feature), k, logits, vocab, n_logits)
+    data = feature_data(tokens, values, int(feature), k, logits, lambda i: model.tokenizer.decode([i]), n_logits)
     notes = []
     if logits is None:
         notes.append(f"The decoder writes a {dictionary.W_dec.shape[-1]}-wide space, not the residual stream: "
