@@ -22,6 +22,7 @@ from nncanon.views.features import decoder_logits, feature_data
 from nncanon.views.page import script_json
 from nncanon.views.studies import study_data
 
+from . import conftest
 from .graph_helpers import synthetic_graph
 
 PAYLOAD = "</script><script>window.PWNED=1</script>"
@@ -217,3 +218,9 @@ def test_feature_data_ranks_the_logits_and_refuses_a_vocabulary_of_another_size(
                         n_logits=1)["promoted"] == [["#2", 3.0]]
     with pytest.raises(InvalidInput, match="5 logits but 3 vocabulary strings"):
         feature_data([["a"]], [torch.tensor([1.0])], feature=0, logits=logits, vocab=["a", "b", "c"])
+
+
+def test_without_chromium_the_browser_tests_skip_saying_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(conftest.shutil, "which", lambda name: None)
+    assert conftest._chromium()[:2] == (None, None)
+    assert "apt-get install -y chromium chromium-driver" in conftest._chromium()[2]
