@@ -6,6 +6,7 @@ never runs as script."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -44,7 +45,8 @@ def pages(tmp_path_factory):
     made["lens"] = (views.lens_page(gpt2, PROMPT).write(out / "lens.html"), gpt2)
     corpus = (nncanon.demo.DEMO_DIR / "corpus.txt").read_text().splitlines()[:48]
     with attach(gpt2, demo_dictionary()) as item:
-        made["feature"] = (views.feature_page(gpt2, item, corpus, 12, k=8).write(out / "feature.html"), None)
+        page = views.feature_page(gpt2, item, corpus, 232, k=8)
+        made["feature"] = (page.write(out / "feature.html"), page)
     effects = {"gpt2": head_effects(gpt2, PROMPT, " Paris", fast=True),
                "hybrid": head_effects(hybrid, PROMPT, " Paris", fast=True)}
     made["study"] = (views.study_page(effects, " Paris", PROMPT, estimated="log_odds",
@@ -117,6 +119,18 @@ def test_lens_and_study_pages_have_one_cell_per_value(browser, pages):
     assert cells == sum(grid.numel() for grid in pages["study"][1].values()) > 0
     nan = sum(int(grid.isnan().sum()) for grid in pages["study"][1].values())
     assert browser.execute_script("return document.querySelectorAll('.model .cell.nan').length") == nan
+
+
+def test_feature_page_has_one_span_per_context_token_one_bar_per_bin_one_row_per_logit(browser, pages):
+    path, page = pages["feature"]
+    data = json.loads(re.search(r'id="view-data">(.*?)</script>', page).group(1))
+    assert len(data["contexts"]) == 8
+    open_page(browser, path)
+    count = "return document.querySelectorAll(arguments[0]).length"
+    assert browser.execute_script(count, "#contexts .ctx-tok") == sum(len(c["tokens"]) for c in data["contexts"])
+    assert browser.execute_script(count, "#contexts .ctx-tok.at") == 8
+    assert browser.execute_script(count, "#histogram .bin") == len(data["histogram"]["counts"]) == 30
+    assert browser.execute_script(count, "tr.logit") == 20
 
 
 def test_hostile_text_shows_as_text(browser, pages):
