@@ -91,6 +91,12 @@ def test_a_graph_that_does_not_hold_together_is_refused_with_the_reason(break_it
         views.graph_page(break_it(synthetic_graph()), Tokenizer())
 
 
+def test_a_prune_of_another_graph_is_refused():
+    other = graphs.prune(synthetic_graph(n_pos=4), 1.0, 1.0)
+    with pytest.raises(InvalidInput, match="a prune of another graph"):
+        views.graph_page(synthetic_graph(n_pos=3), pruned=other)
+
+
 def test_an_empty_graph_makes_a_page_that_says_so():
     empty = synthetic_graph(n_pos=1, per_cell=1)
     empty = replace(empty, input_tokens=empty.input_tokens[:0], active_features=empty.active_features[:0],

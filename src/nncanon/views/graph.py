@@ -94,11 +94,14 @@ def graph_data(graph: Graph, tokenizer: Any = None, node_threshold: float = 0.8,
                             "node_threshold": node_threshold, "edge_threshold": edge_threshold,
                             "model": graph.cfg.get("model_name") or graph.cfg.get("model_type"), "scan": graph.scan}
     columns: dict[str, list] = {key: [] for key in ("kind", "layer", "pos", "feature", "act", "infl", "share")}
-    data.update(nodes=columns, src=[], tgt=[], w=[], contexts={})
+    data.update(nodes=columns, src=[], tgt=[], w=[], contexts={}, logits=logits)
     if graph.n_pos == 0:
         return data
     adjacency = graph.adjacency_matrix.float().cpu()
     node_mask, edge_mask, _ = pruned if pruned is not None else prune(graph, node_threshold, edge_threshold)
+    if tuple(node_mask.shape) != (graph.n_nodes,) or tuple(edge_mask.shape) != (graph.n_nodes, graph.n_nodes):
+        raise InvalidInput(f"pruned= holds masks of {list(node_mask.shape)} and {list(edge_mask.shape)} nodes, but the "
+                           f"graph has {graph.n_nodes}: a prune of another graph")
     influence = node_influence(graph).float().cpu()
     total = float(influence.abs().sum()) or 1.0
     kept = node_mask.cpu().nonzero().flatten().tolist()
@@ -129,7 +132,6 @@ def graph_data(graph: Graph, tokenizer: Any = None, node_threshold: float = 0.8,
     targets, sources = (edge_mask.cpu()[keep][:, keep] & (weights != 0)).nonzero(as_tuple=True)  # kept order
     data["src"], data["tgt"] = sources.tolist(), targets.tolist()
     data["w"] = [rounded(w) for w in weights[targets, sources].tolist()]
-    data["logits"] = logits
     return data
 
 
