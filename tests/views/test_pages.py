@@ -230,3 +230,10 @@ def test_without_chromium_the_browser_tests_skip_saying_how_to_install_it(monkey
     monkeypatch.setattr(conftest.shutil, "which", lambda name: None)
     assert conftest._chromium()[:2] == (None, None)
     assert "apt-get install -y chromium chromium-driver" in conftest._chromium()[2]
+
+
+def test_attention_page_of_chosen_layers():
+    model = nncanon.demo_model("hybrid")
+    layers = embedded(views.attention_page(model, "The Eiffel Tower", layers=[2, 3]))["layers"]
+    assert [layer["layer"] for layer in layers] == [2, 3]
+    assert "reason" in layers[0] and len(layers[1]["heads"]) == model.config.num_attention_heads

@@ -12,19 +12,23 @@ from typing import Any
 import torch
 
 from ..errors import InvalidInput
+from ..tools._common import layer_list
 from .page import Page, render
 from .text import prompt_tokens
 
 VALUE = "attention_probabilities"
 
 
-def read_patterns(model: Any, prompt: str) -> tuple[dict[int, torch.Tensor], dict[int, str]]:
-    """``({layer: [heads, q, k]}, {layer: why not served})`` of ``prompt``, in one forward."""
+def read_patterns(model: Any, prompt: str, layers: int | Sequence[int] | None = None
+                  ) -> tuple[dict[int, torch.Tensor], dict[int, str]]:
+    """``({layer: [heads, q, k]}, {layer: why not served})`` of ``prompt`` at ``layers`` (default: all), in one
+    forward."""
     report = model.support()
     saved: dict[int, Any] = {}
     reasons: dict[int, str] = {}
-    served = [layer for layer in range(model.num_layers) if report.available(VALUE, layer=layer)]
-    for layer in range(model.num_layers):
+    chosen = layer_list(model, layers)
+    served = [layer for layer in chosen if report.available(VALUE, layer=layer)]
+    for layer in chosen:
         if layer not in served:
             reasons[layer] = report.reason(VALUE, layer) or "this layer serves no attention probabilities"
     if served:
@@ -61,18 +65,22 @@ def attention_data(tokens: Sequence[str], patterns: Mapping[int, torch.Tensor],
     return {"tokens": tokens, "layers": layers}
 
 
-def attention_page(model: Any = None, prompt: str | None = None, *, tokens: Sequence[str] | None = None,
+def attention_page(model: Any = None, prompt: str | None = None, layers: int | Sequence[int] | None = None, *,
+                   tokens: Sequence[str] | None = None,
                    patterns: Mapping[int, torch.Tensor] | None = None, reasons: Mapping[int, str] | None = None,
                    title: str | None = None) -> Page:
-    """The attention page of ``prompt`` on ``model`` (read with `read_patterns`), or of given ``tokens`` and
-    ``patterns`` (``{layer: [heads, n, n]}``, ``reasons``: ``{layer: why no pattern}``).
+    """The attention page of ``prompt`` on ``model`` at ``layers`` (default: all; read with `read_patterns`), or of
+    given ``tokens`` and ``patterns`` (``{layer: [heads, n, n]}``, ``reasons``: ``{layer: why no pattern}``).
+
+    The page holds every value (about 6 bytes each: layers x heads x n²), so for a large model and a long prompt
+    choose ``layers``.
 
     Raises:
         InvalidInput: no model and no patterns, an empty prompt, patterns of another prompt's length.
     """
     if model is not None:
         tokens = prompt_tokens(model, prompt)
-        patterns, reasons = read_patterns(model, prompt)
+        patterns, reasons = read_patterns(model, prompt, layers)
     elif patterns is None or tokens is None:
         raise InvalidInput("attention_page takes a model and a prompt, or tokens= and patterns=")
     data = attention_data(tokens, patterns, reasons)
