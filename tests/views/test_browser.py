@@ -139,3 +139,21 @@ def test_hostile_text_shows_as_text(browser, pages):
     assert "</script><" in body and "東京" in body and "<img src=x" in body  # (cells show 10 characters)
     assert browser.execute_script("return document.querySelectorAll('main img, main script').length") == 0
     assert browser.execute_script("return document.querySelectorAll('.cell.nan').length") == 2
+
+
+def test_the_jupyter_frame_runs_the_page(browser, tmp_path):
+    """``_repr_html_``'s sandboxed iframe, as a notebook shows it: the page inside runs and draws."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    page = views.lens_page(tokens=["a", " b"], top_tokens=[["x", "y"]], probabilities=[[0.25, 0.75]])
+    notebook = tmp_path / "notebook.html"
+    notebook.write_text(f"<!DOCTYPE html><html><body>{page._repr_html_()}</body></html>")
+    browser.get_log("browser")
+    browser.get(notebook.as_uri())
+    browser.switch_to.frame(browser.find_element("css selector", "iframe"))
+    try:
+        WebDriverWait(browser, 10).until(lambda d: d.execute_script("return document.body.dataset.ready === '1'"))
+        assert browser.execute_script("return document.querySelectorAll('#lens .cell').length") == 2
+    finally:
+        browser.switch_to.default_content()
+    assert [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []

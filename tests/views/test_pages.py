@@ -38,6 +38,11 @@ class Tokenizer:
         return PAYLOAD if ids[0] == 0 else f" 東京{ids[0]}<b>"
 
 
+@pytest.fixture(scope="module")
+def gpt2():
+    return nncanon.demo_model("gpt2")
+
+
 def embedded(page) -> dict:
     """The JSON a page embeds."""
     return json.loads(re.search(r'id="view-data">(.*?)</script>', str(page), re.S).group(1))
@@ -138,8 +143,8 @@ def test_study_data_says_exact_or_estimated():
     assert estimated["kind"] == "estimated" and "estimated drop in the log-odds" in estimated["quantity"]
 
 
-def test_decoder_logits_are_the_row_through_the_final_norm_and_head():
-    model = nncanon.demo_model("gpt2")
+def test_decoder_logits_are_the_row_through_the_final_norm_and_head(gpt2):
+    model = gpt2
     direction = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(0))
     module = model._module
     with torch.no_grad():
@@ -173,19 +178,18 @@ def test_nncanon_view_serves_a_folder_and_a_saved_graph(tmp_path, monkeypatch, c
     assert "not a page (.html), a saved graph (.pt) or a folder" in capsys.readouterr().err
 
 
-def test_nncanon_ablate_writes_its_page_beside_the_png(tmp_path, capsys):
+def test_nncanon_ablate_writes_its_page_beside_the_png(tmp_path, capsys, gpt2):
     assert main(["ablate", "--model", "gpt2", "--fast", "--out", str(tmp_path), "--quiet"]) == 0
     assert f"{tmp_path / 'ablate.html'}" in capsys.readouterr().out
     data = embedded((tmp_path / "ablate.html").read_text())
     assert data["kind"] == "estimated" and [model["name"] for model in data["models"]] == ["gpt2"]
-    model = nncanon.demo_model("gpt2")
-    assert len(data["models"][0]["grid"]) == model.num_layers
+    assert len(data["models"][0]["grid"]) == gpt2.num_layers
     assert list(data["studies"]) == [label for label in data["studies"] if label.startswith("gpt2 (layer ")]
     assert (tmp_path / "head_effects.png").exists()
 
 
-def test_attention_and_lens_pages_hold_what_plain_transformers_computes():
-    model = nncanon.demo_model("gpt2")
+def test_attention_and_lens_pages_hold_what_plain_transformers_computes(gpt2):
+    model = gpt2
     prompt = "The Eiffel Tower is in"
     inputs = model.tokenizer(prompt, return_tensors="pt")
     with torch.no_grad():
