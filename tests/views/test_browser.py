@@ -20,6 +20,8 @@ from .conftest import open_page, screenshot
 
 PROMPT = "The Eiffel Tower is in the city of"
 PAYLOAD = "</script><script>window.PWNED=1</script>"
+#: The pictures docs/views.md shows (docs/assets/views/<name>.png); the graph's is taken with a feature clicked.
+DOCS_PICTURES = {"attention", "lens", "feature", "study"}
 HOSTILE = [PAYLOAD, " café ☃ 東京", "<img src=x onerror=\"window.PWNED=2\">", "&amp; \u2028"]
 
 
@@ -68,7 +70,7 @@ def test_page_loads_offline_without_errors_and_draws_something(browser, pages, n
     assert result["errors"] == [], result["errors"]
     assert result["requests"] == [], f"the page asked the network for {result['requests']}"
     assert browser.execute_script("return window.PWNED") is None, "text from the data ran as script"
-    variance = screenshot(browser, name, save=not name.startswith("hostile"))
+    variance = screenshot(browser, name, save=name in DOCS_PICTURES)
     assert variance > 100, f"the screenshot of {name} is blank (grey-level variance {variance:.1f})"
 
 
