@@ -6,10 +6,13 @@ never runs as script."""
 from __future__ import annotations
 
 import json
+import os
 import re
+from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 import nncanon
 from nncanon import demo_dictionary, graphs, views
@@ -31,36 +34,54 @@ def _contexts(layer: int, feature: int) -> list[tuple[float, str]]:
             (1.25, "Le café [[ près]] de la tour ☃ <b>bold?</b>")]
 
 
-@pytest.fixture(scope="module")
-def pages(tmp_path_factory):
-    """Every view's page, written once: ``{name: (path, what it was made from)}``."""
-    out = tmp_path_factory.mktemp("views")
+def _build(out: Path) -> dict:
+    """Write every view's page into ``out``; returns ``{name: what the page must hold}`` (counts from the Graph and
+    tensors it was made from)."""
     gpt2 = nncanon.demo_model("gpt2")  # (eager attention: its patterns can be frozen)
     transcoders = graphs.random_transcoders(gpt2, n_features=16)
     graph = graphs.attribute(gpt2, PROMPT, transcoders, max_n_logits=3, desired_logit_prob=0.95,
                              max_feature_nodes=48)
     pruned = graphs.prune(graph, node_threshold=1.0, edge_threshold=0.99)
-    made = {"graph": (views.write_graph_page(graph, out / "graph.html", gpt2.tokenizer, contexts=_contexts,
-                                             pruned=pruned), pruned)}
+    views.write_graph_page(graph, out / "graph.html", gpt2.tokenizer, contexts=_contexts, pruned=pruned)
+    facts: dict = {"graph": {"kept": int(pruned.node_mask.sum())}}
     hybrid = nncanon.demo_model("hybrid")
-    made["attention"] = (views.attention_page(hybrid, PROMPT).write(out / "attention.html"), hybrid)
-    made["lens"] = (views.lens_page(gpt2, PROMPT).write(out / "lens.html"), gpt2)
+    views.attention_page(hybrid, PROMPT).write(out / "attention.html")
+    report = hybrid.support()
+    served = [layer for layer in range(hybrid.num_layers) if report.available("attention_probabilities", layer=layer)]
+    facts["attention"] = {"heads": len(served) * hybrid.config.num_attention_heads,
+                          "declined": hybrid.num_layers - len(served)}
+    views.lens_page(gpt2, PROMPT).write(out / "lens.html")
+    facts["lens"] = {"cells": gpt2.num_layers * len(gpt2.tokenizer(PROMPT)["input_ids"])}
     corpus = (nncanon.demo.DEMO_DIR / "corpus.txt").read_text().splitlines()[:48]
     with attach(gpt2, demo_dictionary()) as item:
-        page = views.feature_page(gpt2, item, corpus, 232, k=8)
-        made["feature"] = (page.write(out / "feature.html"), page)
+        views.feature_page(gpt2, item, corpus, 232, k=8).write(out / "feature.html")
     effects = {"gpt2": head_effects(gpt2, PROMPT, " Paris", fast=True),
                "hybrid": head_effects(hybrid, PROMPT, " Paris", fast=True)}
-    made["study"] = (views.study_page(effects, " Paris", PROMPT, estimated="log_odds",
-                                      linear_layers={"hybrid": linear_head_layers(hybrid)}).write(out / "study.html"),
-                     effects)
+    views.study_page(effects, " Paris", PROMPT, estimated="log_odds",
+                     linear_layers={"hybrid": linear_head_layers(hybrid)}).write(out / "study.html")
+    facts["study"] = {"cells": sum(grid.numel() for grid in effects.values()),
+                      "nan": sum(int(grid.isnan().sum()) for grid in effects.values())}
     patterns = {0: torch.softmax(torch.randn(2, 4, 4), -1), 1: torch.full((2, 4, 4), float("nan"))}
-    made["hostile_attention"] = (views.attention_page(tokens=HOSTILE, patterns=patterns).write(
-        out / "hostile_attention.html"), None)
-    made["hostile_lens"] = (views.lens_page(tokens=HOSTILE, top_tokens=[HOSTILE, HOSTILE[::-1]],
-                                            probabilities=[[0.1, 0.5, float("nan"), 1.0]] * 2).write(
-        out / "hostile_lens.html"), None)
-    return made
+    views.attention_page(tokens=HOSTILE, patterns=patterns).write(out / "hostile_attention.html")
+    views.lens_page(tokens=HOSTILE, top_tokens=[HOSTILE, HOSTILE[::-1]],
+                    probabilities=[[0.1, 0.5, float("nan"), 1.0]] * 2).write(out / "hostile_lens.html")
+    return facts
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory):
+    """Every view's page, built once per run (under xdist, by the first worker; the others wait and read it):
+    ``{name: (path, facts)}``."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out = root / "views-pages"
+    with FileLock(str(root / "views-pages.lock")):
+        if not (out / "facts.json").exists():
+            out.mkdir(exist_ok=True)
+            (out / "facts.json").write_text(json.dumps(_build(out)))
+    facts = json.loads((out / "facts.json").read_text())
+    names = ["graph", "attention", "lens", "feature", "study", "hostile_attention", "hostile_lens"]
+    return {name: (out / f"{name}.html", facts.get(name, {})) for name in names}
 
 
 @pytest.mark.parametrize("name", ["graph", "attention", "lens", "feature", "study", "hostile_attention",
@@ -75,9 +96,9 @@ def test_page_loads_offline_without_errors_and_draws_something(browser, pages, n
 
 
 def test_graph_page_has_one_element_per_kept_node_and_a_click_shows_contexts(browser, pages):
-    path, pruned = pages["graph"]
+    path, facts = pages["graph"]
     open_page(browser, path)
-    kept = int(pruned.node_mask.sum())
+    kept = facts["kept"]
     assert browser.execute_script("return document.querySelectorAll('#nodes .node').length") == kept
     features = browser.find_elements("css selector", "#nodes .node.kind-0")
     assert features, "no feature node survived pruning: the fixture must keep some"
@@ -98,34 +119,29 @@ def test_graph_page_has_one_element_per_kept_node_and_a_click_shows_contexts(bro
 
 
 def test_attention_page_has_one_thumbnail_per_head_and_says_where_there_is_none(browser, pages):
-    path, hybrid = pages["attention"]
+    path, facts = pages["attention"]
     open_page(browser, path)
-    report = hybrid.support()
-    served = [layer for layer in range(hybrid.num_layers) if report.available("attention_probabilities", layer=layer)]
-    heads = sum(hybrid.config.num_attention_heads for _ in served)
-    assert browser.execute_script("return document.querySelectorAll('canvas.head').length") == heads
+    assert browser.execute_script("return document.querySelectorAll('canvas.head').length") == facts["heads"] > 0
     declined = browser.execute_script("return document.querySelectorAll('.no-attention').length")
-    assert declined == hybrid.num_layers - len(served) > 0
+    assert declined == facts["declined"] > 0
 
 
 def test_lens_and_study_pages_have_one_cell_per_value(browser, pages):
-    path, model = pages["lens"]
+    path, facts = pages["lens"]
     open_page(browser, path)
-    n_tokens = len(model.tokenizer(PROMPT)["input_ids"])
-    assert browser.execute_script("return document.querySelectorAll('#lens .cell').length") == \
-        model.num_layers * n_tokens
+    assert browser.execute_script("return document.querySelectorAll('#lens .cell').length") == facts["cells"]
     open_page(browser, pages["study"][0])
     text = browser.find_element("css selector", "#kind").text
     assert text.startswith("ESTIMATED (--fast)"), text
     cells = browser.execute_script("return document.querySelectorAll('.model .cell').length")
-    assert cells == sum(grid.numel() for grid in pages["study"][1].values()) > 0
-    nan = sum(int(grid.isnan().sum()) for grid in pages["study"][1].values())
+    assert cells == pages["study"][1]["cells"] > 0
+    nan = pages["study"][1]["nan"]
     assert browser.execute_script("return document.querySelectorAll('.model .cell.nan').length") == nan
 
 
 def test_feature_page_has_one_span_per_context_token_one_bar_per_bin_one_row_per_logit(browser, pages):
-    path, page = pages["feature"]
-    data = json.loads(re.search(r'id="view-data">(.*?)</script>', page).group(1))
+    path, _ = pages["feature"]
+    data = json.loads(re.search(r'id="view-data">(.*?)</script>', path.read_text()).group(1))
     assert len(data["contexts"]) == 8
     open_page(browser, path)
     count = "return document.querySelectorAll(arguments[0]).length"
