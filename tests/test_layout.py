@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("proof", ("proof",)),
     ("inference", ("inference",)),
     ("model", ("loading", "model")),
-    ("research", ("tools", "nnterp", "study", "sae", "graphs")),
+    ("research", ("tools", "nnterp", "study", "sae", "graphs", "views")),
     ("entry points", ("cli", "__main__", "matrix", "docs_tables", "leave_one_out", "demo", "testing", "")),
 )
 

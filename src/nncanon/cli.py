@@ -9,6 +9,7 @@ Commands:
     nncanon infer MODEL_OR_FOLDER     infer the family record of a model from a twin of its config, prove it, and
                                       print the proof table, the Family(...) and a model_registry record
     nncanon infer --leave-one-out     infer every registered model type with its own record unused; compare
+    nncanon view FILE_OR_DIR          serve the views' pages (nncanon.views) on 127.0.0.1 and print the address
 
 Exit codes: 0 success, 1 a check failed, 2 bad usage or a model that cannot be loaded.
 """
@@ -199,6 +200,11 @@ def _ablate(args: argparse.Namespace) -> int:
             cells.append(f"{study[run]:>{len(label)}.3f}" if run in study else f"{'-':>{len(label)}}")
         print(f"{run:<{width}}  " + "  ".join(cells))
     out.mkdir(parents=True, exist_ok=True)
+    from .views.studies import study_page
+
+    page = study_page(effects, args.target, args.prompt, estimated="log_odds" if args.fast else None,
+                      linear_layers=linear, shared_scale=args.shared_scale, studies=studies).write(out / "ablate.html")
+    print(f"\nthe heatmaps and the table as a page: {page} (nncanon view {out})")
     try:
         path = plot_head_effects(effects, args.target, str(out / "head_effects.png"), prompt=args.prompt,
                                  shared_scale=args.shared_scale, linear_layers=linear,
@@ -210,6 +216,12 @@ def _ablate(args: argparse.Namespace) -> int:
             else "exact effect on P(target)")
     print(f"\nheatmap of every layer x head {kind}: {path}")
     return EXIT_OK
+
+
+def _view(args: argparse.Namespace) -> int:
+    from .views.cli import run_view
+
+    return run_view(args)
 
 
 def _unwritable(folder: Path) -> str | None:
@@ -374,6 +386,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="attn_implementation to load with, eager or sdpa (default: eager for a demo model, else the checkpoint's)",
     )
     support.set_defaults(run=_support)
+
+    view = command("view", "serve a view's page (.html), a saved graph (.pt) or a folder of pages on 127.0.0.1")
+    view.add_argument("path", help="an .html page of nncanon.views, a graph saved with Graph.to_pt, or a folder")
+    view.add_argument("--port", type=int, default=8765, help="the port (0: any free port; the address is printed)")
+    view.add_argument("-q", "--quiet", action="store_true", help="no request log")
+    view.set_defaults(run=_view)
     return parser
 
 
