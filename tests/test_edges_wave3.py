@@ -604,10 +604,9 @@ def test_feature_attribution_with_dictionaries_at_attn_out_and_resid_mid_equals_
 
 
 def test_a_transcoder_at_hook_mlp_in_and_a_dictionary_at_hook_resid_mid(llama):
-    """Read in the model's order they are served together (and feature_attribution orders them itself); the other
-    order cannot reach the model (the transcoder's read passes the attention's output, through which the resid_mid
-    dictionary's edit goes): the message says which to read first."""
-    from nncanon import OutOfOrderRead
+    """Served together in either order (OutOfOrderRead before when the transcoder was read first: its read passes
+    the attention's output, through which the resid_mid dictionary's edit goes; that dictionary is now read first,
+    in the model's order), and feature_attribution orders them itself."""
     from nncanon.sae import Dictionary, attach
     from nncanon.sae.tools import feature_attribution
 
@@ -617,17 +616,17 @@ def test_a_transcoder_at_hook_mlp_in_and_a_dictionary_at_hook_resid_mid(llama):
                                     None, architecture="transcoder", hook_name="blocks.1.hook_mlp_in",
                                     hook_name_out="blocks.1.hook_mlp_out")
     with attach(llama, coder) as t, attach(llama, _sae(llama, "blocks.1.hook_resid_mid", seed=2)) as b:
-        with torch.no_grad(), llama.trace(TEXTS[0]):
-            mid = b.features.save()
-            coded = t.features.save()
-        torch.testing.assert_close(mid, b.dictionary.encode(_resid_mid(llama)), rtol=0, atol=1e-6)
-        torch.testing.assert_close(coded, coder.encode(_resid_mid(llama)), rtol=0, atol=1e-6)
+        for order in ("resid_mid first", "transcoder first"):
+            with torch.no_grad(), llama.trace(TEXTS[0]):
+                if order == "resid_mid first":
+                    mid = b.features.save()
+                coded = t.features.save()
+                if order == "transcoder first":
+                    mid = b.features.save()
+            torch.testing.assert_close(mid, b.dictionary.encode(_resid_mid(llama)), rtol=0, atol=1e-6)
+            torch.testing.assert_close(coded, coder.encode(_resid_mid(llama)), rtol=0, atol=1e-6)
         result = feature_attribution(llama, [t, b], TEXTS[0], lambda logits: logits[:, -1, 0])
         assert set(result) == {t.name, b.name}
-        with pytest.raises(OutOfOrderRead, match=f"Read {b.name!r}'s features first"), torch.no_grad(), \
-                llama.trace(TEXTS[0]):
-            t.features.save()
-            b.features.save()
 
 
 def _resid_mid(model):

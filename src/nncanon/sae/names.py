@@ -301,7 +301,7 @@ def _checked(model: Any, point: Point) -> Point:
     if reason is not None:
         raise ValueNotAvailable(f"{point.name or point.label} is not available: {reason}")
     if point.value == "resid_mid":
-        parts = ("layer_input", *_ordered(model, point.layer, mixers(model, point.layer)))
+        parts = ("layer_input", *in_block_order(model, point.layer, mixers(model, point.layer)))
         point = Point(point.layer, point.value, point.head, point.name, parts)
     if point.head is not None and not point.per_head:
         raise ValueNotAvailable(f"{point.name or point.label} is not available with a head index ({point.head}): "
@@ -355,7 +355,7 @@ def mixers(model: Any, layer: int) -> list[str]:
     return [v for v in ("attention_output", "linear_attention_output") if report.available(v, layer=layer)]
 
 
-def _ordered(model: Any, layer: int, names: list[str]) -> list[str]:
+def in_block_order(model: Any, layer: int, names: list[str]) -> list[str]:
     """``names`` in the order block ``layer`` computes them (asked of the model once, outside a trace)."""
     known = model.__dict__.setdefault("_nncanon_sae_orders", {})
     key = (layer, tuple(names))
