@@ -25,6 +25,7 @@ from ..gradients import first_read_in_backward, in_backward, mark, refuse_gradie
 from ..reading import host, in_execution_order
 from ..reading import read as read_value
 from ..served import Binding, Site, read_site
+from ..tools.heads import projection_input, projection_weights
 from ..traced import outside_trace
 from .names import Point, mixers, resolve
 
@@ -295,6 +296,8 @@ def value_at(model: Any, name: str | Point, head: int | None = None) -> torch.Te
         return getattr(model, point.value)
     if point.value in ("attention_probabilities", "attention_scores"):  # no site of their own: served by the
         return getattr(model.layers[point.layer].self_attn, point.value)  # attention (eager or recomputed)
+    if point.value == "attention_head_contributions":  # attn.hook_result: computed from hook_z, read-only
+        return _head_contributions(model, point)
     if point.value in NORM_VALUES:  # a norm's values: computed from the norm's input, served by their component
         shared = _norm_read_here(model, point)
         return read_value(model, point.layer, point.value) if shared is None else shared
@@ -321,6 +324,46 @@ def _norm_read_here(model: Any, point: Point) -> torch.Tensor | None:
     view = read._norm.scale if binding.part == "scale" else read._norm.normalized
     mark(view, f"{binding.where}.{point.value}")
     return refuse_gradient(view, component._nncanon_gradient_reason(point.value))
+
+
+def _head_contributions(model: Any, point: Point) -> torch.Tensor:
+    """TransformerLens's ``attn.hook_result`` of block ``point.layer``: each head's output through its slice of the
+    output projection, ``[b, s, H, d]`` (``[b, s, d]`` for one head), without the projection's bias: ``hook_z``
+    (``attention_head_outputs``, through a norm over the heads where one sits before the projection) times the
+    projection's weight per head (dequantized where the layer is quantized). Read-only: an edit of it is
+    `InvalidWrite` when the worker moves on (write ``attn.hook_z`` instead)."""
+    label = point.name or f"layers[{point.layer}].attention_head_contributions"
+    read = open_point(model, Point(point.layer, "attention_head_outputs", None, point.name), label)
+    heads = projection_input(model, point.layer, read.x)
+    weight, _ = projection_weights(model, point.layer)
+    result = torch.einsum("bshk,hkd->bshd", heads, weight.to(device=heads.device, dtype=heads.dtype))
+    served = result if point.head is None else result[..., point.head, :]
+    computed = _Computed(read, served, label)
+    read.mediator.transform = WriteBack(computed.flush, served, None, read.location, read.occurrence)
+    return served
+
+
+class _Computed:
+    """A value computed from a read (``attn.hook_result`` from ``hook_z``), read-only: the read is handed back as it
+    was read; an edit of the value is `InvalidWrite` (it has no way back into the model that is exact)."""
+
+    def __init__(self, read: PointRead, served: torch.Tensor, label: str) -> None:
+        self.read, self.served, self.label = read, served, label
+        self.version = served._version
+
+    def flush(self) -> Any:
+        refuse_late_edits(self.read.mediator)
+        if self.served._version != self.version:
+            raise InvalidWrite(f"{self.label} is read-only: each head's output through its slice of the output "
+                               "projection is computed from attn.hook_z (attention_head_outputs), and an edit of it "
+                               "has no exact way back into the model. Write attn.hook_z (or the attention's output) "
+                               "instead")
+        handed(self.read.mediator, self.served, self.label, self.read.location)
+        return self.read.keep()
+
+    def take_over(self) -> PointRead:
+        self.flush()
+        return self.read
 
 
 class _Held:

@@ -29,13 +29,13 @@ import torch
 from nnsight.intervention.eproperty import WriteBack
 from nnsight.intervention.interleaver import Mediator, OutOfOrderError
 
-from ..components.norms import SCALES
 from ..errors import DictionaryDetached, DictionaryMismatch, InvalidInput, InvalidWrite, NestedTrace, OutOfOrderRead
 from ..gradients import in_backward, mark, refuse_gradient
 from ..mounted import MountedModel
 from ..served import check_write
 from ..traced import outside_trace, refuse_outside_trace
 from .dictionary import Dictionary, Normalization
+from .fit import check_fit
 from .names import Point, resolve
 from .ordering import Reader, Step, arrange, block_ranks, execution_rank, learn_order, sites
 from .processing import IDENTITY, Mapping, mapping
@@ -47,7 +47,6 @@ from .sites import (
     keep_stream_before,
     late_edit,
     open_point,
-    point_shape,
     refuse_late_edits,
 )
 
@@ -526,7 +525,7 @@ def attach(model: Any, dictionary: Dictionary, hook_name: str | Point | None = N
         if each.layer is None:
             raise DictionaryMismatch(f"{dictionary.name} reads {each.label} ({each.name}): a dictionary attaches at a "
                                      "block's value; read a model-level value with nncanon.sae.value_at")
-    _check_fit(model, dictionary, point, point_out)
+    check_fit(model, dictionary, point, point_out)
     reading = mapping(model, dictionary.processing, point)
     writing = reading if point_out == point else mapping(model, dictionary.processing, point_out)
     registry = model.__dict__.setdefault(REGISTRY, {})
@@ -548,51 +547,3 @@ def attach(model: Any, dictionary: Dictionary, hook_name: str | Point | None = N
         learn_order(model, layer, [value for other in registry.values() for where in other._points()
                                    if where.layer == layer for value in sites(model, where)])
     return attachment
-
-
-def _check_fit(model: Any, dictionary: Dictionary, point: Point, point_out: Point) -> None:
-    """Refuse, before any forward of the user's, a dictionary that does not fit its points."""
-    cfg = dictionary.cfg
-    for which, where in (("input", point), ("output", point_out)):
-        if where.value in ("attention_probabilities", "attention_scores"):
-            raise DictionaryMismatch(f"{dictionary.name}: {where.label} is [b, H, q, k], not a value per token: a "
-                                     f"dictionary reads a value [b, s, ...] (the {which} point)")
-        if where.value in SCALES:
-            raise DictionaryMismatch(f"{dictionary.name}: {where.label} is a norm's scale [b, s, 1], not a vector per "
-                                     f"token: a dictionary reads a value [b, s, d] (the {which} point)")
-    if point.head is not None or point_out.head is not None:
-        for where in (point, point_out):
-            if where.head is None:
-                continue
-            heads = point_shape(model, Point(where.layer, where.value, None, where.name))[0][0]
-            if not 0 <= where.head < heads:
-                raise DictionaryMismatch(f"{dictionary.name}: hook_head_index {where.head} is outside "
-                                         f"{where.label.split('[...')[0]}'s {heads} heads (0..{heads - 1})")
-    shape_in, dtype, _ = point_shape(model, point)
-    shape_out, _, _ = point_shape(model, point_out)
-    width_in = _width(shape_in, cfg.reshape_activations == "hook_z")
-    width_out = _width(shape_out, cfg.reshape_activations == "hook_z")
-    per_head = cfg.reshape_activations != "hook_z" and len(shape_in) > 1
-    if per_head:
-        raise DictionaryMismatch(
-            f"{dictionary.name} reads {point.label}, which is per head {list(shape_in)}; a dictionary reads one vector "
-            f"per token: one head (hook_head_index) or all heads flattened (reshape_activations='hook_z')")
-    if width_in != cfg.d_in:
-        raise DictionaryMismatch(
-            f"{dictionary.name} has d_in={cfg.d_in}, but {point.label} ({point.name or point.label}) is {width_in} "
-            "wide "
-            f"on this model ({list(shape_in)} per token): it was trained on another model or another point")
-    if width_out != cfg.d_out:
-        raise DictionaryMismatch(
-            f"{dictionary.name} writes d_out={cfg.d_out}, but {point_out.label} is {width_out} wide on this model")
-    if dtype != cfg.dtype:
-        raise DictionaryMismatch(
-            f"{dictionary.name} runs in {cfg.dtype}, but the model runs {point.label} in {dtype}: convert one "
-            f"(dictionary.to(dtype={dtype}), or load the model with dtype={cfg.dtype})")
-
-
-def _width(shape: tuple[int, ...], flatten: bool) -> int:
-    width = 1
-    for size in shape if flatten else shape[-1:]:
-        width *= size
-    return width
