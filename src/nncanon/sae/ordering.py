@@ -32,6 +32,15 @@ EXECUTION_ORDER = ("layer_input", "resid_mid", "attention_normalized", "attentio
                    "shared_expert_output", "pre_activations", "linear_activations", "neurons", "mlp_module_output",
                    "mlp_output", "layer_output")
 
+#: Standard values that place the MLP in a block's order (the first the block serves is probed with the MLP module's
+#: input or output, which are not standard values).
+_MLP_PLACES = ("mlp_output", "neurons", "pre_activations", "mlp_normalized")
+
+#: The MLP's values, in their order in every MLP (the module's input and output among them).
+_MLP_VALUES = ("mlp_normalized", "mlp_input", "router_logits", "expert_weights", "expert_indices",
+               "shared_expert_output", "pre_activations", "linear_activations", "neurons", "mlp_module_output",
+               "mlp_output")
+
 #: Where a model keeps its blocks' learned orders (``model.__dict__``): layer -> the values, in the model's order.
 ORDERS = "_nncanon_sae_block_orders"
 
@@ -55,14 +64,20 @@ def sites(model: Any, point: Point) -> tuple[str, ...]:
 def learn_order(model: Any, layer: int, values: Sequence[str]) -> None:
     """Learn (outside a trace) the order block ``layer`` computes ``values`` in, with those learned before: a
     one-token trace for the standard values (once per set, `in_block_order`), the MLP module's input and output
-    placed where they sit in every block (after the MLP's norm, before its contribution)."""
+    placed among the MLP's values (after its norm, before its contribution; one of them is probed with them)."""
     known = model.__dict__.setdefault(ORDERS, {})
-    wanted = sorted(set(values) | set(known.get(layer, ())), key=_static)
+    wanted = set(values) | set(known.get(layer, ()))
+    if wanted - set(HOSTS):  # the MLP's place in the block, by a value of it (Zamba runs it before its mixer)
+        report = model.support()
+        wanted |= set([value for value in _MLP_PLACES if report.available(value, layer=layer)][:1])
+    wanted = sorted(wanted, key=_static)
     standard = [value for value in wanted if value in HOSTS]
     ordered = list(in_block_order(model, layer, standard)) if len(standard) > 1 else standard
     for value in wanted:
         if value not in HOSTS:
-            at = next((i for i, other in enumerate(ordered) if _static(other) > _static(value)), len(ordered))
+            mlp = [i for i, other in enumerate(ordered) if other in _MLP_VALUES]
+            later = [i for i in mlp if _static(ordered[i]) > _static(value)]
+            at = later[0] if later else (mlp[-1] + 1 if mlp else len(ordered))
             ordered.insert(at, value)
     known[layer] = tuple(ordered)
 
