@@ -41,7 +41,7 @@ TOLERANCE = 1e-5
 HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out", "hook_mlp_in",
          "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_rot_q", "attn.hook_rot_k", "attn.hook_z",
          "attn.hook_pattern", "mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post", "ln1.hook_normalized",
-         "ln2.hook_normalized", "mlp.hook_in", "mlp.hook_out")
+         "ln2.hook_normalized", "mlp.hook_in", "mlp.hook_out", "attn.hook_result")
 
 FAMILIES = ("gpt2", "llama", "gemma2", "olmo2")
 
@@ -109,6 +109,7 @@ def compare_family(family: str, rows: list) -> None:
         try:
             tl = bridge(folder, copy.deepcopy(hf), tokenizer, tl_kwargs)
             tl.set_use_hook_mlp_in(True)
+            tl.set_use_attn_result(True)  # (attn.hook_result: off by default, as in HookedTransformer)
             _, cache = tl.run_with_cache(TOKENS)
         except Exception as error:  # reported, not hidden
             rows.append((family, label, "*", "TransformerLens failed", f"{type(error).__name__}: {error}"[:200]))

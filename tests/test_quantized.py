@@ -19,6 +19,7 @@ from nncanon.families import REGISTRY
 from nncanon.proof import cache as proof_cache
 from nncanon.proof.checks.base import PRECISION, TOLERANCE, scaled
 from nncanon.quantization import Quantization, _cpu_packs, declared, dense_weight, is_quantized
+from nncanon.sae import value_at
 from nncanon.testing import PROMPTS, tiny_hf_model, tiny_tokenizer
 from nncanon.tools.heads import attention_head_contributions, projection_weights
 
@@ -227,6 +228,10 @@ def test_head_weights_read_the_declared_width_not_the_packed_storage(loaded):
         handle.remove()
     bar = scaled_bar(model)
     assert (per_head.sum(-2) - seen["out"]).abs().max() <= bar * (1 + seen["out"].abs().max())
+    with torch.no_grad(), model.trace(PROMPTS[0]):  # TransformerLens's attn.hook_result: the same split
+        result = value_at(model, "blocks.0.attn.hook_result").save()
+    assert result.shape == per_head.shape
+    assert (result.sum(-2) - seen["out"]).abs().max() <= bar * (1 + seen["out"].abs().max())
 
 
 def test_sizes_and_the_lens_with_a_quantized_or_tied_head(tmp_path, folder):

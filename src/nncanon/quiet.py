@@ -17,6 +17,7 @@ Three notices a user did not cause:
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -90,18 +91,33 @@ def wrapping_quietly() -> Iterator[None]:
 
 @contextmanager
 def progress_bars_hidden(hide: bool = True) -> Iterator[None]:
-    """Hide transformers' progress bars ("Loading weights") inside the block, where ``hide`` (transformers is
-    imported only then: the command line's usage errors import nothing heavy)."""
+    """Hide transformers' progress bars ("Loading weights") inside the block, where ``hide``. Imports nothing heavy:
+    before transformers is imported, huggingface_hub's switch is turned off (transformers reads it when imported),
+    so the command line's usage errors, even under ``--quiet``, import neither torch nor transformers."""
     if not hide:
         yield
+        return
+    if "transformers" not in sys.modules:
+        from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+        if are_progress_bars_disabled():
+            yield
+            return
+        disable_progress_bars()
+        try:
+            yield
+        finally:
+            enable_progress_bars()
+            if "transformers" in sys.modules:  # (imported inside the block: it read the switch off)
+                sys.modules["transformers"].utils.logging.enable_progress_bar()
         return
     from transformers.utils import logging as transformers_logging
 
     shown = transformers_logging.is_progress_bar_enabled()
-    if hide and shown:
+    if shown:
         transformers_logging.disable_progress_bar()
     try:
         yield
     finally:
-        if hide and shown:
+        if shown:
             transformers_logging.enable_progress_bar()

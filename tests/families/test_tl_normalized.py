@@ -202,3 +202,45 @@ def test_a_write_of_ln2_hook_normalized_equals_a_plain_hook(model, variant):
     finally:
         handle.remove()
     torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_hook_result_is_each_heads_output_through_its_slice_of_the_projection_or_refused(model, variant):
+    """TransformerLens's ``attn.hook_result`` (``z[:, :, h] @ W_O[h]``, no bias) against the output projection
+    module's own forward, run by plain PyTorch on its input (a plain forward hook's) with every other head's slice
+    zeroed, less its output on zeros (the bias); the heads sum to the module's output less the bias."""
+    from nncanon.tools.heads import output_projection
+
+    layer = model.num_layers - 1
+    name = f"blocks.{layer}.attn.hook_result"
+    reason = model.support().reason("attention_head_outputs", layer=layer)
+    try:
+        point = resolve(model, name)
+    except ValueNotAvailable as error:  # refused with a property of the block
+        assert reason is not None or any(words in str(error) for words in (
+            "no per-head output projection", "not one matrix from the", "one of several attentions")), str(error)
+        return
+    assert reason is None and point.value == "attention_head_contributions"
+    module = output_projection(model, layer)
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        result = value_at(model, name).save()
+        one = value_at(model, name, head=1 % result.shape[-2]).save()
+    seen = []
+    handle = module.register_forward_hook(lambda m, args, out: seen.append((args[0].detach().clone(), out.detach())))
+    try:
+        with torch.no_grad():
+            model._module(**encode(model))
+    finally:
+        handle.remove()
+    x, out = seen[0]
+    heads = result.shape[-2]
+    width = x.shape[-1] // heads
+    with torch.no_grad():
+        bias = type(module).forward(module, torch.zeros_like(x))
+        expected = []
+        for h in range(heads):
+            masked = torch.zeros_like(x)
+            masked[..., h * width:(h + 1) * width] = x[..., h * width:(h + 1) * width]
+            expected.append(type(module).forward(module, masked) - bias)
+    torch.testing.assert_close(result, torch.stack(expected, dim=-2), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(result.sum(-2) + bias, out, rtol=1e-4, atol=1e-5)
+    assert torch.equal(one, result[..., 1 % heads, :])

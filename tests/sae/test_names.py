@@ -114,3 +114,29 @@ def test_a_probe_inside_a_trace_is_refused_by_name():
         with model.trace(PROMPTS[0]):
             value_at(model, "blocks.0.hook_resid_mid")
     assert Point(0, "layer_output").label == "layers[0].layer_output"
+
+
+def test_hook_result_is_read_only_and_no_dictionary_attaches_there(gpt2):
+    """``attn.hook_result`` (refused before): each head's output through its slice of GPT-2's ``c_proj`` (a Conv1D),
+    summing to the attention's output less the projection's bias; computed from ``hook_z``, so an edit of it is
+    InvalidWrite and a dictionary there is refused at attach."""
+    from nncanon import DictionaryMismatch, InvalidWrite
+    from nncanon.sae import Dictionary, attach
+
+    assert resolve(gpt2, "blocks.1.attn.hook_result").value == "attention_head_contributions"
+    attention = gpt2._module.transformer.h[1].attn
+    with torch.no_grad(), gpt2.trace(PROMPTS[0]):
+        result = value_at(gpt2, "blocks.1.attn.hook_result").save()
+        z = value_at(gpt2, "blocks.1.attn.hook_z").save()
+        out = gpt2.layers[1].self_attn.attention_output.save()
+    w = attention.c_proj.weight.view(gpt2.num_heads, -1, gpt2.hidden_size)  # Conv1D: [in, out]
+    torch.testing.assert_close(result, torch.einsum("bshk,hkd->bshd", z, w), rtol=0, atol=1e-6)
+    torch.testing.assert_close(result.sum(-2) + attention.c_proj.bias, out, rtol=0, atol=1e-5)
+    with pytest.raises(InvalidWrite, match="hook_result is read-only"), torch.no_grad(), gpt2.trace(PROMPTS[0]):
+        value_at(gpt2, "blocks.1.attn.hook_result")[..., 0, :] = 0
+        gpt2.logits.save()
+    d = gpt2.hidden_size
+    sae = Dictionary.from_tensors(torch.zeros(d, 4), None, torch.zeros(4, d), None,
+                                  hook_name="blocks.1.attn.hook_result", hook_head_index=0)
+    with pytest.raises(DictionaryMismatch, match="read-only"):
+        attach(gpt2, sae)

@@ -29,6 +29,8 @@ TransformerLens                    nncanon
 ``blocks.L.mlp.hook_pre_linear``   ``mlp.linear_activations`` (a gated MLP's linear path)
 ``blocks.L.mlp.hook_post``         ``mlp.neurons``: what the down projection receives
 ``blocks.L.attn.hook_z``           ``self_attn.attention_head_outputs`` ``[b, s, H, head_dim]``
+``blocks.L.attn.hook_result``      ``attention_head_contributions`` ``[b, s, H, d]``: each head's output through its
+                                   slice of the output projection (no bias), computed from ``hook_z``; read-only
 ``blocks.L.attn.hook_q/k/v``       ``query_states`` / ``key_states`` / ``value_states`` (no rotary embedding)
 ``blocks.L.attn.hook_rot_q/k``     ``query_states`` / ``key_states`` (after a rotary embedding)
 ``blocks.L.attn.hook_pattern``     ``self_attn.attention_probabilities`` ``[b, H, q, k]``; ``attn.hook_attn_scores``:
@@ -58,12 +60,16 @@ from ..components.layer import layer_index
 from ..components.norms import FINAL_VALUES
 from ..errors import NestedTrace, UnknownHookName, ValueNotAvailable
 from ..model_sites import MODEL_SITES
+from ..quantization import dense_weight
 from ..reading import in_execution_order, read
 from ..support import COMPONENT_OF, layer_states
+from ..tools.heads import projection_path
 
 #: Values of a point besides the standard ones: the stream between a block's token mixer and its MLP, the MLP
-#: module's input and its output (before a post-norm or a residual multiplier; `mlp_output` is the contribution).
-DERIVED = ("resid_mid", "mlp_input", "mlp_module_output")
+#: module's input and its output (before a post-norm or a residual multiplier; `mlp_output` is the contribution),
+#: and each attention head's output through its slice of the output projection (TransformerLens's
+#: ``attn.hook_result``, computed from ``attention_head_outputs``: read-only).
+DERIVED = ("resid_mid", "mlp_input", "mlp_module_output", "attention_head_contributions")
 
 #: TransformerLens hook names of a block, by their suffix after ``blocks.L.``: the nncanon value (a value name, a
 #: `DERIVED` one, or a marker resolved per block: ``"mixer_output"``, ``"mixer_normalized"``, ``"mlp_in"``,
@@ -83,6 +89,7 @@ TRANSFORMER_LENS = {
     "mlp.hook_in": "mlp_input",
     "mlp.hook_out": "mlp_module_output",
     "attn.hook_z": "attention_head_outputs",
+    "attn.hook_result": "attention_head_contributions",
     "attn.hook_q": "q",
     "attn.hook_k": "k",
     "attn.hook_v": "value_states",
@@ -102,9 +109,6 @@ _PER_HEAD_INPUT = ("TransformerLens copies attention's input once per head (use_
 
 #: TransformerLens hook names nncanon does not serve, with the reason and what to read instead.
 UNSERVED = {
-    "attn.hook_result": "each head's output after its slice of the output projection is not a standard value (it "
-                        "would be a [b, s, H, d] tensor per block); nncanon.tools.attention_head_contributions "
-                        "computes it from attention_head_outputs (attn.hook_z)",
     "hook_attn_in": _PER_HEAD_INPUT,
     "hook_q_input": _PER_HEAD_INPUT,
     "hook_k_input": _PER_HEAD_INPUT,
@@ -160,7 +164,8 @@ class Point:
     @property
     def per_head(self) -> bool:
         """Whether the value is laid out per head (``[b, s, H, head_dim]``)."""
-        return self.value in ("attention_head_outputs", "linear_attention_head_outputs", "query_states",
+        return self.value in ("attention_head_outputs", "attention_head_contributions",
+                              "linear_attention_head_outputs", "query_states",
                               "key_states", "value_states")
 
 
@@ -301,7 +306,7 @@ def _checked(model: Any, point: Point) -> Point:
     if reason is not None:
         raise ValueNotAvailable(f"{point.name or point.label} is not available: {reason}")
     if point.value == "resid_mid":
-        parts = ("layer_input", *_ordered(model, point.layer, mixers(model, point.layer)))
+        parts = ("layer_input", *in_block_order(model, point.layer, mixers(model, point.layer)))
         point = Point(point.layer, point.value, point.head, point.name, parts)
     if point.head is not None and not point.per_head:
         raise ValueNotAvailable(f"{point.name or point.label} is not available with a head index ({point.head}): "
@@ -314,6 +319,8 @@ def point_reason(model: Any, layer: int, value: str) -> str | None:
     report = model.support()
     if value == "resid_mid":
         return _sequential_or_reason(model, layer)
+    if value == "attention_head_contributions":
+        return _head_result_reason(model, layer)
     if value in ("mlp_input", "mlp_module_output"):
         reason = report.reason("mlp", layer=layer)
         if reason is not None:
@@ -331,6 +338,28 @@ def point_reason(model: Any, layer: int, value: str) -> str | None:
     if value not in POINT_VALUES:
         return f"{value!r} is not a value of a block ({', '.join(POINT_VALUES)})"
     return report.reason(value, layer=layer)
+
+
+def _head_result_reason(model: Any, layer: int) -> str | None:
+    """Why block ``layer`` has no ``attn.hook_result`` (``attention_head_contributions``), or ``None``: its heads
+    must enter one output projection, a matrix from heads x head_dim to the stream, that can be split per head."""
+    try:
+        path = projection_path(model, layer)
+    except ValueNotAvailable as error:
+        return str(error).removeprefix(f"layers[{layer}].self_attn ")
+    try:
+        module = model.layers[layer].get(path)._module
+    except AttributeError:
+        return (f"its heads enter {path}, one of several attentions of the block, not a module of its own attention: "
+                "there is no one output projection to split per head")
+    weight = getattr(module, "weight", None)
+    shape = tuple(dense_weight(module).shape) if isinstance(weight, torch.Tensor) else ()
+    heads = model.layers[layer].self_attn._nncanon.bindings["attention_head_outputs"].heads or 1
+    if len(shape) != 2 or shape[0] != model.hidden_size or shape[1] % heads:
+        return (f"its heads enter {path} ({type(module).__name__}, weight {list(shape)}), which is not one matrix "
+                f"from the {heads} heads to the stream ({model.hidden_size} wide; a grouped or two-stage output "
+                "projection): a head's slice of it is not the head's output")
+    return None
 
 
 def _mlp_returns(model: Any, layer: int) -> str:
@@ -355,7 +384,7 @@ def mixers(model: Any, layer: int) -> list[str]:
     return [v for v in ("attention_output", "linear_attention_output") if report.available(v, layer=layer)]
 
 
-def _ordered(model: Any, layer: int, names: list[str]) -> list[str]:
+def in_block_order(model: Any, layer: int, names: list[str]) -> list[str]:
     """``names`` in the order block ``layer`` computes them (asked of the model once, outside a trace)."""
     known = model.__dict__.setdefault("_nncanon_sae_orders", {})
     key = (layer, tuple(names))

@@ -13,6 +13,7 @@ recorded kwarg                      what the dictionary reads, from the value nn
 ==================================  ===============================================================================
 ``center_writing_weights``          on a LayerNorm model: every write to the stream is centred over the width, so
                                     ``hook_resid_pre/mid/post``, ``hook_attn_out``, ``hook_mlp_out``,
+                                    ``attn.hook_result`` (each head's, as ``W_O`` is centred),
                                     ``hook_embed``, ``hook_pos_embed`` (``W_E``, ``W_pos`` are centred too; and a
                                     module's output that is one of them) are ``x - x.mean(-1)``; every other hook
                                     is unchanged (a LayerNorm removes the mean anyway). On an RMSNorm model
@@ -20,7 +21,8 @@ recorded kwarg                      what the dictionary reads, from the value nn
 ``fold_value_biases``               the value bias ``b_V`` moves into the output bias: ``hook_v`` is
                                     ``value_states - b_V`` (per key/value head), ``hook_z`` is
                                     ``attention_head_outputs - b_V`` (each query head's ``b_V``; a softmax row sums
-                                    to 1); ``hook_attn_out`` and the stream are unchanged. ``b_V`` is measured on
+                                    to 1), ``hook_result`` less ``b_V @ W_O`` per head; ``hook_attn_out`` and the
+                                    stream are unchanged. ``b_V`` is measured on
                                     the model (the value projection of a zero input), and the fold is proved
                                     there: refused where the value projection is not affine or a head's output of
                                     a constant value is not that value (attention sinks).
@@ -51,6 +53,7 @@ import torch
 
 from ..errors import DictionaryMismatch, InvalidDictionary
 from ..reading import read
+from ..tools.heads import projection_weights
 from .names import Point, has_rotary
 from .sites import point_shape
 
@@ -81,7 +84,8 @@ MODEL_CLASSES = ("HookedTransformer", "HookedSAETransformer", "AutoModelForCausa
 
 #: Values that are the residual stream or a write to it: centred under ``center_writing_weights``.
 STREAM = ("layer_input", "resid_mid", "layer_output", "attention_output", "linear_attention_output", "mlp_output",
-          "shared_expert_output", "mlp_module_output", "token_embeddings", "position_embeddings")
+          "shared_expert_output", "mlp_module_output", "token_embeddings", "position_embeddings",
+          "attention_head_contributions")
 
 #: Values that are a pre-norm's output with its weight: ``fold_ln`` makes TransformerLens's hooks there
 #: (``attn.hook_in``, ``mlp.hook_in``) the normalised input without the weight.
@@ -264,7 +268,7 @@ def mapping(model: Any, processing: Processing, point: Point) -> Mapping:
             else:
                 notes.append(f"center_writing_weights: no change at {where} (it reads a norm's output)")
         elif name == "fold_value_biases":
-            if point.value in ("value_states", "attention_head_outputs"):
+            if point.value in ("value_states", "attention_head_outputs", "attention_head_contributions"):
                 bias = value_bias(model, point.layer, point.value, "fold_ln" in processing.settings)
                 if point.head is not None:
                     bias = bias[point.head]
@@ -360,6 +364,9 @@ def value_bias(model: Any, layer: int, value: str, folded_norm: bool = False) ->
     if (layer, folded_norm) not in known:
         known[(layer, folded_norm)] = _measure_value_bias(model, layer, folded_norm)
     per_kv, per_head = known[(layer, folded_norm)]
+    if value == "attention_head_contributions":  # each head's b_V through its slice of W_O: [H, d]
+        weight, _ = projection_weights(model, layer)
+        return torch.einsum("hk,hkd->hd", per_head.to(weight.dtype), weight.detach()).to(per_head.dtype)
     return per_kv if value == "value_states" else per_head
 
 

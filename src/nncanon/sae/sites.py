@@ -20,11 +20,12 @@ from nnsight.intervention.eproperty import WriteBack
 from nnsight.intervention.interleaver import Mediator
 
 from ..components.norms import NORM_VALUES, NormRead, read_norm, write_back
-from ..errors import DictionaryMismatch
-from ..gradients import first_read_in_backward, in_backward
+from ..errors import DictionaryMismatch, InvalidWrite
+from ..gradients import first_read_in_backward, in_backward, mark, refuse_gradient
 from ..reading import host, in_execution_order
 from ..reading import read as read_value
 from ..served import Binding, Site, read_site
+from ..tools.heads import projection_input, projection_weights
 from ..traced import outside_trace
 from .names import Point, mixers, resolve
 
@@ -236,6 +237,40 @@ def keep_stream_before(model: Any, point: Point, label: str) -> None:
     kept[key] = (occurrence, total)
 
 
+#: Where an invoke's mediator lists what its dictionaries and `value_at` reads handed to the model, with the tensor's
+#: version then: an edit after it could not reach the model (`refuse_late_edits`).
+HANDED = "_nncanon_sae_handed"
+
+
+def first_location(model: Any, layer: int, value: str) -> str:
+    """The first location reading standard value ``value`` of block ``layer`` asks of the model (a norm's value: the
+    norm's input)."""
+    if value in NORM_VALUES:
+        return host(model, layer, value)._nncanon_norm(value).site.input_location
+    return binding_of(model, layer, value).location
+
+
+def handed(mediator: Any, tensor: torch.Tensor, what: str, location: str) -> None:
+    """Note that ``tensor`` (a read's served value, ``what``) went to the model at ``location``: an edit of it from
+    now on is refused (`refuse_late_edits`)."""
+    mediator.__dict__.setdefault(HANDED, []).append((tensor, tensor._version, what, location))
+
+
+def late_edit(what: str, location: str) -> str:
+    """The message for an edit of ``what`` made after the model ran past ``location``."""
+    return (f"{what} was edited after the model ran past its point ({location}) in this invoke: the edit cannot reach "
+            "the model. Edit it before reading a later site of the block (another dictionary's features, a later "
+            "value), or in another invoke")
+
+
+def refuse_late_edits(mediator: Any) -> None:
+    """`InvalidWrite` where a tensor `handed` to the model was edited since (the edit would be lost silently)."""
+    for tensor, version, what, location in mediator.__dict__.get(HANDED, ()):
+        if tensor._version != version:
+            mediator.__dict__[HANDED] = []
+            raise InvalidWrite(late_edit(what, location))
+
+
 def hand_back_now(read: PointRead) -> None:
     """Leave ``read`` to be handed back unchanged when the worker moves on (a transcoder's input site)."""
     if read._hand_back:
@@ -261,13 +296,74 @@ def value_at(model: Any, name: str | Point, head: int | None = None) -> torch.Te
         return getattr(model, point.value)
     if point.value in ("attention_probabilities", "attention_scores"):  # no site of their own: served by the
         return getattr(model.layers[point.layer].self_attn, point.value)  # attention (eager or recomputed)
+    if point.value == "attention_head_contributions":  # attn.hook_result: computed from hook_z, read-only
+        return _head_contributions(model, point)
     if point.value in NORM_VALUES:  # a norm's values: computed from the norm's input, served by their component
-        return read_value(model, point.layer, point.value)
+        shared = _norm_read_here(model, point)
+        return read_value(model, point.layer, point.value) if shared is None else shared
     read = open_point(model, point)
     held = _Held(read)
     if read._mid or read._hand_back:
         read.mediator.transform = WriteBack(held.flush, held.served, None, read.location, read.occurrence)
     return held.served
+
+
+def _norm_read_here(model: Any, point: Point) -> torch.Tensor | None:
+    """The norm value ``point`` names where a dictionary at the same norm read it at this visit and its splice is
+    pending (the norm's input, which a read of the value asks for, is behind the model): the tensor that read holds,
+    marked as the served one is. An edit of it reaches the model through that splice (the norm's output becomes
+    ``written · weight (+ bias)``); ``None`` where there is no such read."""
+    component = host(model, point.layer, point.value)
+    binding = component._nncanon_norm(point.value)
+    mediator = Mediator.current(binding.site.location)
+    waiting = mediator.transform
+    read = getattr(getattr(getattr(waiting, "fn", None), "__self__", None), "read", None)
+    if not isinstance(read, NormPointRead) or read.location != binding.site.location or \
+            waiting.occurrence != mediator.wanted(binding.site.location):
+        return None
+    view = read._norm.scale if binding.part == "scale" else read._norm.normalized
+    mark(view, f"{binding.where}.{point.value}")
+    return refuse_gradient(view, component._nncanon_gradient_reason(point.value))
+
+
+def _head_contributions(model: Any, point: Point) -> torch.Tensor:
+    """TransformerLens's ``attn.hook_result`` of block ``point.layer``: each head's output through its slice of the
+    output projection, ``[b, s, H, d]`` (``[b, s, d]`` for one head), without the projection's bias: ``hook_z``
+    (``attention_head_outputs``, through a norm over the heads where one sits before the projection) times the
+    projection's weight per head (dequantized where the layer is quantized). Read-only: an edit of it is
+    `InvalidWrite` when the worker moves on (write ``attn.hook_z`` instead)."""
+    label = point.name or f"layers[{point.layer}].attention_head_contributions"
+    read = open_point(model, Point(point.layer, "attention_head_outputs", None, point.name), label)
+    heads = projection_input(model, point.layer, read.x)
+    weight, _ = projection_weights(model, point.layer)
+    result = torch.einsum("bshk,hkd->bshd", heads, weight.to(device=heads.device, dtype=heads.dtype))
+    served = result if point.head is None else result[..., point.head, :]
+    computed = _Computed(read, served, label)
+    read.mediator.transform = WriteBack(computed.flush, served, None, read.location, read.occurrence)
+    return served
+
+
+class _Computed:
+    """A value computed from a read (``attn.hook_result`` from ``hook_z``), read-only: the read is handed back as it
+    was read; an edit of the value is `InvalidWrite` (it has no way back into the model that is exact)."""
+
+    def __init__(self, read: PointRead, served: torch.Tensor, label: str) -> None:
+        self.read, self.served, self.label = read, served, label
+        self.version = served._version
+
+    def flush(self) -> Any:
+        refuse_late_edits(self.read.mediator)
+        if self.served._version != self.version:
+            raise InvalidWrite(f"{self.label} is read-only: each head's output through its slice of the output "
+                               "projection is computed from attn.hook_z (attention_head_outputs), and an edit of it "
+                               "has no exact way back into the model. Write attn.hook_z (or the attention's output) "
+                               "instead")
+        handed(self.read.mediator, self.served, self.label, self.read.location)
+        return self.read.keep()
+
+    def take_over(self) -> PointRead:
+        self.flush()
+        return self.read
 
 
 class _Held:
@@ -279,6 +375,7 @@ class _Held:
         self.version = self.served._version
 
     def flush(self) -> Any:
+        refuse_late_edits(self.read.mediator)
         edited = self.served._version != self.version
         return self.read.apply(self.served) if self.read._mid and edited else self.read.keep()
 

@@ -22,41 +22,43 @@ clean run's and ``features.grad`` is ``W_dec · ∂L/∂value``.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from nnsight.intervention.eproperty import WriteBack
 from nnsight.intervention.interleaver import Mediator, OutOfOrderError
 
-from ..components.norms import SCALES
 from ..errors import DictionaryDetached, DictionaryMismatch, InvalidInput, InvalidWrite, NestedTrace, OutOfOrderRead
-from ..gradients import mark, refuse_gradient
+from ..gradients import in_backward, mark, refuse_gradient
 from ..mounted import MountedModel
 from ..served import check_write
 from ..traced import outside_trace, refuse_outside_trace
 from .dictionary import Dictionary, Normalization
-from .names import Point, mixers, resolve
+from .fit import check_fit
+from .names import Point, resolve
+from .ordering import Reader, Step, arrange, block_ranks, execution_rank, learn_order, sites
 from .processing import IDENTITY, Mapping, mapping
-from .sites import PointRead, hand_back_now, keep_stream_before, open_point, point_shape
-
-#: The order a block's points are first read in (a trace reads several dictionaries in it): ``resid_mid`` reads
-#: ``layer_input`` first (its edit reaches the model through the mixer's contribution, later).
-EXECUTION_ORDER = ("layer_input", "resid_mid", "attention_normalized", "attention_input", "query_states_before_norm",
-                   "key_states_before_norm", "query_states", "key_states", "value_states", "attention_gate",
-                   "attention_head_outputs", "attention_output", "linear_attention_normalized",
-                   "linear_attention_input", "linear_attention_head_outputs", "linear_attention_output",
-                   "mlp_normalized", "mlp_input", "router_logits", "expert_weights", "expert_indices",
-                   "shared_expert_output", "pre_activations", "linear_activations", "neurons", "mlp_module_output",
-                   "mlp_output", "layer_output")
-
-
-def execution_rank(point: Point) -> tuple[int, int]:
-    """A sort key that puts points in the order the model computes them (block, then value)."""
-    return point.layer, EXECUTION_ORDER.index(point.value) if point.value in EXECUTION_ORDER else len(EXECUTION_ORDER)
-
+from .sites import (
+    PointRead,
+    first_location,
+    hand_back_now,
+    handed,
+    keep_stream_before,
+    late_edit,
+    open_point,
+    refuse_late_edits,
+)
 
 #: Where an invoke's mediator lists the dictionaries it read (for the out-of-order message).
 READ_HERE = "_nncanon_sae_read"
+
+#: Where an invoke's mediator keeps each dictionary's visits (attachment key -> visits, in the order read): a read
+#: after the model passed the point is served from the visit made at it.
+VISITS = "_nncanon_sae_visits"
+
+#: Where an invoke's mediator keeps transcoders' inputs read before another read passed them: key -> (visit, input).
+INPUTS = "_nncanon_sae_inputs"
 
 #: Where attached dictionaries are listed on a model (``model.__dict__``): name -> `AttachedDictionary`. The
 #: surface reads it for ``support()`` only.
@@ -113,7 +115,10 @@ class AttachedDictionary:
     def features(self, value: Any) -> None:
         self._refuse_detached("features")
         refuse_outside_trace(self.model, f"{self.label}.features was written")
-        current = self._visit().features
+        visit = self._visit()
+        if visit.handed:
+            raise InvalidWrite(late_edit(f"{self.label}.features", visit.read.location))
+        current = visit.features
         check_write(value, current, f"{self.label}.features")
         current.copy_(value.expand_as(current))
 
@@ -209,22 +214,30 @@ class AttachedDictionary:
                                      "the model. Attach it again (attach(model, dictionary)) to read it")
 
     def _visit(self) -> _Visit:
+        """This invoke's visit at the point: the pending one; a new read where the model is still at the point (the
+        read continues from the pending write-back there); the one made at this step where the model passed it."""
         self._refuse_detached("features")
         mediator = Mediator.current(f"{self.label}.features")
         waiting = mediator.transform
-        visit = getattr(getattr(waiting, "fn", None), "__self__", None)
-        if isinstance(visit, _Visit) and visit.owner.key == self.key and \
+        holder = getattr(getattr(waiting, "fn", None), "__self__", None)
+        if isinstance(holder, _Visit) and holder.owner.key == self.key and \
                 waiting.occurrence == mediator.wanted(waiting.location):
-            return visit
+            return holder
+        made = mediator.__dict__.get(VISITS, {}).get(self.key)
+        last = made[-1] if made else None
+        if last is not None and hasattr(holder, "take_over") and waiting.occurrence == last.read.occurrence:
+            if waiting.location == last.read.location:  # the model is still there: read again, after the pending
+                return self._start(whole=False, reuse=last)
+            return last  # read before (another dictionary's read passed it): served; an edit now is refused
         return self._start(whole=False)
 
-    def _start(self, whole: bool) -> _Visit:
-        """Read the point(s) and encode; leave the splice as the worker's pending write-back."""
+    def _start(self, whole: bool, reuse: _Visit | None = None) -> _Visit:
+        """Read the point(s) and encode; leave the splice as the worker's pending write-back. ``reuse``: this
+        step's earlier visit, whose input a transcoder reads again (the model is past it)."""
         label = f"{self.label}.features"
-        if not whole:  # (an error_term=False edit reads its own point only)
-            self._keep_earlier_streams(label)
+        steps = [] if whole or reuse is not None else self._earlier(label)  # (an error_term=False edit: its own)
         try:
-            return self._open_visit(label, whole)
+            return self._open_visit(label, whole, reuse, steps)
         except OutOfOrderRead as error:
             later = self._later_in_block()
             if later is None:
@@ -235,6 +248,48 @@ class AttachedDictionary:
                 f"before {later.point_out.label}, which that read passed. Read {self.name!r}'s features first "
                 "(feature_attribution orders several dictionaries itself), or in another invoke") from error
 
+    def _points(self) -> tuple[Point, ...]:
+        return (self.point,) if self.point_out == self.point else (self.point, self.point_out)
+
+    def _earlier(self, label: str) -> list[tuple[int, Step]]:
+        """The other dictionaries of this block whose points this read would pass, to read first in the model's
+        order (`nncanon.sae.ordering.arrange`), so that a read of their features later in this invoke is served."""
+        layer = self.point.layer
+        registry = self.model.__dict__.get(REGISTRY, {})
+        if len(registry) < 2 or self.point_out.layer != layer or in_backward():
+            return []
+        rank = block_ranks(self.model, layer)
+        mediator = Mediator.current(label)
+        made = mediator.__dict__.get(VISITS, {})
+        own = Reader(self, self._points(), tuple(sites(self.model, point) for point in self._points()))
+        step = mediator.wanted(first_location(self.model, layer, own.sites[0][0]))
+        others = [Reader(other, other._points(), tuple(sites(self.model, point) for point in other._points()))
+                  for other in registry.values()
+                  if other is not self and other.point.layer == layer and other.point_out.layer == layer
+                  and not any(visit.read.occurrence == step for visit in made.get(other.key, ()))]
+        if not others:
+            return []
+
+        def passed(value: str) -> bool:
+            return mediator.occurrence(first_location(self.model, layer, value)) > step
+
+        return arrange(own, others, rank, passed)
+
+    def _read_earlier(self, steps: Sequence[tuple[int, Step]], phase: int, label: str) -> None:
+        """Make the reads of ``steps`` due before this read's ``phase``-th point (`_earlier`)."""
+        for at, each in steps:
+            if at != phase:
+                continue
+            other = each.reader.owner if each.reader is not None else None
+            if each.keep is not None:
+                keep_stream_before(self.model, each.keep, label)
+            elif each.input_only:
+                read_in = open_point(self.model, other.point, f"{other.label}.features")
+                hand_back_now(read_in)
+                read_in.mediator.__dict__.setdefault(INPUTS, {})[other.key] = (read_in.occurrence, read_in.x)
+            else:
+                other._open_visit(f"{other.label}.features", whole=False)
+
     def _later_in_block(self) -> AttachedDictionary | None:
         """Another dictionary of this block read in this invoke whose points the model reaches after this one's."""
         own = execution_rank(self.point)
@@ -244,11 +299,21 @@ class AttachedDictionary:
                 return other
         return None
 
-    def _open_visit(self, label: str, whole: bool) -> _Visit:
+    def _open_visit(self, label: str, whole: bool, reuse: _Visit | None = None,
+                    steps: Sequence[tuple[int, Step]] = ()) -> _Visit:
+        self._read_earlier(steps, 0, label)
         if self.point_out != self.point:
-            read_in = open_point(self.model, self.point, label)
-            x_in = read_in.x
-            hand_back_now(read_in)
+            early = Mediator.current(label).__dict__.get(INPUTS, {}).pop(self.key, None)
+            if reuse is not None:
+                x_in = reuse.x_raw
+            elif early is not None and early[0] == Mediator.current(label).wanted(
+                    first_location(self.model, self.point_out.layer, sites(self.model, self.point_out)[0])):
+                x_in = early[1]  # read before another read passed it (`_earlier`)
+            else:
+                read_in = open_point(self.model, self.point, label)
+                x_in = read_in.x
+                hand_back_now(read_in)
+                self._read_earlier(steps, 1, label)
             read = open_point(self.model, self.point_out, label)
         else:
             read = open_point(self.model, self.point, label)
@@ -261,26 +326,12 @@ class AttachedDictionary:
                                "this trace (was the dictionary detached, or the model copied?); attach it again")
         visit = _Visit(self, read, x_in, record)
         read.mediator.__dict__.setdefault(READ_HERE, []).append(self)
+        if not whole:
+            read.mediator.__dict__.setdefault(VISITS, {}).setdefault(self.key, []).append(visit)
         if whole:
             records[(self.key, read.location, count)] = visit
         read.mediator.transform = WriteBack(visit.flush, visit.features, self, read.location, read.occurrence)
         return visit
-
-    def _keep_earlier_streams(self, label: str) -> None:
-        """Where another dictionary attached in this block reads ``resid_mid`` (``layer_input`` plus one mixer's
-        contribution), keep its stream before this read passes ``layer_input`` (`keep_stream_before`): the two are
-        served in the model's order, whichever the trace's code reads first. (A block of two mixers, Falcon-H1's, is
-        left as it is: keeping its stream would read past the first mixer's inner values.)"""
-        own = min(execution_rank(self.point), execution_rank(self.point_out))
-        for other in self.model.__dict__.get(REGISTRY, {}).values():
-            if other is self:
-                continue
-            for where in (other.point, other.point_out):
-                if where.value != "resid_mid" or where.layer != self.point.layer or own <= execution_rank(where):
-                    continue
-                parts = list(where.parts) or ["layer_input", *mixers(self.model, where.layer)]
-                if len(parts) == 2:
-                    keep_stream_before(self.model, where, label)
 
 
 class _Visit:
@@ -289,6 +340,8 @@ class _Visit:
     def __init__(self, owner: AttachedDictionary, read: PointRead, x_in: torch.Tensor,
                  record: _Visit | None) -> None:
         self.owner, self.read = owner, read
+        self.x_raw = x_in  # what the point read, before the dictionary's processing
+        self.handed = False  # whether the splice went to the model (an edit now would not reach it)
         dictionary = owner._on(x_in.device)
         self.dictionary = dictionary
         # Under gradients the features are in the graph even where nothing before the point is (a trace that asks
@@ -351,7 +404,15 @@ class _Visit:
         return self.read
 
     def flush(self) -> Any:
-        """The raw value the model is handed when the worker moves on (nnsight's write-back)."""
+        """The raw value the model is handed when the worker moves on (nnsight's write-back); an edit of features
+        handed before raises (`refuse_late_edits`), and these are watched from now on."""
+        refuse_late_edits(self.read.mediator)
+        handed_back = self._hand_back()
+        self.handed = True
+        handed(self.read.mediator, self.features, f"{self.owner.label}.features", self.read.location)
+        return handed_back
+
+    def _hand_back(self) -> Any:
         read, features = self.read, self.features
         edited = features._version != self.version
         if not self.owner.error_term and not self.replaced:  # the edit: the value becomes the reconstruction
@@ -464,7 +525,7 @@ def attach(model: Any, dictionary: Dictionary, hook_name: str | Point | None = N
         if each.layer is None:
             raise DictionaryMismatch(f"{dictionary.name} reads {each.label} ({each.name}): a dictionary attaches at a "
                                      "block's value; read a model-level value with nncanon.sae.value_at")
-    _check_fit(model, dictionary, point, point_out)
+    check_fit(model, dictionary, point, point_out)
     reading = mapping(model, dictionary.processing, point)
     writing = reading if point_out == point else mapping(model, dictionary.processing, point_out)
     registry = model.__dict__.setdefault(REGISTRY, {})
@@ -482,52 +543,7 @@ def attach(model: Any, dictionary: Dictionary, hook_name: str | Point | None = N
         added = [edit for edit in model._edits if all(edit is not old for old in before)]
         attachment._edit = added[0] if added else None
     registry[name] = attachment
+    for layer in {point.layer, point_out.layer}:  # (the block's order, for reads of several dictionaries)
+        learn_order(model, layer, [value for other in registry.values() for where in other._points()
+                                   if where.layer == layer for value in sites(model, where)])
     return attachment
-
-
-def _check_fit(model: Any, dictionary: Dictionary, point: Point, point_out: Point) -> None:
-    """Refuse, before any forward of the user's, a dictionary that does not fit its points."""
-    cfg = dictionary.cfg
-    for which, where in (("input", point), ("output", point_out)):
-        if where.value in ("attention_probabilities", "attention_scores"):
-            raise DictionaryMismatch(f"{dictionary.name}: {where.label} is [b, H, q, k], not a value per token: a "
-                                     f"dictionary reads a value [b, s, ...] (the {which} point)")
-        if where.value in SCALES:
-            raise DictionaryMismatch(f"{dictionary.name}: {where.label} is a norm's scale [b, s, 1], not a vector per "
-                                     f"token: a dictionary reads a value [b, s, d] (the {which} point)")
-    if point.head is not None or point_out.head is not None:
-        for where in (point, point_out):
-            if where.head is None:
-                continue
-            heads = point_shape(model, Point(where.layer, where.value, None, where.name))[0][0]
-            if not 0 <= where.head < heads:
-                raise DictionaryMismatch(f"{dictionary.name}: hook_head_index {where.head} is outside "
-                                         f"{where.label.split('[...')[0]}'s {heads} heads (0..{heads - 1})")
-    shape_in, dtype, _ = point_shape(model, point)
-    shape_out, _, _ = point_shape(model, point_out)
-    width_in = _width(shape_in, cfg.reshape_activations == "hook_z")
-    width_out = _width(shape_out, cfg.reshape_activations == "hook_z")
-    per_head = cfg.reshape_activations != "hook_z" and len(shape_in) > 1
-    if per_head:
-        raise DictionaryMismatch(
-            f"{dictionary.name} reads {point.label}, which is per head {list(shape_in)}; a dictionary reads one vector "
-            f"per token: one head (hook_head_index) or all heads flattened (reshape_activations='hook_z')")
-    if width_in != cfg.d_in:
-        raise DictionaryMismatch(
-            f"{dictionary.name} has d_in={cfg.d_in}, but {point.label} ({point.name or point.label}) is {width_in} "
-            "wide "
-            f"on this model ({list(shape_in)} per token): it was trained on another model or another point")
-    if width_out != cfg.d_out:
-        raise DictionaryMismatch(
-            f"{dictionary.name} writes d_out={cfg.d_out}, but {point_out.label} is {width_out} wide on this model")
-    if dtype != cfg.dtype:
-        raise DictionaryMismatch(
-            f"{dictionary.name} runs in {cfg.dtype}, but the model runs {point.label} in {dtype}: convert one "
-            f"(dictionary.to(dtype={dtype}), or load the model with dtype={cfg.dtype})")
-
-
-def _width(shape: tuple[int, ...], flatten: bool) -> int:
-    width = 1
-    for size in shape if flatten else shape[-1:]:
-        width *= size
-    return width
