@@ -5,7 +5,8 @@
 - `load_transcoders`: a circuit-tracer transcoder set (a YAML config naming ``feature_input_hook``,
   ``feature_output_hook`` as TransformerLens hook names and one file per layer: ``.safetensors`` in its ReLU
   layout, ``W_enc [d_sae, d_model]``, ``W_dec [d_sae, d_model]``, optional ``W_skip`` and JumpReLU's
-  ``activation_function.threshold``; or a Gemma Scope ``.npz`` with ``threshold``), as `nncanon.sae.Dictionary` transcoders reading the names through the one name table.
+  ``activation_function.threshold``; or a Gemma Scope ``.npz`` with ``threshold``), as `nncanon.sae.Dictionary`
+  transcoders reading the names through the one name table.
 """
 
 from __future__ import annotations
