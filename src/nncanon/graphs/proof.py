@@ -54,7 +54,7 @@ def prove(model: Any) -> str | None:
 
 def attribute(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
               max_feature_nodes: int | None = None, batch_size: int = 64, offload: str | None = None,
-              update_interval: int = 4, zero_bos: bool | None = None) -> Graph:
+              update_interval: int = 4, zero_bos: bool | None = None, remote: Any = None) -> Graph:
     """An attribution graph of ``prompt`` (circuit-tracer's ``attribute``), unpruned.
 
     Args:
@@ -70,6 +70,9 @@ def attribute(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 
         offload: ``None`` or ``"cpu"`` (finished rows are always kept on the CPU; the model is not moved).
         update_interval: Batches between re-rankings of the features by influence.
         zero_bos: Zero position 0's features and errors (default: where the prompt starts with a special token).
+        remote: Run the graph's traces remotely (``True``: NDIF; ``"local"``: nnsight's simulation), as
+            ``model.trace(..., remote=...)`` does (docs/remote.md): the clean run, then one request per batch of
+            rows, each running the frozen forward and its backward on the server.
 
     Returns:
         A `Graph` (rows of selected features and logits filled; node order in `nncanon.graphs.graph`).
@@ -84,4 +87,4 @@ def attribute(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 
         raise ValueNotAvailable(f"no attribution graph on this {model.config.model_type} model: {reason}")
     return build(model, prompt, transcoders, max_n_logits=max_n_logits, desired_logit_prob=desired_logit_prob,
                  max_feature_nodes=max_feature_nodes, batch_size=batch_size, offload=offload,
-                 update_interval=update_interval, zero_bos=zero_bos)
+                 update_interval=update_interval, zero_bos=zero_bos, remote=remote)

@@ -185,14 +185,15 @@ class Clean:
     head: torch.Tensor
 
 
-def clean_run(model: Any, ids: torch.Tensor, plan: Plan) -> Clean:
-    """Read the clean run's frozen values, MLP inputs and outputs, stream into block 0 and logits (one trace)."""
+def clean_run(model: Any, ids: torch.Tensor, plan: Plan, remote: Any = None) -> Clean:
+    """Read the clean run's frozen values, MLP inputs and outputs, stream into block 0 and logits (one trace;
+    ``remote`` as `nncanon.StandardizedTransformer.trace` takes it)."""
     frozen: list[dict[str, torch.Tensor]] = [{} for _ in plan.steps]
     inputs: list[torch.Tensor] = []
     outputs: list[torch.Tensor] = []
     saved: dict[str, Any] = {}
     head = _envoy(model, plan.head)
-    with torch.no_grad(), model.trace(ids):
+    with torch.no_grad(), model.trace(ids, remote=remote or False):
         saved["embeddings"] = model.layers[0].layer_input.save()
         for layer, steps in enumerate(plan.steps):
             for name in steps:
@@ -222,29 +223,35 @@ def frozen_run(model: Any, ids: torch.Tensor, plan: Plan, clean: Clean, embeddin
     Returns each block's MLP input ``[B, n, d]`` and the head's output ``[B, n, vocab]`` with the family's linear
     logit steps (before any soft-cap), both in the autograd graph of the leaves given.
     """
-    batch = embeddings.shape[0]
-    ids = ids.expand(batch, -1)
-    inputs: list[torch.Tensor] = []
     saved: dict[str, Any] = {}
-    head = _envoy(model, plan.head)
-    with model.trace(ids):
-        model.layers[0].layer_input = embeddings
-        for layer, steps in enumerate(plan.steps):
-            for name in steps:
-                if name == INPUT:
-                    inputs.append(value_at(model, f"layers.{layer}.{READS}").save())
-                elif name == WRITES:
-                    written = outputs[layer]
-                    skip = skips[layer] if skips is not None else None
-                    if skip is not None and skip.W_skip is not None:
-                        written = written + (inputs[layer].to(skip.dtype) @ skip.W_skip.T).to(written.dtype)
-                    model.layers[layer].mlp.mlp_output = written
-                else:
-                    _freeze(host(model, layer, name), name, clean.frozen[layer][name], batch)
-        if plan.final_norm:
-            _freeze(model, "final_norm_scale", clean.final_scale, batch)
-        saved["head"] = head.output.save()
-    return inputs, _linear_steps(saved["head"], plan)
+    with model.trace(ids.expand(embeddings.shape[0], -1)):
+        inputs, head = frozen_body(model, plan, clean, embeddings, outputs, skips)
+        saved["inputs"], saved["head"] = [x.save() for x in inputs], head.save()
+    return saved["inputs"], saved["head"]
+
+
+def frozen_body(model: Any, plan: Plan, clean: Clean, embeddings: torch.Tensor, outputs: list[torch.Tensor],
+                skips: list[Dictionary | None] | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """`frozen_run`'s writes and reads, inside an open trace of ``B`` copies of the prompt (a remote one too: the
+    backward then runs in the same request, `nncanon.graphs.remote`)."""
+    batch = embeddings.shape[0]
+    inputs: list[torch.Tensor] = []
+    model.layers[0].layer_input = embeddings
+    for layer, steps in enumerate(plan.steps):
+        for name in steps:
+            if name == INPUT:
+                inputs.append(value_at(model, f"layers.{layer}.{READS}"))
+            elif name == WRITES:
+                written = outputs[layer]
+                skip = skips[layer] if skips is not None else None
+                if skip is not None and skip.W_skip is not None:
+                    written = written + (inputs[layer].to(skip.dtype) @ skip.W_skip.T).to(written.dtype)
+                model.layers[layer].mlp.mlp_output = written
+            else:
+                _freeze(host(model, layer, name), name, clean.frozen[layer][name], batch)
+    if plan.final_norm:
+        _freeze(model, "final_norm_scale", clean.final_scale, batch)
+    return inputs, _linear_steps(_envoy(model, plan.head).output, plan)
 
 
 def _freeze(owner: Any, name: str, value: torch.Tensor, batch: int) -> None:
