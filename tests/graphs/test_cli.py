@@ -67,7 +67,8 @@ def test_graph_command_refuses_bad_input_by_name(case, tmp_path, capsys):
             "bad threshold": ["graph", PROMPT, "--node-threshold", "1.5", "--out", str(tmp_path)],
             "unknown model": ["graph", "--model", str(tmp_path / "missing"), PROMPT, "--out", str(tmp_path)],
             "another width": ["graph", PROMPT, "--transcoders", str(_narrow_set(tmp_path)), "--out", str(tmp_path)],
-            "no such set": ["graph", PROMPT, "--transcoders", str(tmp_path / "nothing.yaml"), "--out", str(tmp_path)]}[case]
+            "no such set": ["graph", PROMPT, "--transcoders", str(tmp_path / "nothing.yaml"), "--out", str(tmp_path)],
+            }[case]
     assert main([*args, "--quiet"]) == EXIT_USAGE
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
