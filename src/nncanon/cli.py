@@ -253,6 +253,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
+def _graph(args: argparse.Namespace) -> int:
+    from .graphs.cli import run
+
+    return run(args, _load)
+
+
 def _matrix(args: argparse.Namespace) -> int:
     from .matrix import run_matrix
 
@@ -377,6 +383,25 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("-k", default="", help="with --leave-one-out: only model types containing this")
     infer.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     infer.set_defaults(run=_infer)
+
+    graph = command("graph", "an attribution graph of a prompt (circuit tracing over transcoders), written as "
+                             "circuit-tracer's frontend reads it")
+    graph.add_argument("prompt", help="the prompt (mind that it is one argument: quote it)")
+    graph.add_argument("--model", default="gpt2", help="hub id, local folder or demo model (gpt2, llama, hybrid)")
+    graph.add_argument("--out", default="nncanon-graph", help="folder for <slug>.json, graph-metadata.json, <slug>.pt")
+    graph.add_argument("--transcoders", default=None,
+                       help="a circuit-tracer transcoder config (.yaml, or a folder holding config.yaml) or a demo "
+                            "set's name (default: the demo model's own set)")
+    graph.add_argument("--slug", default=None, help="the graph's name (default: the prompt's first words)")
+    graph.add_argument("--max-feature-nodes", type=int, default=None,
+                       help="feature nodes at most, by influence on the logits (default: every active feature)")
+    graph.add_argument("--max-n-logits", type=int, default=10, help="logit targets at most")
+    graph.add_argument("--desired-logit-prob", type=float, default=0.95, help="logit targets until this probability")
+    graph.add_argument("--node-threshold", type=float, default=0.8, help="pruning: cumulative node influence kept")
+    graph.add_argument("--edge-threshold", type=float, default=0.98, help="pruning: cumulative edge influence kept")
+    graph.add_argument("--batch-size", type=int, default=64, help="targets per backward pass")
+    graph.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    graph.set_defaults(run=_graph)
 
     support = command("support", "the support() table of a hub id, a local folder or a demo model")
     support.add_argument("model", help="hub id, local folder or demo model name (gpt2, llama, hybrid)")

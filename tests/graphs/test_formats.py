@@ -22,19 +22,23 @@ def _write_set(folder, transcoders, reads="mlp.hook_in", writes="hook_mlp_out", 
                      b_dec=t.b_dec.numpy(), threshold=t.threshold.numpy())
         else:
             name = f"layer_{layer}.safetensors"
-            save_file({"W_enc": t.W_enc.T.contiguous(), "W_dec": t.W_dec.T.contiguous(), "b_enc": t.b_enc,
-                       "b_dec": t.b_dec}, folder / name)
+            layer_weights = {"W_enc": t.W_enc.T.contiguous(), "W_dec": t.W_dec.contiguous(), "b_enc": t.b_enc,
+                             "b_dec": t.b_dec}  # circuit-tracer's SingleLayerTranscoder.to_safetensors layout
+            if t.threshold is not None:
+                layer_weights["activation_function.threshold"] = t.threshold
+            save_file(layer_weights, folder / name)
         lines += [f'  - id: "t{layer}"', f"    layer: {layer}", f'    filepath: "{name}"']
     (folder / "set.yaml").write_text("\n".join(lines) + "\n")
     return folder / "set.yaml"
 
 
-@pytest.mark.parametrize("npz", [False, True], ids=["relu-safetensors", "gemmascope-npz"])
-def test_circuit_tracer_set_loads_as_the_same_transcoders(model, tmp_path, npz):
-    original = graphs.random_transcoders(model, n_features=12, seed=2, threshold=0.05 if npz else None)
+@pytest.mark.parametrize("npz,jump", [(False, False), (False, True), (True, True)],
+                         ids=["relu-safetensors", "jumprelu-safetensors", "gemmascope-npz"])
+def test_circuit_tracer_set_loads_as_the_same_transcoders(model, tmp_path, npz, jump):
+    original = graphs.random_transcoders(model, n_features=12, seed=2, threshold=0.05 if jump else None)
     loaded = graphs.load_transcoders(_write_set(tmp_path, original, npz=npz))
     for a, b in zip(original, loaded, strict=True):
-        assert b.cfg.architecture == ("jumprelu_transcoder" if npz else "transcoder")
+        assert b.cfg.architecture == ("jumprelu_transcoder" if jump else "transcoder")
         for name, tensor in a.state_dict().items():
             assert torch.equal(tensor, getattr(b, name)), name
     one = graphs.attribute(model, "The cat sat", original, max_n_logits=2)

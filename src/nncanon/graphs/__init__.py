@@ -11,11 +11,13 @@
   frontend and Neuronpedia, circuit-tracer's transcoder sets and cross-layer transcoders.
 - `CrossLayerTranscoder` (``coders``): circuit-tracer's CLT; `random_clt`, `random_transcoders`: random sets for
   checks.
+- `demo_transcoders` (``demo``): the demo models' shipped transcoders; ``cli``: the ``nncanon graph`` command.
 
 See ``docs/graphs.md``.
 """
 
 from .coders import CrossLayerTranscoder
+from .demo import demo_transcoders
 from .formats import graph_json, load_clt, load_transcoders, save_clt, write_graph_json
 from .graph import Graph
 from .memory import GraphTooLarge, MemoryEstimate
@@ -24,5 +26,6 @@ from .prune import PruneResult, graph_scores, node_influence, prune
 from .verify import GraphCheck, random_clt, random_transcoders, verify
 
 __all__ = ["CrossLayerTranscoder", "Graph", "GraphCheck", "GraphTooLarge", "MemoryEstimate", "PruneResult",
-           "attribute", "graph_json", "graph_scores", "load_clt", "load_transcoders", "node_influence", "prune",
-           "random_clt", "random_transcoders", "save_clt", "support", "verify", "write_graph_json"]
+           "attribute", "demo_transcoders", "graph_json", "graph_scores", "load_clt", "load_transcoders",
+           "node_influence", "prune", "random_clt", "random_transcoders", "save_clt", "support", "verify",
+           "write_graph_json"]

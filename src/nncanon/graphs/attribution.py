@@ -32,7 +32,7 @@ from ..errors import InvalidArgument, InvalidDictionary, InvalidInput, ValueNotA
 from .coders import Coders, check_transcoders
 from .graph import Graph
 from .memory import plan_batch
-from .replacement import Clean, Plan, clean_run, frozen_run, plan_of
+from .replacement import Clean, Plan, clean_run, frozen_body, frozen_run, plan_of
 
 
 @dataclass
@@ -102,12 +102,12 @@ def _starts_special(model: Any, ids: torch.Tensor) -> bool:
 
 
 def setup(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
-          zero_bos: bool | None = None) -> Setup:
+          zero_bos: bool | None = None, remote: Any = None) -> Setup:
     """The clean run, the active features, error vectors and logit targets of ``prompt``."""
     coders = check_transcoders(model, transcoders)
     plan = plan_of(model, coders.reads)
     ids = token_ids(model, prompt)
-    clean = clean_run(model, ids, plan)
+    clean = clean_run(model, ids, plan, remote)
     if not torch.isfinite(clean.logits).all():
         raise InvalidInput("the model's logits on this prompt hold NaN or infinite values: no graph of them")
     zero_bos = _starts_special(model, ids) if zero_bos is None else zero_bos
@@ -219,10 +219,30 @@ class _Rows:
         return gradient_rows(self.s, list(grads), n)
 
 
+class _RemoteRows:
+    """`_Rows` for a remote model: each call is one request (``remote`` as ``model.trace`` takes it) that runs the
+    frozen forward of ``batch`` copies on leaves made there, the targets' backward, and returns the rows only."""
+
+    def __init__(self, s: Setup, batch: int, remote: Any) -> None:
+        self.s, self.batch, self.remote = s, batch, remote
+
+    def __call__(self, features: torch.Tensor, logits: torch.Tensor, retain: bool = True) -> torch.Tensor:
+        s, batch = self.s, self.batch
+        n = len(features) + len(logits)
+        with torch.enable_grad(), s.model.trace(s.ids.expand(batch, -1), remote=self.remote):
+            leaves = [value.expand(batch, -1, -1).clone().requires_grad_() for value in [s.clean.embeddings,
+                                                                                        *s.leaves]]
+            inputs, head = frozen_body(s.model, s.plan, s.clean, leaves[0], leaves[1:], s.transcoders)
+            targets = target_values(s, inputs, head, features, logits, torch.arange(n, device=head.device))
+            grads = torch.autograd.grad(targets.sum(), leaves, allow_unused=True, materialize_grads=True)
+            rows = gradient_rows(s, list(grads), n).save()
+        return rows
+
+
 def build(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
           max_feature_nodes: int | None = None, batch_size: int = 64, offload: str | None = None,
           update_interval: int = 4, zero_bos: bool | None = None, verbose: bool = False,
-          memory_limit: int | None = None) -> Graph:
+          memory_limit: int | None = None, remote: Any = None) -> Graph:
     """`nncanon.graphs.attribute` without the model's linearity proof (`nncanon.graphs.proof.support`)."""
     if offload not in OFFLOAD:
         raise InvalidArgument(f"offload={offload!r}: one of {OFFLOAD} (finished rows on the host; 'disk': in a "
@@ -230,7 +250,7 @@ def build(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, 
     if not isinstance(batch_size, int) or batch_size < 1:
         raise InvalidArgument(f"batch_size must be a positive int, not {batch_size!r}")
     s = setup(model, prompt, transcoders, max_n_logits=max_n_logits, desired_logit_prob=desired_logit_prob,
-              zero_bos=zero_bos)
+              zero_bos=zero_bos, remote=remote)
     n_active, n_logits = len(s.active), len(s.logit_ids)
     n_pos, n_layers = s.n_pos, s.n_layers
     offset = n_active + (n_layers + 1) * n_pos
@@ -240,8 +260,11 @@ def build(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, 
     batch, _ = plan_batch(model, n_pos, n_features + n_logits, total, batch, offload=offload, limit=memory_limit,
                           verbose=verbose)
     store = _Store(offload)
-    rows = _Rows(s, batch)
-    _check_forward(s, rows)
+    if remote:
+        rows: _Rows | _RemoteRows = _RemoteRows(s, batch, remote)
+    else:
+        rows = _Rows(s, batch)
+        _check_forward(s, rows)   # a remote graph's rows run on the server: its forward is not kept here
     edges = store.zeros(n_features + n_logits, total)
     row_node = torch.zeros(n_features + n_logits, dtype=torch.long)
     no = torch.zeros(0, dtype=torch.long, device=s.active.device)

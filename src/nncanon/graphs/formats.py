@@ -4,9 +4,10 @@
   ``create_graph_files``: the graph pruned by influence, its nodes and links, ``graph-metadata.json`` beside it).
 - `load_transcoders`: a circuit-tracer transcoder set (a YAML config naming ``feature_input_hook``,
   ``feature_output_hook`` as TransformerLens hook names and one file per layer: ``.safetensors`` in its ReLU
-  layout, ``W_enc [d_sae, d_model]``, ``W_dec [d_model, d_sae]``, optional ``W_skip``; or a Gemma Scope ``.npz``
-  with ``threshold``), as `nncanon.sae.Dictionary` transcoders reading the names through the one name table; or a
-  cross-layer transcoder (``model_kind: cross_layer_transcoder``: `load_clt`).
+  layout, ``W_enc [d_sae, d_model]``, ``W_dec [d_sae, d_model]``, optional ``W_skip`` and JumpReLU's
+  ``activation_function.threshold``; or a Gemma Scope ``.npz`` with ``threshold``), as `nncanon.sae.Dictionary`
+  transcoders reading the names through the one name table; or a cross-layer transcoder (``model_kind:
+  cross_layer_transcoder``: `load_clt`).
 - `load_clt`, `save_clt`: circuit-tracer's cross-layer transcoder folder (``W_enc_<i>.safetensors`` holding
   ``W_enc_<i> [F, d]``, ``b_enc_<i> [F]``, ``b_dec_<i> [d]``, optional ``threshold_<i> [F]``;
   ``W_dec_<i>.safetensors`` holding ``W_dec_<i> [F, n_layers - i, d]``) as a
@@ -179,12 +180,13 @@ def _read_layer(file: Path) -> dict[str, torch.Tensor]:
         raw = load_file(str(file))
         if "W_enc" not in raw or "W_dec" not in raw:
             raise InvalidDictionary(f"{file} has no W_enc or W_dec (it holds {sorted(raw)})")
-        weights = {"W_enc": raw["W_enc"].T.contiguous(), "W_dec": raw["W_dec"].T.contiguous(),
+        weights = {"W_enc": raw["W_enc"].T.contiguous(), "W_dec": raw["W_dec"],  # circuit-tracer's to_safetensors
                    "b_enc": raw.get("b_enc"), "b_dec": raw.get("b_dec")}
         if raw.get("W_skip") is not None:
             weights["W_skip"] = raw["W_skip"]
-        if "threshold" in raw:
-            weights["threshold"] = raw["threshold"]
+        threshold = raw.get("activation_function.threshold", raw.get("threshold"))
+        if threshold is not None:
+            weights["threshold"] = threshold
     return weights
 
 

@@ -57,7 +57,7 @@ def prove(model: Any) -> str | None:
 def attribute(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
               max_feature_nodes: int | None = None, batch_size: int = 64, offload: str | None = None,
               update_interval: int = 4, zero_bos: bool | None = None, verbose: bool = False,
-              memory_limit: int | None = None) -> Graph:
+              memory_limit: int | None = None, remote: Any = None) -> Graph:
     """An attribution graph of ``prompt`` (circuit-tracer's ``attribute``), unpruned.
 
     Args:
@@ -79,6 +79,9 @@ def attribute(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 
         verbose: Print the memory estimate before the rows run.
         memory_limit: Bytes available to the graph (default: measured: the device's free memory, the host's
             ``MemAvailable``).
+        remote: Run the graph's traces remotely (``True``: NDIF; ``"local"``: nnsight's simulation), as
+            ``model.trace(..., remote=...)`` does (docs/remote.md): the clean run, then one request per batch of
+            rows, each running the frozen forward and its backward on the server.
 
     Returns:
         A `Graph` (rows of selected features and logits filled; node order in `nncanon.graphs.graph`).
@@ -94,4 +97,5 @@ def attribute(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 
         raise ValueNotAvailable(f"no attribution graph on this {model.config.model_type} model: {reason}")
     return build(model, prompt, transcoders, max_n_logits=max_n_logits, desired_logit_prob=desired_logit_prob,
                  max_feature_nodes=max_feature_nodes, batch_size=batch_size, offload=offload,
-                 update_interval=update_interval, zero_bos=zero_bos, verbose=verbose, memory_limit=memory_limit)
+                 update_interval=update_interval, zero_bos=zero_bos, verbose=verbose, memory_limit=memory_limit,
+                 remote=remote)

@@ -145,15 +145,16 @@ def _token_site(model: Any, plan: Plan) -> tuple[Any, str]:
     return (model, "token_embeddings") if plan.tokens == "token_embeddings" else (model.layers[0], "layer_input")
 
 
-def clean_run(model: Any, ids: torch.Tensor, plan: Plan) -> Clean:
-    """Read the clean run's frozen values, transcoder inputs, MLP outputs, token vectors and logits (one trace)."""
+def clean_run(model: Any, ids: torch.Tensor, plan: Plan, remote: Any = None) -> Clean:
+    """Read the clean run's frozen values, transcoder inputs, MLP outputs, token vectors and logits (one trace;
+    ``remote`` as `nncanon.StandardizedTransformer.trace` takes it)."""
     frozen: list[dict[str, torch.Tensor]] = [{} for _ in plan.steps]
     inputs: list[torch.Tensor] = []
     outputs: list[torch.Tensor] = []
     saved: dict[str, Any] = {}
     head = _envoy(model, plan.head)
     owner, name = _token_site(model, plan)
-    with torch.no_grad(), model.trace(ids):
+    with torch.no_grad(), model.trace(ids, remote=remote or False):
         saved["embeddings"] = getattr(owner, name).save()
         for layer, steps in enumerate(plan.steps):
             parts: dict[str, torch.Tensor] = {}
@@ -205,33 +206,39 @@ def frozen_run(model: Any, ids: torch.Tensor, plan: Plan, clean: Clean, embeddin
     Returns each block's transcoder input ``[B, n, d]`` and the head's output ``[B, n, vocab]`` with the family's
     linear logit steps (before any soft-cap), both in the autograd graph of the leaves given.
     """
-    batch = embeddings.shape[0]
-    ids = ids.expand(batch, -1)
-    inputs: list[torch.Tensor] = []
     saved: dict[str, Any] = {}
-    head = _envoy(model, plan.head)
+    with model.trace(ids.expand(embeddings.shape[0], -1)):
+        inputs, head = frozen_body(model, plan, clean, embeddings, outputs, coders)
+        saved["inputs"], saved["head"] = [x.save() for x in inputs], head.save()
+    return saved["inputs"], saved["head"]
+
+
+def frozen_body(model: Any, plan: Plan, clean: Clean, embeddings: torch.Tensor, outputs: list[torch.Tensor],
+                coders: Any = None) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """`frozen_run`'s writes and reads, inside an open trace of ``B`` copies of the prompt (a remote one too: the
+    backward then runs in the same request, `nncanon.graphs.attribution`)."""
+    batch = embeddings.shape[0]
+    inputs: list[torch.Tensor] = []
     owner, name = _token_site(model, plan)
-    with model.trace(ids):
-        setattr(owner, name, embeddings)
-        for layer, steps in enumerate(plan.steps):
-            parts: dict[str, torch.Tensor] = {}
-            for step in steps:
-                if step == INPUT:
-                    inputs.append(_frozen_input(model, layer, plan, clean, parts).save())
-                elif step == WRITES:
-                    written = outputs[layer]
-                    skip = coders.skip(layer, inputs[layer]) if coders is not None else None
-                    if skip is not None:
-                        written = written + skip.to(written.dtype)
-                    model.layers[layer].mlp.mlp_output = written
-                elif step in plan.parts[layer] and step not in FROZEN:
-                    parts[step] = read(model, layer, step)
-                else:
-                    _freeze(host(model, layer, step), step, clean.frozen[layer][step], batch)
-        if plan.final_norm:
-            _freeze(model, "final_norm_scale", clean.final_scale, batch)
-        saved["head"] = head.output.save()
-    return inputs, _linear_steps(saved["head"], plan)
+    setattr(owner, name, embeddings)
+    for layer, steps in enumerate(plan.steps):
+        parts: dict[str, torch.Tensor] = {}
+        for step in steps:
+            if step == INPUT:
+                inputs.append(_frozen_input(model, layer, plan, clean, parts))
+            elif step == WRITES:
+                written = outputs[layer]
+                skip = coders.skip(layer, inputs[layer]) if coders is not None else None
+                if skip is not None:
+                    written = written + skip.to(written.dtype)
+                model.layers[layer].mlp.mlp_output = written
+            elif step in plan.parts[layer] and step not in FROZEN:
+                parts[step] = read(model, layer, step)
+            else:
+                _freeze(host(model, layer, step), step, clean.frozen[layer][step], batch)
+    if plan.final_norm:
+        _freeze(model, "final_norm_scale", clean.final_scale, batch)
+    return inputs, _linear_steps(_envoy(model, plan.head).output, plan)
 
 
 def _frozen_input(model: Any, layer: int, plan: Plan, clean: Clean, parts: dict[str, torch.Tensor]

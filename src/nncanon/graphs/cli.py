@@ -1,0 +1,124 @@
+"""``nncanon graph``: an attribution graph of a prompt, written where circuit-tracer's frontend reads it.
+
+`run` takes the parsed arguments (``nncanon.cli.build_parser``'s ``graph`` command) and a loader of models by name
+(the CLI's: a demo model's name, a hub id or a local folder), builds `nncanon.graphs.attribute` over the
+transcoders asked for (the demo set of a demo model by default), and writes into ``--out``: ``<slug>.json`` and
+``graph-metadata.json`` (`nncanon.graphs.write_graph_json`: the graph pruned by influence, as circuit-tracer's
+``create_graph_files`` writes it) and ``<slug>.pt`` (the unpruned `Graph`, circuit-tracer's ``Graph.to_pt`` layout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import InvalidArgument, InvalidDictionary, InvalidInput, NncanonError
+from ..sae import Dictionary
+from .demo import DEMO_TRANSCODERS, demo_name, demo_transcoders
+from .formats import load_transcoders, write_graph_json
+from .graph import Graph
+from .proof import attribute
+from .prune import graph_scores, prune
+
+#: Exit codes (the CLI's): success, bad usage or input (the message on stderr).
+OK, USAGE = 0, 2
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """What can be refused before a model loads: an empty prompt, thresholds outside [0, 1], a count below 1, an
+    ``--out`` that is a file. Raises `InvalidInput` or `InvalidArgument`."""
+    if not args.prompt.strip():
+        raise InvalidInput("the prompt is empty: an attribution graph needs at least one token")
+    for name in ("node_threshold", "edge_threshold", "desired_logit_prob"):
+        value = getattr(args, name)
+        if not 0 <= value <= 1:
+            raise InvalidArgument(f"--{name.replace('_', '-')} must be in [0, 1], not {value}")
+    for name in ("max_feature_nodes", "max_n_logits", "batch_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise InvalidArgument(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise InvalidArgument(f"--out {args.out} is a file: give a folder to write the graph files into")
+
+
+def transcoders_for(model: Any, spec: str | None) -> list[Dictionary]:
+    """The transcoders ``--transcoders`` names: ``None`` or ``"demo"``, the demo set of a demo model; a demo model's
+    name, its set; a circuit-tracer config (``.yaml``) or a folder holding ``config.yaml``."""
+    if spec is None or spec == "demo":
+        if demo_name(model) is None:
+            raise InvalidArgument("this model is not a demo model (gpt2, llama, hybrid), so it has no demo "
+                                  "transcoders: pass --transcoders CONFIG.yaml (a circuit-tracer transcoder set)")
+        return demo_transcoders(model)
+    if spec in DEMO_TRANSCODERS:
+        return demo_transcoders(spec, dtype=model.dtype)
+    path = Path(spec)
+    if path.is_dir():
+        path = path / "config.yaml"
+    if not path.is_file():
+        raise InvalidDictionary(f"--transcoders {spec}: no such file (a circuit-tracer config .yaml, a folder with "
+                                f"config.yaml, or a demo set: {', '.join(DEMO_TRANSCODERS)})")
+    return load_transcoders(path, dtype=model.dtype)
+
+
+def build(args: argparse.Namespace, model: Any) -> tuple[Graph, list[str]]:
+    """The graph of ``args.prompt`` on ``model`` and the lines that describe it, the files written."""
+    transcoders = transcoders_for(model, args.transcoders)
+    graph = attribute(model, args.prompt, transcoders, max_n_logits=args.max_n_logits,
+                      desired_logit_prob=args.desired_logit_prob, max_feature_nodes=args.max_feature_nodes,
+                      batch_size=args.batch_size)
+    out, slug = Path(args.out), args.slug or default_slug(args.prompt)
+    out.mkdir(parents=True, exist_ok=True)
+    graph.to_pt(out / f"{slug}.pt")
+    scan = args.transcoders if args.transcoders not in (None, "demo") else f"nncanon-demo-{demo_name(model)}"
+    path = write_graph_json(graph, out, slug, model.tokenizer, scan=str(scan),
+                            node_threshold=args.node_threshold, edge_threshold=args.edge_threshold)
+    kept = prune(graph, args.node_threshold, args.edge_threshold)
+    replacement, completeness = graph_scores(graph)
+    decode = model.tokenizer.decode
+    targets = ", ".join(f"{decode([int(t)])!r} {float(p):.3f}"
+                        for t, p in zip(graph.logit_targets, graph.logit_probabilities, strict=True))
+    lines = [f"{graph.n_pos} tokens, {len(graph.active_features)} active features, {graph.n_features} feature nodes, "
+             f"{graph.n_nodes} nodes",
+             f"logit targets: {targets}",
+             f"pruned (node {args.node_threshold}, edge {args.edge_threshold}): {int(kept.node_mask.sum())} nodes, "
+             f"{int(kept.edge_mask.sum())} edges",
+             f"replacement score {replacement:.3f}, completeness {completeness:.3f}",
+             f"wrote {path} (circuit-tracer's frontend: graph-metadata.json beside it) and "
+             f"{out / (slug + '.pt')}"]
+    return graph, lines
+
+
+def run(args: argparse.Namespace, load: Callable[[str], Any]) -> int:
+    """``nncanon graph``: the exit code; the graph's summary on stdout, a refusal as one line on stderr."""
+    try:
+        check_arguments(args)
+    except NncanonError as error:
+        return _refused(error)
+    try:
+        model = load(args.model)
+    except (OSError, ValueError) as error:
+        message = " ".join(str(error).split()) or type(error).__name__
+        print(message if isinstance(error, NncanonError) else f"cannot load {args.model!r}: {message}",
+              file=sys.stderr)
+        return USAGE
+    try:
+        _, lines = build(args, model)
+    except NncanonError as error:
+        return _refused(error)
+    print("\n".join(lines))
+    return OK
+
+
+def _refused(error: Exception) -> int:
+    print(f"nncanon graph: {type(error).__name__}: " + " ".join(str(error).split()), file=sys.stderr)
+    return USAGE
+
+
+def default_slug(prompt: str) -> str:
+    """A file name from the prompt's first words (``the-eiffel-tower-is``)."""
+    words = ["".join(c for c in word.lower() if c.isalnum()) for word in prompt.split()]
+    return "-".join(w for w in words if w)[:40] or "graph"
+

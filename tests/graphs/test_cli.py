@@ -1,0 +1,91 @@
+"""``nncanon graph`` on the demo model with its shipped transcoders: the files it writes are the library's graph,
+and bad input is refused with a named error (exit code 2, one line on stderr)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from nncanon import InvalidArgument, cli, demo_model, graphs
+from nncanon.cli import EXIT_OK, EXIT_USAGE, main
+
+PROMPT = "The Eiffel Tower is in the city of"
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return demo_model("gpt2")
+
+
+@pytest.fixture(autouse=True)
+def loaded_once(gpt2, monkeypatch):
+    """The command's loader gives the module's demo GPT-2 for ``gpt2`` (one load and one linearity proof for all the
+    tests here); any other name goes to the CLI's own loader."""
+    load = cli._load
+    monkeypatch.setattr(cli, "_load", lambda name, attn="eager": gpt2 if name == "gpt2" else load(name, attn))
+
+
+def test_graph_command_writes_the_librarys_graph(gpt2, tmp_path, capsys):
+    out = tmp_path / "graphs"
+    code = main(["graph", "--model", "gpt2", PROMPT, "--out", str(out), "--max-feature-nodes", "16",
+                 "--max-n-logits", "2", "--slug", "eiffel", "-q"])
+    assert code == EXIT_OK, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "logit targets: ' Paris'" in printed and "replacement score" in printed
+    saved = graphs.Graph.from_pt(out / "eiffel.pt")
+    expected = graphs.attribute(gpt2, PROMPT, graphs.demo_transcoders(gpt2), max_n_logits=2, max_feature_nodes=16)
+    for name in ("input_tokens", "active_features", "selected_features", "logit_targets"):
+        assert torch.equal(getattr(saved, name), getattr(expected, name)), name
+    torch.testing.assert_close(saved.adjacency_matrix, expected.adjacency_matrix, rtol=1e-5, atol=1e-6)
+    record = json.loads((out / "eiffel.json").read_text())
+    assert record["metadata"]["slug"] == "eiffel" and record["metadata"]["prompt"] == saved.input_string
+    kinds = {node["feature_type"] for node in record["nodes"]}
+    assert {"embedding", "logit"} <= kinds and record["links"]
+    ids = {node["node_id"] for node in record["nodes"]}
+    assert all(link["source"] in ids and link["target"] in ids for link in record["links"])
+    listing = json.loads((out / "graph-metadata.json").read_text())
+    assert [g["slug"] for g in listing["graphs"]] == ["eiffel"]
+
+
+def _narrow_set(folder, n_layers=4, width=64):
+    """A circuit-tracer set of another width than the demo models' 128."""
+    lines = ["feature_input_hook: mlp.hook_in", "feature_output_hook: mlp.hook_out", "transcoders:"]
+    for layer in range(n_layers):
+        save_file({"W_enc": torch.randn(8, width), "W_dec": torch.randn(8, width), "b_enc": torch.zeros(8),
+                   "b_dec": torch.zeros(width)}, str(folder / f"layer_{layer}.safetensors"))
+        lines += [f"- id: t{layer}", f"  layer: {layer}", f"  filepath: layer_{layer}.safetensors"]
+    (folder / "config.yaml").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+@pytest.mark.parametrize("case", ["empty prompt", "bad threshold", "unknown model", "another width", "no such set"])
+def test_graph_command_refuses_bad_input_by_name(case, tmp_path, capsys):
+    args = {"empty prompt": ["graph", "  ", "--out", str(tmp_path)],
+            "bad threshold": ["graph", PROMPT, "--node-threshold", "1.5", "--out", str(tmp_path)],
+            "unknown model": ["graph", "--model", str(tmp_path / "missing"), PROMPT, "--out", str(tmp_path)],
+            "another width": ["graph", PROMPT, "--transcoders", str(_narrow_set(tmp_path)), "--out", str(tmp_path)],
+            "no such set": ["graph", PROMPT, "--transcoders", str(tmp_path / "nothing.yaml"), "--out", str(tmp_path)],
+            }[case]
+    assert main([*args, "--quiet"]) == EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    expected = {"empty prompt": "InvalidInput: the prompt is empty", "bad threshold": "--node-threshold must be in",
+                "unknown model": "cannot load", "another width": "InvalidDictionary",
+                "no such set": "InvalidDictionary: --transcoders"}[case]
+    assert expected in err, err
+    if case == "another width":
+        assert "64 -> 64" in err and "128 wide" in err
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_demo_transcoders_are_one_per_block_and_refuse_other_models():
+    for name in ("gpt2", "llama", "hybrid"):
+        transcoders = graphs.demo_transcoders(name)
+        assert len(transcoders) == 4
+        assert all(t.cfg.d_in == 128 and t.cfg.architecture == "jumprelu_transcoder" for t in transcoders)
+        assert all(t.dtype == torch.float32 for t in transcoders)
+    with pytest.raises(InvalidArgument, match="no demo transcoders for 'qwen3'"):
+        graphs.demo_transcoders("qwen3")
