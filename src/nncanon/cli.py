@@ -255,8 +255,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _graph(args: argparse.Namespace) -> int:
     from .graphs.cli import run
+    from .views.graph import write_graph_page
 
-    return run(args, _load)
+    return run(args, _load, write_graph_page)
 
 
 def _matrix(args: argparse.Namespace) -> int:

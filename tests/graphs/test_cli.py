@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from nncanon import InvalidArgument, cli, demo_model, graphs
+from nncanon import InvalidArgument, cli, demo_model, graphs, views
 from nncanon.cli import EXIT_OK, EXIT_USAGE, main
 
 PROMPT = "The Eiffel Tower is in the city of"
@@ -48,6 +48,9 @@ def test_graph_command_writes_the_librarys_graph(gpt2, tmp_path, capsys):
     assert all(link["source"] in ids and link["target"] in ids for link in record["links"])
     listing = json.loads((out / "graph-metadata.json").read_text())
     assert [g["slug"] for g in listing["graphs"]] == ["eiffel"]
+    page = (out / "graph.html").read_text()   # the views' page of the saved graph, pruned as the JSON is
+    assert page == views.graph_page(saved, gpt2.tokenizer, node_threshold=0.8, edge_threshold=0.98)
+    assert "graph.html" in printed
 
 
 def _narrow_set(folder, n_layers=4, width=64):

@@ -4,7 +4,8 @@
 (the CLI's: a demo model's name, a hub id or a local folder), builds `nncanon.graphs.attribute` over the
 transcoders asked for (the demo set of a demo model by default), and writes into ``--out``: ``<slug>.json`` and
 ``graph-metadata.json`` (`nncanon.graphs.write_graph_json`: the graph pruned by influence, as circuit-tracer's
-``create_graph_files`` writes it) and ``<slug>.pt`` (the unpruned `Graph`, circuit-tracer's ``Graph.to_pt`` layout).
+``create_graph_files`` writes it), ``<slug>.pt`` (the unpruned `Graph`, circuit-tracer's ``Graph.to_pt`` layout)
+and, from the CLI, ``graph.html`` (the page of `nncanon.views`, pruned as the JSON is).
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from .formats import load_transcoders, write_graph_json
 from .graph import Graph
 from .proof import attribute
 from .prune import graph_scores, prune
+
+#: A writer of a graph's page: ``(graph, path, tokenizer, **options) -> path`` (`nncanon.views.write_graph_page`).
+PageWriter = Callable[..., Path]
 
 #: Exit codes (the CLI's): success, bad usage or input (the message on stderr).
 OK, USAGE = 0, 2
@@ -63,8 +67,9 @@ def transcoders_for(model: Any, spec: str | None) -> list[Dictionary]:
     return load_transcoders(path, dtype=model.dtype)
 
 
-def build(args: argparse.Namespace, model: Any) -> tuple[Graph, list[str]]:
-    """The graph of ``args.prompt`` on ``model`` and the lines that describe it, the files written."""
+def build(args: argparse.Namespace, model: Any, write_page: PageWriter | None = None) -> tuple[Graph, list[str]]:
+    """The graph of ``args.prompt`` on ``model`` and the lines that describe it, the files written (``write_page``:
+    a writer of the graph's page, `nncanon.views.write_graph_page`, called with the pruning thresholds)."""
     transcoders = transcoders_for(model, args.transcoders)
     graph = attribute(model, args.prompt, transcoders, max_n_logits=args.max_n_logits,
                       desired_logit_prob=args.desired_logit_prob, max_feature_nodes=args.max_feature_nodes,
@@ -77,6 +82,10 @@ def build(args: argparse.Namespace, model: Any) -> tuple[Graph, list[str]]:
                             node_threshold=args.node_threshold, edge_threshold=args.edge_threshold)
     kept = prune(graph, args.node_threshold, args.edge_threshold)
     replacement, completeness = graph_scores(graph)
+    page = None
+    if write_page is not None:
+        page = write_page(graph, out / "graph.html", model.tokenizer, node_threshold=args.node_threshold,
+                          edge_threshold=args.edge_threshold, pruned=kept)
     decode = model.tokenizer.decode
     targets = ", ".join(f"{decode([int(t)])!r} {float(p):.3f}"
                         for t, p in zip(graph.logit_targets, graph.logit_probabilities, strict=True))
@@ -88,11 +97,14 @@ def build(args: argparse.Namespace, model: Any) -> tuple[Graph, list[str]]:
              f"replacement score {replacement:.3f}, completeness {completeness:.3f}",
              f"wrote {path} (circuit-tracer's frontend: graph-metadata.json beside it) and "
              f"{out / (slug + '.pt')}"]
+    if page is not None:
+        lines.append(f"wrote {page} (the graph's page: `nncanon view {out}` serves it)")
     return graph, lines
 
 
-def run(args: argparse.Namespace, load: Callable[[str], Any]) -> int:
-    """``nncanon graph``: the exit code; the graph's summary on stdout, a refusal as one line on stderr."""
+def run(args: argparse.Namespace, load: Callable[[str], Any], write_page: PageWriter | None = None) -> int:
+    """``nncanon graph``: the exit code; the graph's summary on stdout, a refusal as one line on stderr
+    (``write_page``: as `build` takes it)."""
     try:
         check_arguments(args)
     except NncanonError as error:
@@ -105,7 +117,7 @@ def run(args: argparse.Namespace, load: Callable[[str], Any]) -> int:
               file=sys.stderr)
         return USAGE
     try:
-        _, lines = build(args, model)
+        _, lines = build(args, model, write_page)
     except NncanonError as error:
         return _refused(error)
     print("\n".join(lines))
