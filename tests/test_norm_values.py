@@ -116,3 +116,32 @@ def test_names_resolve_and_read(llama):
         final = value_at(llama, "ln_final.hook_scale").save()
         direct = llama.final_norm_scale.save()
     assert by_name.shape[-1] == 1 and torch.equal(final, direct)
+
+
+def test_heads_first_query_norm_is_served_sequence_first():
+    """Gemma-3 norms its queries heads-first (``[b, H, s, hd]``): ``query_norm_scale`` is ``[b, s, H, 1]``, the
+    denominator a plain hook on ``q_norm`` computes, transposed; its ``.grad`` arrives in the same layout; a write
+    at one position and head changes only that entry of the norm's output."""
+    gemma = tiny_model("gemma3_text")
+    norm = gemma._module.model.layers[0].self_attn.q_norm
+    seen = []
+    handle = norm.register_forward_hook(lambda mod, args, out: seen.append((args[0].detach(), out.detach())))
+    try:
+        with gemma.trace(PROMPTS[0]):
+            scale = gemma.layers[0].self_attn.query_norm_scale
+            saved = scale.save()
+            logit = gemma.logits[0, -1, 5]
+            with logit.backward():
+                grad = scale.grad.save()
+        x, clean = seen[0]
+        seen.clear()
+        with torch.no_grad(), gemma.trace(PROMPTS[0]):
+            gemma.layers[0].self_attn.query_norm_scale[0, -1, 1] = saved[0, -1, 1] * 2
+    finally:
+        handle.remove()
+    b, heads, s, _ = x.shape
+    expected = (x.float().pow(2).mean(-1, keepdim=True) + norm.eps).sqrt().transpose(1, 2)
+    assert saved.shape == grad.shape == (b, s, heads, 1) and grad.abs().sum() > 0
+    torch.testing.assert_close(saved, expected, rtol=1e-6, atol=1e-6)
+    changed = (seen[0][1] != clean).any(-1)  # [b, H, s]
+    assert changed[0, 1, -1] and int(changed.sum()) == 1

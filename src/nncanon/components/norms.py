@@ -314,6 +314,9 @@ class NormSite:
         where: A label for messages (``"layers[3].self_attn"``).
         order: The block's order of values, for the out-of-order message.
         scale_name: The name its scale is served by (for messages).
+        heads_first: The norm receives ``[b, H, s, head_dim]`` (a q/k norm called after the heads are moved first:
+            Gemma-3, Apertus, HunYuan...); its values are served sequence-first (``[b, s, H, 1]``), transposed
+            from and back into the norm's layout.
     """
 
     path: str
@@ -322,6 +325,7 @@ class NormSite:
     where: str
     order: str = ""
     scale_name: str = "scale"
+    heads_first: bool = False
 
     @property
     def location(self) -> str:
@@ -383,6 +387,8 @@ def _read(site: NormSite, mediator: Mediator, label: str) -> NormRead:
         return waiting.view
     args, kwargs = _value(site, mediator, label, site.input_location)
     x = first_input(args, kwargs)
+    if site.heads_first:  # (served sequence-first: [b, H, s, d] -> [b, s, H, d])
+        x = x.transpose(1, 2)
     graph = tracks(x)
     centred, scale = statistics(site.anatomy, x)
     if graph:
@@ -422,7 +428,8 @@ class _Pending:
 
 
 def _write_back(site: NormSite, read: NormRead, raw: Any, label: str, normalized: torch.Tensor | None = None) -> Any:
-    """The norm's output with the edits of ``read`` in it (the formula where they changed), else ``raw`` itself."""
+    """The norm's output with the edits of ``read`` in it (the formula where they changed), else ``raw`` itself.
+    ``read`` is sequence-first; a heads-first norm's output is transposed to it and the result back."""
     out = raw[0] if isinstance(raw, tuple) else raw
     normalized = read.normalized if normalized is None else normalized
     scale_changed = read.scale.detach() != read.clean_scale
@@ -437,10 +444,14 @@ def _write_back(site: NormSite, read: NormRead, raw: Any, label: str, normalized
         used = torch.where(kept, by_scale + (normalized - normalized.detach()), normalized.float())
     else:
         used = torch.where(kept, by_scale, normalized.float())
+    if site.heads_first:
+        out = out.transpose(1, 2)
     written = affine(site.anatomy, site.envoy._module, used).to(out.dtype)
     changed = (scale_changed | normalized_changed).expand_as(out)
     base = Through.apply(written, out, 1.0) if read.graph else out
     result = torch.where(changed, written, base)
+    if site.heads_first:
+        result = result.transpose(1, 2)
     return (result, *raw[1:]) if isinstance(raw, tuple) else result
 
 

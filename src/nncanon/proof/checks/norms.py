@@ -187,6 +187,17 @@ def _read_all(model: Any, every: dict) -> tuple[list[CheckResult], dict, torch.T
     return results, saved, logits
 
 
+def _as_received(site: Any, value: torch.Tensor) -> torch.Tensor:
+    """A norm value between the served layout (sequence-first) and the one its norm receives (``[b, H, s, ...]``
+    where heads-first): the same transpose either way."""
+    return value.transpose(1, 2) if site.heads_first else value
+
+
+def _last(site: Any) -> tuple:
+    """The index of the last position of a scale in its norm's own layout."""
+    return (slice(None), slice(None), -1) if site.heads_first else (slice(None), -1)
+
+
 def _formula(model: Any, index: int | None, site: Any, names: list[str], seen: dict, saved: dict, modules: dict
              ) -> list[CheckResult]:
     """The formula against the norm's output, and the norm against its sublayer."""
@@ -195,10 +206,10 @@ def _formula(model: Any, index: int | None, site: Any, names: list[str], seen: d
     results = []
     for name in names:
         if name.endswith("_scale"):
-            expected = _reference(module, site.anatomy, x, scale=saved[index, name])
+            expected = _reference(module, site.anatomy, x, scale=_as_received(site, saved[index, name]))
             note = f"centred input / {name} · weight (+ bias) against {site.path}'s output"
         else:
-            expected = _reference(module, site.anatomy, x, normalized=saved[index, name])
+            expected = _reference(module, site.anatomy, x, normalized=_as_received(site, saved[index, name]))
             note = f"{name} · weight (+ bias) against {site.path}'s output"
         results.append(compare("norms", index, (name,), expected, out, TOLERANCE, note))
     if index is not None:
@@ -259,7 +270,8 @@ def _doubling(site: Any) -> Any:
         axes = tuple(range(-site.anatomy.dims, 0))
         centred = h - h.mean(dim=axes, keepdim=True) if site.anatomy.kind == "layer" else h
         scale = torch.sqrt((centred * centred).mean(dim=axes, keepdim=True) + site.anatomy.eps)
-        scale[:, -1] = scale[:, -1] * 2
+        last = _last(site)
+        scale[last] = scale[last] * 2
         return _reference(mod, site.anatomy, x, scale=scale)
 
     return replace
@@ -335,11 +347,13 @@ def _plain_gradients(model: Any, every: dict, part: str, target: tuple, terms: d
     keyed ``(layer, name)``; for the scales, the size of the terms each gradient sums in ``terms``."""
     leaves: dict = {}
     inner: dict = {}  # per scale: (a zero leaf on the normalised value, that value, the scale, the normalised axes)
+    sites: dict = {}
     handles = []
     for index, groups in every.items():
         for site, names in groups:
             name = next((n for n in names if n.endswith("_scale") == (part == "scale")), None)
             if name is not None:
+                sites[index, name] = site
                 handles.append(site.envoy._module.register_forward_hook(
                     _leaf_hook(site, part, leaves, (index, name), inner), with_kwargs=True))
     try:
@@ -356,8 +370,10 @@ def _plain_gradients(model: Any, every: dict, part: str, target: tuple, terms: d
         for key, grad in zip([key for key in keys if key in inner], grads[len(keys):], strict=True):
             _, normalized, scale, axes = inner[key]
             if grad is not None:
-                terms[key] = ((grad * normalized).abs().sum(dim=axes, keepdim=True) / scale).detach()
-    return {key: torch.zeros_like(leaves[key]) if grad is None else grad for key, grad in found.items()}
+                terms[key] = _as_received(sites[key], ((grad * normalized).abs().sum(dim=axes, keepdim=True)
+                                                       / scale).detach())
+    return {key: _as_received(sites[key], torch.zeros_like(leaves[key]) if grad is None else grad)
+            for key, grad in found.items()}
 
 
 def _leaf_hook(site: Any, part: str, leaves: dict, key: tuple, inner: dict) -> Any:
