@@ -22,6 +22,7 @@ import torch
 from nnsight.intervention.util import first_input
 
 from ...components.norms import FINAL_VALUES, NORM_VALUES, ROLES
+from ...mounting import decline
 from ...reading import host
 from ..prompts import PROMPTS
 from .base import (
@@ -34,7 +35,7 @@ from .base import (
     scaled,
 )
 from .gradient_references import gradient_inputs, gradient_target, gradients_at
-from .references import encode, served
+from .references import encode, hf_block, served
 
 #: The bar of the norm gradients, relative to each value's largest gradient (a scale's gradient is a sum over the
 #: hidden width, rounded relative to its terms).
@@ -45,8 +46,9 @@ _PRE = {"attention_norm": "self_attn", "linear_attention_norm": "linear_attn", "
 _POST = {"attention_post_norm": "self_attn", "mlp_post_norm": "mlp"}
 
 
-def _groups(model: Any, index: int | None) -> list[tuple[Any, list[str]]]:
-    """``(site, names)`` of each norm block ``index`` serves (``None``: the final norm), names in execution order."""
+def _groups(model: Any, index: int | None, ordered: bool = True) -> list[tuple[Any, list[str]]]:
+    """``(site, names)`` of each norm block ``index`` serves (``None``: the final norm), names in execution order
+    (``ordered``; else as `ROLES` lists them, with no trace run to find the order)."""
     if index is None:
         names = [n for n in FINAL_VALUES if n not in model.__dict__.get("_model_declines", {})]
         found = model.__dict__.get("_final_norm")
@@ -54,7 +56,11 @@ def _groups(model: Any, index: int | None) -> list[tuple[Any, list[str]]]:
             return []
         bindings = {n: found[n] for n in names}
     else:
-        names = served(model, index, NORM_VALUES)
+        if ordered:
+            names = served(model, index, NORM_VALUES)
+        else:
+            report = model.support()
+            names = [name for name in NORM_VALUES if report.available(name, layer=index)]
         bindings = {n: host(model, index, n)._nncanon.norms[n] for n in names}
     groups: dict[int, tuple[Any, list[str]]] = {}
     for name in names:
@@ -106,10 +112,43 @@ def _first_calls(modules: dict[str, torch.nn.Module]) -> tuple[dict, list]:
     return seen, handles
 
 
-def _all_groups(model: Any) -> dict[int | None, list]:
+def _all_groups(model: Any, ordered: bool = True) -> dict[int | None, list]:
     """`_groups` of every block serving norm values, then the final norm's (key ``None``), in the forward's order."""
-    found = {index: _groups(model, index) for index in [*range(model.num_layers), None]}
+    found = {index: _groups(model, index, ordered) for index in [*range(model.num_layers), None]}
     return {index: groups for index, groups in found.items() if groups}
+
+
+def check_norms_run(model: Any) -> list[CheckResult]:
+    """Each served norm's module runs: one plain forward with a hook on every norm module. A norm the forward never
+    calls (a block that builds a norm it does not use: it was taken for a role by its place in the source) is
+    dropped from the mounted model before the other checks read the block's values, and fails here with the reason,
+    so that it alone is declined. Runs first (`CHECKS`)."""
+    every = _all_groups(model, ordered=False)
+    modules = {(index, site.path): site.envoy._module for index, groups in every.items() for site, _ in groups}
+    if not modules:
+        return []
+    seen, handles = _first_calls(modules)
+    try:
+        with torch.no_grad():
+            model._module(**encode(model))
+    finally:
+        for handle in handles:
+            handle.remove()
+    results = []
+    for index, groups in every.items():
+        for site, names in groups:
+            if (index, site.path) in seen:
+                continue
+            owner = "the model" if index is None else type(hf_block(model, index)).__name__
+            reason = (f"its norm module {site.path} does not run: {owner}.forward builds it but never calls it on "
+                      "this config")
+            for name in names:
+                if index is None:
+                    model._model_declines[name] = reason
+                else:
+                    decline(model.layers[index], name, reason)
+            results.append(CheckResult("norms_run", index, tuple(names), False, note=reason))
+    return results
 
 
 def check_norms(model: Any) -> list[CheckResult]:
