@@ -365,8 +365,11 @@ def _norm_gradients(model: Any, every: dict) -> list[CheckResult]:
         reference = expected[index, name]
         # A scale's gradient sums the width's terms g·N/scale in another order than plain PyTorch's, and its rounding
         # is relative to the terms, which cancel, not to the sum: the difference is measured per element against the
-        # terms' size; a normalised value's against its largest gradient (as every value's gradient is: an element's
-        # own size is no measure of the rounding the model's backward leaves in it); plus the checks' absolute floor.
+        # terms' size, with the rounding the g it sums carries (as large as the normalised value's gradient is
+        # measured against) carried through the sum (Gemma-3n's key norms: their g, through AltUp, laurel and
+        # full attention, leaves plain PyTorch itself 1e-4 of the terms from float64); a normalised value's against
+        # its largest gradient (as every value's gradient is: an element's own size is no measure of the rounding
+        # the model's backward leaves in it); plus the checks' absolute floor.
         bar = scaled(NORM_GRADIENT_BAR)
         if grad.shape != reference.shape:
             results.append(compare("norm_gradients", index, (name,), grad, reference, bar))
@@ -376,8 +379,8 @@ def _norm_gradients(model: Any, every: dict) -> list[CheckResult]:
         error = float(((grad.detach().double() - reference.detach().double()).abs() / size).max())
         results.append(CheckResult("norm_gradients", index, (name,), error <= bar, error, bar,
                                    f"against a zero leaf added to {name} in a plain hook on its norm and "
-                                   "torch.autograd.grad, relative to the terms it sums (a scale) or its largest "
-                                   "gradient", gradient=True))
+                                   "torch.autograd.grad, relative to the terms it sums and their rounding (a scale) "
+                                   "or its largest gradient", gradient=True))
     return results
 
 
@@ -409,8 +412,12 @@ def _plain_gradients(model: Any, every: dict, part: str, target: tuple, terms: d
         for key, grad in zip([key for key in keys if key in inner], grads[len(keys):], strict=True):
             _, normalized, scale, axes = inner[key]
             if grad is not None:
-                terms[key] = _as_received(sites[key], ((grad * normalized).abs().sum(dim=axes, keepdim=True)
-                                                       / scale).detach())
+                # The terms g·N/scale it sums, and the rounding its g (dL/dN, from the model's backward) carries,
+                # as large as the normalised value's gradient is measured against (its largest), through the same
+                # sum: sum |g·N| / scale + max |g| · sum |N| / scale.
+                size = ((grad * normalized).abs().sum(dim=axes, keepdim=True)
+                        + grad.abs().amax() * normalized.abs().sum(dim=axes, keepdim=True)) / scale
+                terms[key] = _as_received(sites[key], size.detach())
     return {key: _as_received(sites[key], torch.zeros_like(leaves[key]) if grad is None else grad)
             for key, grad in found.items()}
 
