@@ -1,5 +1,7 @@
 """Every norm's scale and the stream it normalises before its weight (`nncanon.components.norms`).
 
+- ``norms_run`` (first of all the checks): a plain forward with a hook on every served norm module; a norm module
+  the forward never calls is dropped from the mounted model, with the reason, before any other check reads it.
 - ``norms``: on every block serving them (and the final norm), one trace reads all the norm values while plain
   forward hooks read each norm module's input and output: ``centred input / scale · (offset + weight) (+ bias)``
   (the input read by the hook, the scale served) and ``normalized · (offset + weight) (+ bias)`` equal the norm's
@@ -10,8 +12,8 @@
   (each moved by one unit in the last place, so that the formula, not the norm, makes the output everywhere) leaves
   the logits as they were, within the bar.
 - ``norm_gradients`` (`Check.gradient`): ``scale.grad`` and ``normalized.grad`` equal the gradients plain PyTorch
-  computes with a forward hook making the norm's output the formula with a zero leaf added to the scale (to the
-  normalised value): the gradient at that leaf.
+  computes with a forward hook making the norm's output the formula with a zero leaf added to the scale and one to
+  the normalised value: the gradient at that leaf (one trace and one plain backward for every norm of the model).
 """
 
 from __future__ import annotations
@@ -155,8 +157,9 @@ def check_norms(model: Any) -> list[CheckResult]:
     """Each norm's formula (centred / scale · weight + bias, and normalized · weight + bias) equals its output read by a
     plain hook; a pre-norm's output is its sublayer's input and a post-norm's input its sublayer's output; written
     scales equal a plain hook making the output the formula with them (the logits); writing back every clean scale
-    (one ulp apart) leaves the logits within the bar. One trace reads every norm of the model; the written and the
-    frozen scales take one run each for the whole model (one per block only where the model's does not hold)."""
+    (one ulp apart) leaves the logits within the bar. One trace reads every norm of the model; one trace of two
+    invokes writes them back and doubles them, against one plain forward (per block only where the model's does not
+    hold)."""
     every = _all_groups(model)
     if not every:
         return []
@@ -164,36 +167,41 @@ def check_norms(model: Any) -> list[CheckResult]:
     found = guarded("norms", None, every_names, lambda: [_read_all(model, every)])
     if not isinstance(found[0], tuple):
         return found
-    results, saved, logits = found[0]
-    results += _attributed(model, every, lambda chosen: _written(model, chosen), "written")
-    results += _attributed(model, every, lambda chosen: _frozen(model, chosen, saved, logits), "frozen")
-    return results
+    results, logits = found[0]
+    return results + _attributed(model, every, lambda chosen: _written_and_frozen(model, chosen, logits))
 
 
-def _attributed(model: Any, every: dict, run: Any, what: str) -> list[CheckResult]:
-    """``run(groups)`` on every norm at once; where it fails (or raises), on each block's norms alone, so that a
-    failure puts that block's scales in doubt only."""
-    scales = {index: tuple(n for _, names in groups for n in names if n.endswith("_scale"))
-              for index, groups in every.items()}
-    scales = {index: names for index, names in scales.items() if names}
+def _scales(chosen: dict) -> list[tuple[int | None, str]]:
+    """``(layer, name)`` of every scale ``chosen`` (`_all_groups`' shape) serves, in its order."""
+    return [(index, name) for index, groups in chosen.items() for _, names in groups for name in names
+            if name.endswith("_scale")]
+
+
+def _attributed(model: Any, every: dict, run: Any) -> list[CheckResult]:
+    """``run(groups)`` on every norm at once (a list of ``(error, bar, note, held)``); where one fails (or it raises),
+    on each block's norms alone, so that a failure puts that block's scales in doubt only."""
+    scales: dict = {}
+    for index, name in _scales(every):
+        scales.setdefault(index, []).append(name)
     if not scales:
         return []
     try:
-        error, tolerance, note, passed = run({index: every[index] for index in scales})
+        outcomes = run({index: every[index] for index in scales})
     except Exception:
-        passed = False
-    if passed:
-        return [CheckResult("norms", index, names, True, error, tolerance, note) for index, names in scales.items()]
+        outcomes = None
+    if outcomes is not None and all(held for *_, held in outcomes):
+        return [CheckResult("norms", index, tuple(names), True, error, tolerance, note)
+                for index, names in scales.items() for error, tolerance, note, _ in outcomes]
     results = []
     for index, names in scales.items():
-        def alone(index: int | None = index, names: tuple = names) -> list[CheckResult]:
-            error, tolerance, note, held = run({index: every[index]})
-            return [CheckResult("norms", index, names, held, error, tolerance, note)]
-        results += guarded("norms", index, names, alone)
+        def alone(index: int | None = index, names: tuple = tuple(names)) -> list[CheckResult]:
+            return [CheckResult("norms", index, names, held, error, tolerance, note)
+                    for error, tolerance, note, held in run({index: every[index]})]
+        results += guarded("norms", index, tuple(names), alone)
     return results
 
 
-def _read_all(model: Any, every: dict) -> tuple[list[CheckResult], dict, torch.Tensor]:
+def _read_all(model: Any, every: dict) -> tuple[list[CheckResult], torch.Tensor]:
     """Every norm value of the model in one trace, against plain hooks on the norms and their sublayers."""
     modules, consumers = {}, {}
     for index, groups in every.items():
@@ -223,7 +231,7 @@ def _read_all(model: Any, every: dict) -> tuple[list[CheckResult], dict, torch.T
         for site, names in groups:
             results += guarded("norms", index, names, lambda index=index, site=site, names=names: _formula(
                 model, index, site, names, seen, saved, modules))
-    return results, saved, logits
+    return results, logits
 
 
 def _as_received(site: Any, value: torch.Tensor) -> torch.Tensor:
@@ -268,31 +276,36 @@ def _formula(model: Any, index: int | None, site: Any, names: list[str], seen: d
     return results
 
 
-def _written(model: Any, chosen: dict) -> tuple:
-    """The logits with every scale of ``chosen`` doubled at the last position, served and by plain hooks on the
-    norm modules making their outputs the formula with the doubled scale: ``(error, bar, note, held)``."""
-    with torch.no_grad(), model.trace(PROMPTS[0]):
-        for index, groups in chosen.items():
-            for _, names in groups:
-                for name in names:
-                    if name.endswith("_scale"):
-                        value = _read(model, index, name)
-                        value[:, -1] = value[:, -1] * 2
-        ours = model.logits.save()
-    handles = []
-    for groups in chosen.values():
-        for site, names in groups:
-            if any(name.endswith("_scale") for name in names):
-                handles.append(site.envoy._module.register_forward_hook(_doubling(site), with_kwargs=True))
+def _written_and_frozen(model: Any, chosen: dict, logits: torch.Tensor) -> list[tuple]:
+    """One trace of two invokes: in the first, every clean scale of ``chosen`` written back one ulp up (the logits
+    against the clean ones); in the second, every scale doubled at the last position (the logits against plain hooks
+    on the norm modules making their outputs the formula with the doubled scale). ``[(error, bar, note, held)]``."""
+    scales = _scales(chosen)
+    with torch.no_grad(), model.trace() as tracer:
+        with tracer.invoke(PROMPTS[0]):
+            for index, name in scales:
+                value = _read(model, index, name)
+                value[:] = torch.nextafter(value, torch.full_like(value, float("inf")))
+            frozen = model.logits.save()
+        with tracer.invoke(PROMPTS[0]):
+            for index, name in scales:
+                value = _read(model, index, name)
+                value[:, -1] = value[:, -1] * 2
+            ours = model.logits.save()
+    handles = [site.envoy._module.register_forward_hook(_doubling(site), with_kwargs=True)
+               for groups in chosen.values() for site, names in groups if any(n.endswith("_scale") for n in names)]
     try:
         with torch.no_grad():
             reference = model._module(**encode(model)).logits
     finally:
         for handle in handles:
             handle.remove()
-    result = compare("norms", None, (), ours, reference, TOLERANCE)
-    return result.error, result.tolerance, ("scales doubled at the last position, against plain hooks making the "
-                                            "norms' outputs the formula with them"), result.passed
+    kept = compare("norms", None, (), frozen, logits, TOLERANCE)
+    written = compare("norms", None, (), ours, reference, TOLERANCE)
+    return [(kept.error, kept.tolerance, "every clean scale written back (one ulp up): the logits against the clean "
+             "run's", kept.passed),
+            (written.error, written.tolerance, "scales doubled at the last position, against plain hooks making the "
+             "norms' outputs the formula with them", written.passed)]
 
 
 def _doubling(site: Any) -> Any:
@@ -316,25 +329,10 @@ def _doubling(site: Any) -> Any:
     return replace
 
 
-def _frozen(model: Any, chosen: dict, saved: dict, logits: torch.Tensor) -> tuple:
-    """Every clean scale of ``chosen`` written back one ulp up: the logits against the clean ones."""
-    with torch.no_grad(), model.trace(PROMPTS[0]):
-        for index, groups in chosen.items():
-            for _, names in groups:
-                for name in names:
-                    if name.endswith("_scale"):
-                        value = saved[index, name]
-                        _read(model, index, name)[:] = torch.nextafter(value, torch.full_like(value, float("inf")))
-        frozen = model.logits.save()
-    result = compare("norms", None, (), frozen, logits, TOLERANCE)
-    return result.error, result.tolerance, ("every clean scale written back (one ulp up): the logits against the "
-                                            "clean run's"), result.passed
-
-
 def check_norm_gradients(model: Any) -> list[CheckResult]:
     """``.grad`` of each norm value equals plain PyTorch's gradient of the same logit at a zero leaf a forward hook on
     the norm module adds to its scale (or normalised value) in the formula: one trace for every value, one plain
-    backward for the scales and one for the normalised values."""
+    backward for all the leaves."""
     every = _all_groups(model)
     names = tuple(n for groups in every.values() for _, listed in groups for n in listed)
     if not names:
@@ -357,9 +355,7 @@ def _norm_gradients(model: Any, every: dict) -> list[CheckResult]:
         with logit.backward():
             for key in reversed(list(values)):
                 grads[key] = values[key].grad.save()
-    terms: dict = {}  # per scale, the size of the terms its gradient sums: sum over the width of |dL/dN · N| / scale
-    expected = {**_plain_gradients(model, every, "scale", target, terms),
-                **_plain_gradients(model, every, "normalized", target)}
+    expected, terms = _plain_gradients(model, every, target)
     results = []
     for (index, name), grad in grads.items():
         reference = expected[index, name]
@@ -384,47 +380,50 @@ def _norm_gradients(model: Any, every: dict) -> list[CheckResult]:
     return results
 
 
-def _plain_gradients(model: Any, every: dict, part: str, target: tuple, terms: dict | None = None) -> dict:
-    """d logit / d (a leaf scale, or normalised value) that a plain forward hook on each norm makes its output from,
-    keyed ``(layer, name)``; for the scales, the size of the terms each gradient sums in ``terms``."""
-    leaves: dict = {}
-    inner: dict = {}  # per scale: (a zero leaf on the normalised value, that value, the scale, the normalised axes)
-    sites: dict = {}
-    handles = []
-    for index, groups in every.items():
-        for site, names in groups:
-            name = next((n for n in names if n.endswith("_scale") == (part == "scale")), None)
-            if name is not None:
-                sites[index, name] = site
-                handles.append(site.envoy._module.register_forward_hook(
-                    _leaf_hook(site, part, leaves, (index, name), inner), with_kwargs=True))
+def _plain_gradients(model: Any, every: dict, target: tuple) -> tuple[dict, dict]:
+    """``(gradients, terms)``: d logit / d (a zero leaf added to the scale, and one added to the normalised value) that
+    a plain forward hook on each norm makes its output from, in one backward, keyed ``(layer, name)`` and laid out as
+    served; per scale, the size of the terms its gradient sums and of their rounding (see `_norm_gradients`)."""
+    leaves: dict = {}  # per norm: (its scale's leaf, its normalised value's leaf, that value, the scale, the axes)
+    handles = [site.envoy._module.register_forward_hook(_leaf_hook(site, leaves, (index, id(site))), with_kwargs=True)
+               for index, groups in every.items() for site, _ in groups]
     try:
         with torch.enable_grad():
             output = model._module(**gradient_inputs(model))
             keys = list(leaves)
-            grads = gradients_at(output, lambda logits: logits[target],
-                                 [*(leaves[key] for key in keys), *(inner[key][0] for key in keys if key in inner)])
+            found = gradients_at(output, lambda logits: logits[target],
+                                 [leaf for key in keys for leaf in leaves[key][:2]])
     finally:
         for handle in handles:
             handle.remove()
-    found = dict(zip(keys, grads[:len(keys)], strict=True))
-    if terms is not None:
-        for key, grad in zip([key for key in keys if key in inner], grads[len(keys):], strict=True):
-            _, normalized, scale, axes = inner[key]
-            if grad is not None:
-                # The terms g·N/scale it sums, and the rounding its g (dL/dN, from the model's backward) carries,
-                # as large as the normalised value's gradient is measured against (its largest), through the same
-                # sum: sum |g·N| / scale + max |g| · sum |N| / scale.
-                size = ((grad * normalized).abs().sum(dim=axes, keepdim=True)
-                        + grad.abs().amax() * normalized.abs().sum(dim=axes, keepdim=True)) / scale
-                terms[key] = _as_received(sites[key], size.detach())
-    return {key: _as_received(sites[key], torch.zeros_like(leaves[key]) if grad is None else grad)
-            for key, grad in found.items()}
+    by_norm = {key: (found[2 * i], found[2 * i + 1]) for i, key in enumerate(keys)}
+    gradients: dict = {}
+    terms: dict = {}
+    for index, groups in every.items():
+        for site, names in groups:
+            if (index, id(site)) not in by_norm:
+                continue
+            (of_scale, of_normalized), (leaf_scale, leaf_normalized, normalized, scale, axes) = (
+                by_norm[index, id(site)], leaves[index, id(site)])
+            for name in names:
+                scaled_part = name.endswith("_scale")
+                grad, leaf = (of_scale, leaf_scale) if scaled_part else (of_normalized, leaf_normalized)
+                gradients[index, name] = _as_received(site, torch.zeros_like(leaf) if grad is None else grad)
+                if scaled_part and of_normalized is not None:
+                    # The terms g·N/scale it sums, and the rounding its g (dL/dN, from the model's backward) carries,
+                    # as large as the normalised value's gradient is measured against (its largest), through the same
+                    # sum: sum |g·N| / scale + max |g| · sum |N| / scale.
+                    g = of_normalized.float()
+                    size = ((g * normalized).abs().sum(dim=axes, keepdim=True)
+                            + g.abs().amax() * normalized.abs().sum(dim=axes, keepdim=True)) / scale
+                    terms[index, name] = _as_received(site, size.detach())
+    return gradients, terms
 
 
-def _leaf_hook(site: Any, part: str, leaves: dict, key: tuple, inner: dict) -> Any:
-    """A forward hook making the norm's first output the formula of a leaf scale (or normalised value) kept in
-    ``leaves[key]`` (for a scale, a second zero leaf on the normalised value in ``inner[key]``, for its terms)."""
+def _leaf_hook(site: Any, leaves: dict, key: tuple) -> Any:
+    """A forward hook making the norm's first output the formula of its input's centred part over its scale plus a
+    zero leaf, plus a zero leaf on the normalised value: ``leaves[key]`` keeps both (their gradients are the scale's
+    and the normalised value's), with the normalised value, the scale and the normalised axes."""
 
     def replace(mod: Any, args: Any, kwargs: Any, out: Any) -> Any:
         if key in leaves:
@@ -434,15 +433,11 @@ def _leaf_hook(site: Any, part: str, leaves: dict, key: tuple, inner: dict) -> A
         axes = tuple(range(-site.anatomy.dims, 0))
         centred = h - h.mean(dim=axes, keepdim=True) if site.anatomy.kind == "layer" else h
         scale = torch.sqrt((centred * centred).mean(dim=axes, keepdim=True) + site.anatomy.eps)
-        # A zero leaf added where the value is used: its gradient is the value's, and the input's graph stays whole.
-        if part == "scale":
-            leaves[key] = torch.zeros_like(scale).requires_grad_()
-            normalized = centred / (scale + leaves[key])
-            second = torch.zeros_like(normalized).requires_grad_()
-            inner[key] = (second, normalized.detach(), scale.detach(), axes)
-            return _reference(mod, site.anatomy, x, normalized=(normalized + second).to(x.dtype))
-        normalized = (centred / scale).to(x.dtype)
-        leaves[key] = torch.zeros_like(normalized).requires_grad_()
-        return _reference(mod, site.anatomy, x, normalized=normalized + leaves[key])
+        # Zero leaves added where the values are used: their gradients are the values', the input's graph stays whole.
+        leaf_scale = torch.zeros_like(scale).requires_grad_()
+        normalized = (centred / (scale + leaf_scale)).to(x.dtype)
+        leaf_normalized = torch.zeros_like(normalized).requires_grad_()
+        leaves[key] = (leaf_scale, leaf_normalized, normalized.detach().float(), scale.detach(), axes)
+        return _reference(mod, site.anatomy, x, normalized=normalized + leaf_normalized)
 
     return replace
