@@ -169,3 +169,58 @@ def test_gemma3n_default_config_norm_gradients_hold():
     results = check_norm_gradients(twin)
     assert {r.values[0] for r in results} >= {"key_norm_scale", "query_norm_scale", "mlp_norm_scale"}
     assert [r.describe() for r in results if not r.passed] == []
+
+
+def test_a_linear_mixers_post_norm_is_served():
+    """LFM3's convolution blocks norm the mixer's output (``post_operator_norm``) before adding it, as its attention
+    blocks do: ``linear_attention_post_norm_scale`` is served there (``ln1_post.hook_scale``), the denominator a plain
+    hook on the norm computes; ``attention_post_norm_scale`` on its attention blocks."""
+    lfm3 = tiny_model("lfm3")
+    kinds = lfm3.config.layer_types
+    conv, attention = kinds.index("conv"), next(i for i, kind in enumerate(kinds) if kind != "conv")
+    assert resolve(lfm3, f"blocks.{conv}.ln1_post.hook_scale").value == "linear_attention_post_norm_scale"
+    assert resolve(lfm3, f"blocks.{attention}.ln1_post.hook_scale").value == "attention_post_norm_scale"
+    norm = lfm3._module.model.layers[conv].post_operator_norm
+    seen = []
+    handle = norm.register_forward_hook(lambda mod, args, out: seen.append(args[0].detach()))
+    try:
+        with torch.no_grad(), lfm3.trace(PROMPTS[0]):
+            scale = lfm3.layers[conv].linear_attn.linear_attention_post_norm_scale.save()
+    finally:
+        handle.remove()
+    torch.testing.assert_close(scale, (seen[0].float().pow(2).mean(-1, keepdim=True) + norm.variance_epsilon).sqrt())
+
+
+def test_a_failed_final_norm_gradient_declines_its_grad_only(monkeypatch, tmp_path):
+    """The final norm's gradient check forced to fail (the plain reference of ``final_norm_scale``'s gradient
+    doubled): the load declines ``model.final_norm_scale.grad`` with the check's numbers, as a block value's is; the
+    value itself and every other norm value's ``.grad`` stay served."""
+    from nncanon import StandardizedTransformer
+    from nncanon.proof.checks import norms as norm_checks
+    from nncanon.testing import tiny_hf_model, tiny_tokenizer
+
+    monkeypatch.setenv("NNCANON_CACHE", str(tmp_path))
+    plain = norm_checks._plain_gradients
+
+    def doubled(*args, **kwargs):
+        gradients, terms = plain(*args, **kwargs)
+        gradients[None, "final_norm_scale"] = gradients[None, "final_norm_scale"] * 2
+        return gradients, terms
+
+    monkeypatch.setattr(norm_checks, "_plain_gradients", doubled)
+    model = StandardizedTransformer(tiny_hf_model("llama"), tokenizer=tiny_tokenizer(), verify="always")
+    monkeypatch.setattr(norm_checks, "_plain_gradients", plain)
+    report = model.support()
+    reason = report.gradient_reason("final_norm_scale")
+    assert "norm_gradients on the model (final_norm_scale): failed, error" in reason, reason
+    assert report.reason("final_norm_scale") is None and report.gradient_reason("final_normalized") is None
+    assert report.gradient_reason("attention_norm_scale", 0) is None
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        scale = model.final_norm_scale.save()
+    assert scale.shape[-1] == 1
+    with pytest.raises(nncanon.GradientNotAvailable, match=r"final_norm_scale\.grad is not served: .*norm_gradients"):
+        with model.trace(PROMPTS[0]):
+            value = model.final_norm_scale
+            logit = model.logits[0, -1, 5]
+            with logit.backward():
+                value.grad.save()

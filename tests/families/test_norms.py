@@ -133,7 +133,8 @@ def test_transformer_lens_scale_names_resolve(model, variant):
 
     report = model.support()
     names = {"ln1.hook_scale": ("attention_norm_scale", "linear_attention_norm_scale"),
-             "ln2.hook_scale": ("mlp_norm_scale",), "ln1_post.hook_scale": ("attention_post_norm_scale",),
+             "ln2.hook_scale": ("mlp_norm_scale",),
+             "ln1_post.hook_scale": ("attention_post_norm_scale", "linear_attention_post_norm_scale"),
              "ln2_post.hook_scale": ("mlp_post_norm_scale",)}
     for suffix, values in names.items():
         served = [v for v in values if report.available(v, layer=0)]

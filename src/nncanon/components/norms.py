@@ -42,6 +42,7 @@ ROLES: dict[str, tuple[str, str, str | None]] = {
     "key_norm": ("self_attn", "key_norm_scale", None),
     "attention_post_norm": ("self_attn", "attention_post_norm_scale", None),
     "linear_attention_norm": ("linear_attn", "linear_attention_norm_scale", "linear_attention_normalized"),
+    "linear_attention_post_norm": ("linear_attn", "linear_attention_post_norm_scale", None),
     "mlp_norm": ("mlp", "mlp_norm_scale", "mlp_normalized"),
     "mlp_post_norm": ("mlp", "mlp_post_norm_scale", None),
 }
@@ -222,7 +223,10 @@ def norm_roles(block: torch.nn.Module, spec: Any) -> dict[str, str]:
             if path:
                 order.setdefault(path.split(".")[0], len(norms) + i if i else len(norms) - 0.5 - len(norms) // 2)
     posts = {site.module: role for role, site in (("attention_post_norm", spec.attention_output if spec.attention
-                                                   else None), ("mlp_post_norm", spec.mlp_output))
+                                                   else None),
+                                                  ("linear_attention_post_norm", spec.mixer_output if spec.attention
+                                                   is None and spec.mixer else None),
+                                                  ("mlp_post_norm", spec.mlp_output))
              if site is not None and site.module in norms}
     at = {name: order.get(name, -1) for name in norms}
     mixer_at = order.get(mixer.split(".")[0], None) if mixer else None
@@ -280,7 +284,7 @@ def _missing(role: str, block: str, spec: Any) -> str:
     """Why a block has no norm in ``role`` (a property of the block)."""
     if role in ("attention_norm", "attention_post_norm", "query_norm", "key_norm") and spec.attention is None:
         return "it has no softmax attention"
-    if role == "linear_attention_norm" and spec.mixer is None:
+    if role in ("linear_attention_norm", "linear_attention_post_norm") and spec.mixer is None:
         return "it has no linear-attention or state-space mixer"
     if role.startswith("mlp") and spec.mlp_output is None:
         return "it has no MLP"
@@ -289,6 +293,8 @@ def _missing(role: str, block: str, spec: Any) -> str:
         "linear_attention_norm": f"{block}.forward calls no norm module before its mixer",
         "mlp_norm": f"{block}.forward calls no norm module before its MLP",
         "attention_post_norm": "its blocks have no post-norm: attention's output is added to the stream as it is",
+        "linear_attention_post_norm": "its blocks have no post-norm: the mixer's output is added to the stream as it "
+                                      "is",
         "mlp_post_norm": "its blocks have no post-norm: the MLP's output is added to the stream as it is",
         "query_norm": "its attention has no query norm",
         "key_norm": "its attention has no key norm",
@@ -529,6 +535,9 @@ DESCRIPTIONS: dict[str, tuple[str, str]] = {
     "linear_attention_normalized": ("stream normalised by the norm before the mixer, before its weight [b, s, d]",
                                     _NORMALIZED_DOC.format(what="the norm before the linear mixer",
                                                            tl="ln1.hook_normalized")),
+    "linear_attention_post_norm_scale": ("scale of the linear mixer's post-norm [b, s, 1]",
+                                         _SCALE_DOC.format(what="the post-norm of the linear mixer's output (LFM3's "
+                                                           "post_operator_norm)", tl="ln1_post.hook_scale")),
     "mlp_norm_scale": ("scale of the norm before the MLP [b, s, 1]",
                        _SCALE_DOC.format(what="the norm before the MLP", tl="ln2.hook_scale")),
     "mlp_normalized": ("stream normalised by the norm before the MLP, before its weight [b, s, d]",

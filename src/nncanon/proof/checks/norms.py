@@ -45,7 +45,7 @@ NORM_GRADIENT_BAR = 1e-4
 
 #: The consumer of each pre-norm (the component whose input it is), and the component each post-norm norms.
 _PRE = {"attention_norm": "self_attn", "linear_attention_norm": "linear_attn", "mlp_norm": "mlp"}
-_POST = {"attention_post_norm": "self_attn", "mlp_post_norm": "mlp"}
+_POST = {"attention_post_norm": "self_attn", "linear_attention_post_norm": "linear_attn", "mlp_post_norm": "mlp"}
 
 
 def _groups(model: Any, index: int | None, ordered: bool = True) -> list[tuple[Any, list[str]]]:
