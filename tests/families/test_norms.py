@@ -22,7 +22,7 @@ from nncanon.testing import PROMPTS
 #: sublayers, its norm is gated or names no epsilon, it has no such component, it does not run, post-LN OPT).
 PROPERTIES = ("has no", "have no", "calls no norm", "parallel block: one norm feeds both", "is gated",
               "names no epsilon", "takes its epsilon", "post-LN", "does not run", "flattened", "runs twice",
-              "is not a norm", "no norm of one stream")
+              "is not a norm", "no norm of one stream", "one norm module per head")
 
 
 def test_every_block_serves_its_norms_or_says_why(model, variant):
@@ -38,7 +38,8 @@ def test_every_block_serves_its_norms_or_says_why(model, variant):
                               ("key_states_before_norm", "key_norm_scale")):  # (heads-first norms too: Gemma-3)
             if report.available(before, layer=index):
                 reason = report.reason(value, layer=index)
-                assert reason is None or any(p in reason for p in ("is gated", "epsilon")), reason
+                assert reason is None or any(p in reason for p in ("is gated", "epsilon", "one norm module per head")
+                                             ), reason
         if report.available("self_attn", layer=index) and report.available("mlp", layer=index):
             for value in ("attention_norm_scale", "mlp_norm_scale"):
                 reason = report.reason(value, layer=index)

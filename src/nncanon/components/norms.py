@@ -268,10 +268,13 @@ def norm_roles(block: torch.nn.Module, spec: Any) -> dict[str, str]:
         except AttributeError:
             attention = None
         for name, child in attention.named_children() if attention is not None else ():
-            if is_norm(child) and _QUERY.match(name):
-                roles.setdefault("query_norm", f"{spec.attention}.{name}")
-            elif is_norm(child) and _KEY.match(name):
-                roles.setdefault("key_norm", f"{spec.attention}.{name}")
+            role = "query_norm" if _QUERY.match(name) else "key_norm" if _KEY.match(name) else None
+            if role is not None and is_norm(child):
+                roles.setdefault(role, f"{spec.attention}.{name}")
+            elif role is not None and any(is_norm(inner) for inner in child.modules() if inner is not child):
+                roles.setdefault(role, f"its {role.replace('_', ' ')} ({type(child).__name__}) holds one norm module "
+                                       "per head, each with its own weight: its scale is not served (the values "
+                                       "before the norm are)")
     for role, path in spec.norms.items():
         roles[role] = path
     for role in ROLES:
