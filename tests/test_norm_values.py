@@ -175,6 +175,7 @@ def test_a_linear_mixers_post_norm_is_served():
     """LFM3's convolution blocks norm the mixer's output (``post_operator_norm``) before adding it, as its attention
     blocks do: ``linear_attention_post_norm_scale`` is served there (``ln1_post.hook_scale``), the denominator a plain
     hook on the norm computes; ``attention_post_norm_scale`` on its attention blocks."""
+    skip_unavailable("lfm3")
     lfm3 = tiny_model("lfm3")
     kinds = lfm3.config.layer_types
     conv, attention = kinds.index("conv"), next(i for i, kind in enumerate(kinds) if kind != "conv")
