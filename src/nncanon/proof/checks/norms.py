@@ -18,6 +18,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -101,6 +103,16 @@ def _reference(module: torch.nn.Module, anatomy: Any, x: torch.Tensor, scale: to
     return out.to(x.dtype)
 
 
+@contextmanager
+def _removed(handles: list) -> Iterator[None]:
+    """Removes the hook ``handles`` when the block ends (raised or not)."""
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def _first_calls(modules: dict[str, torch.nn.Module]) -> tuple[dict, list]:
     """Forward hooks keeping each module's first input and output (by key): ``(seen, handles)``."""
     seen: dict = {}
@@ -130,12 +142,8 @@ def check_norms_run(model: Any) -> list[CheckResult]:
     if not modules:
         return []
     seen, handles = _first_calls(modules)
-    try:
-        with torch.no_grad():
-            model._module(**encode(model))
-    finally:
-        for handle in handles:
-            handle.remove()
+    with _removed(handles), torch.no_grad():
+        model._module(**encode(model))
     results = []
     for index, groups in every.items():
         for site, names in groups:
@@ -294,12 +302,8 @@ def _written_and_frozen(model: Any, chosen: dict, logits: torch.Tensor) -> list[
             ours = model.logits.save()
     handles = [site.envoy._module.register_forward_hook(_doubling(site), with_kwargs=True)
                for groups in chosen.values() for site, names in groups if any(n.endswith("_scale") for n in names)]
-    try:
-        with torch.no_grad():
-            reference = model._module(**encode(model)).logits
-    finally:
-        for handle in handles:
-            handle.remove()
+    with _removed(handles), torch.no_grad():
+        reference = model._module(**encode(model)).logits
     kept = compare("norms", None, (), frozen, logits, TOLERANCE)
     written = compare("norms", None, (), ours, reference, TOLERANCE)
     return [(kept.error, kept.tolerance, "every clean scale written back (one ulp up): the logits against the clean "
