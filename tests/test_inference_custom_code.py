@@ -80,6 +80,12 @@ def test_custom_code_architecture_loads_through_the_inference(tmp_path, style):
     for index in range(model.num_layers):
         for name in (*names, "attention_probabilities"):
             assert report.available(name, layer=index), report.reason(name, layer=index)
+        assert report.available("attention_norm_scale", layer=index), report.reason("attention_norm_scale", index)
+        if style == "parallel":  # (it builds ln_2 and never calls it: its values alone are declined, with why)
+            for name in ("mlp_norm_scale", "mlp_normalized"):
+                assert "ln_2 does not run" in report.reason(name, layer=index)
+        else:
+            assert report.available("mlp_norm_scale", layer=index), report.reason("mlp_norm_scale", layer=index)
     saved = {}
     with torch.no_grad(), model.trace(PROMPTS[0]):
         for index in range(model.num_layers):

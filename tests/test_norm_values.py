@@ -11,6 +11,8 @@ import nncanon
 from nncanon.sae import resolve, value_at
 from nncanon.testing import PROMPTS, tiny_model
 
+from .conftest import skip_unavailable
+
 
 @pytest.fixture(scope="module")
 def llama():
@@ -116,3 +118,110 @@ def test_names_resolve_and_read(llama):
         final = value_at(llama, "ln_final.hook_scale").save()
         direct = llama.final_norm_scale.save()
     assert by_name.shape[-1] == 1 and torch.equal(final, direct)
+
+
+def test_heads_first_query_norm_is_served_sequence_first():
+    """Gemma-3 norms its queries heads-first (``[b, H, s, hd]``): ``query_norm_scale`` is ``[b, s, H, 1]``, the
+    denominator a plain hook on ``q_norm`` computes, transposed; its ``.grad`` arrives in the same layout; a write
+    at one position and head changes only that entry of the norm's output."""
+    gemma = tiny_model("gemma3_text")
+    norm = gemma._module.model.layers[0].self_attn.q_norm
+    seen = []
+    handle = norm.register_forward_hook(lambda mod, args, out: seen.append((args[0].detach(), out.detach())))
+    try:
+        with gemma.trace(PROMPTS[0]):
+            scale = gemma.layers[0].self_attn.query_norm_scale
+            saved = scale.save()
+            logit = gemma.logits[0, -1, 5]
+            with logit.backward():
+                grad = scale.grad.save()
+        x, clean = seen[0]
+        seen.clear()
+        with torch.no_grad(), gemma.trace(PROMPTS[0]):
+            gemma.layers[0].self_attn.query_norm_scale[0, -1, 1] = saved[0, -1, 1] * 2
+    finally:
+        handle.remove()
+    b, heads, s, _ = x.shape
+    expected = (x.float().pow(2).mean(-1, keepdim=True) + norm.eps).sqrt().transpose(1, 2)
+    assert saved.shape == grad.shape == (b, s, heads, 1) and grad.abs().sum() > 0
+    torch.testing.assert_close(saved, expected, rtol=1e-6, atol=1e-6)
+    changed = (seen[0][1] != clean).any(-1)  # [b, H, s]
+    assert changed[0, 1, -1] and int(changed.sum()) == 1
+
+
+def test_gemma3n_default_config_norm_gradients_hold():
+    """Gemma-3n's default config (transformers' ``Gemma3nTextConfig()``), on the twin its proof runs on: every norm
+    value's ``.grad`` is proved. (A scale's gradient sums g·N/scale over the head dimension, and the g it sums,
+    from the model's backward through full attention, AltUp and laurel, carries its own rounding, which its
+    difference from plain PyTorch is measured against as the normalised value's is: a key norm's scale was 1.8e-4
+    apart, relative to its terms alone, with plain PyTorch itself 1.1e-4 from float64.)"""
+    skip_unavailable("gemma3n_text")
+    from transformers import Gemma3nTextConfig
+
+    from nncanon.families import family_for
+    from nncanon.proof.checks.norms import check_norm_gradients
+    from nncanon.proof.ladder import running_twin
+    from nncanon.proof.load import mounted_twin
+
+    config = Gemma3nTextConfig()
+    family = family_for(config)
+    twin = mounted_twin(running_twin(config, blocks=family.layers).twin.model, family)
+    results = check_norm_gradients(twin)
+    assert {r.values[0] for r in results} >= {"key_norm_scale", "query_norm_scale", "mlp_norm_scale"}
+    assert [r.describe() for r in results if not r.passed] == []
+
+
+def test_a_linear_mixers_post_norm_is_served():
+    """LFM3's convolution blocks norm the mixer's output (``post_operator_norm``) before adding it, as its attention
+    blocks do: ``linear_attention_post_norm_scale`` is served there (``ln1_post.hook_scale``), the denominator a plain
+    hook on the norm computes; ``attention_post_norm_scale`` on its attention blocks."""
+    skip_unavailable("lfm3")
+    lfm3 = tiny_model("lfm3")
+    kinds = lfm3.config.layer_types
+    conv, attention = kinds.index("conv"), next(i for i, kind in enumerate(kinds) if kind != "conv")
+    assert resolve(lfm3, f"blocks.{conv}.ln1_post.hook_scale").value == "linear_attention_post_norm_scale"
+    assert resolve(lfm3, f"blocks.{attention}.ln1_post.hook_scale").value == "attention_post_norm_scale"
+    norm = lfm3._module.model.layers[conv].post_operator_norm
+    seen = []
+    handle = norm.register_forward_hook(lambda mod, args, out: seen.append(args[0].detach()))
+    try:
+        with torch.no_grad(), lfm3.trace(PROMPTS[0]):
+            scale = lfm3.layers[conv].linear_attn.linear_attention_post_norm_scale.save()
+    finally:
+        handle.remove()
+    torch.testing.assert_close(scale, (seen[0].float().pow(2).mean(-1, keepdim=True) + norm.variance_epsilon).sqrt())
+
+
+def test_a_failed_final_norm_gradient_declines_its_grad_only(monkeypatch, tmp_path):
+    """The final norm's gradient check forced to fail (the plain reference of ``final_norm_scale``'s gradient
+    doubled): the load declines ``model.final_norm_scale.grad`` with the check's numbers, as a block value's is; the
+    value itself and every other norm value's ``.grad`` stay served."""
+    from nncanon import StandardizedTransformer
+    from nncanon.proof.checks import norms as norm_checks
+    from nncanon.testing import tiny_hf_model, tiny_tokenizer
+
+    monkeypatch.setenv("NNCANON_CACHE", str(tmp_path))
+    plain = norm_checks._plain_gradients
+
+    def doubled(*args, **kwargs):
+        gradients, terms = plain(*args, **kwargs)
+        gradients[None, "final_norm_scale"] = gradients[None, "final_norm_scale"] * 2
+        return gradients, terms
+
+    monkeypatch.setattr(norm_checks, "_plain_gradients", doubled)
+    model = StandardizedTransformer(tiny_hf_model("llama"), tokenizer=tiny_tokenizer(), verify="always")
+    monkeypatch.setattr(norm_checks, "_plain_gradients", plain)
+    report = model.support()
+    reason = report.gradient_reason("final_norm_scale")
+    assert "norm_gradients on the model (final_norm_scale): failed, error" in reason, reason
+    assert report.reason("final_norm_scale") is None and report.gradient_reason("final_normalized") is None
+    assert report.gradient_reason("attention_norm_scale", 0) is None
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        scale = model.final_norm_scale.save()
+    assert scale.shape[-1] == 1
+    with pytest.raises(nncanon.GradientNotAvailable, match=r"final_norm_scale\.grad is not served: .*norm_gradients"):
+        with model.trace(PROMPTS[0]):
+            value = model.final_norm_scale
+            logit = model.logits[0, -1, 5]
+            with logit.backward():
+                value.grad.save()

@@ -32,7 +32,7 @@ from .components import (
 )
 from .components.anatomy import NEURON_VALUES, discover, neuron_sites
 from .components.attention import SCORES_GRADIENT_REASON
-from .components.inside import HEADS_FIRST_NORM, QK_ROLES, inside_sites, norm_heads_first, with_inside
+from .components.inside import QK_ROLES, inside_sites, norm_heads_first, with_inside
 from .components.kernel import (
     RECOMPUTED,
     STATES,
@@ -518,12 +518,12 @@ def _mount_norms(layer: Envoy, spec: Family, where: str, label: str, order: str)
                 state.absent.add(name)
             continue
         anatomy = norm_anatomy(block.get_submodule(found))
-        if isinstance(anatomy, str) or (role in QK_ROLES and norm_heads_first(attention, spec.attention, role)):
-            reason = anatomy if isinstance(anatomy, str) else HEADS_FIRST_NORM.format(role.replace("_", " "))
+        if isinstance(anatomy, str):
             for name in names:
-                state.reasons[name] = f"{label}: {reason}"
+                state.reasons[name] = f"{label}: {anatomy}"
             continue
-        site = NormSite(found, _child(layer, found), anatomy, state.where, order, scale)
+        heads_first = role in QK_ROLES and norm_heads_first(attention, spec.attention, role)
+        site = NormSite(found, _child(layer, found), anatomy, state.where, order, scale, heads_first)
         state.norms.update({name: NormBinding(name, site, "scale" if name == scale else "normalized")
                             for name in names})
 

@@ -36,6 +36,7 @@ LAYER_VALUES = (
     "linear_attention_normalized",
     "linear_attention_input",
     "linear_attention_head_outputs",
+    "linear_attention_post_norm_scale",
     "linear_attention_output",
     "mlp",
     "mlp_norm_scale",
@@ -73,6 +74,7 @@ COMPONENT_OF = {
     "linear_attention_normalized": "linear_attn",
     "linear_attention_input": "linear_attn",
     "linear_attention_head_outputs": "linear_attn",
+    "linear_attention_post_norm_scale": "linear_attn",
     "linear_attention_output": "linear_attn",
     "mlp_norm_scale": "mlp",
     "mlp_normalized": "mlp",
@@ -113,7 +115,8 @@ SHORT = {
     "linear_activations": "linear", "neurons": "neurons", "mlp_output": "mlp_out",
     "attention_norm_scale": "ln1", "attention_normalized": "ln1_n", "query_norm_scale": "qn", "key_norm_scale": "kn",
     "attention_post_norm_scale": "ln1p", "linear_attention_norm_scale": "mix_ln",
-    "linear_attention_normalized": "mix_n", "mlp_norm_scale": "ln2", "mlp_normalized": "ln2_n",
+    "linear_attention_normalized": "mix_n", "linear_attention_post_norm_scale": "mix_lnp",
+    "mlp_norm_scale": "ln2", "mlp_normalized": "ln2_n",
     "mlp_post_norm_scale": "ln2p",
 }
 

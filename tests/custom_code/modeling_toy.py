@@ -53,9 +53,8 @@ class ToyBlock(nn.Module):
         self.scale = config.residual_scale
         self.ln_1 = nn.LayerNorm(config.hidden_size)
         self.attention = ToyAttention(config)
-        # (a parallel block builds no second norm, as Falcon-7B builds none: nncanon takes a norm module the forward
-        # never calls for the MLP's, and its values' failed reads decline the block: see the issue's notes)
-        self.ln_2 = nn.LayerNorm(config.hidden_size) if self.style != "parallel" else None
+        # (a parallel block builds a second norm it never calls: its values are declined, "does not run")
+        self.ln_2 = nn.LayerNorm(config.hidden_size)
         self.feed_forward = ToyFeedForward(config)
         if self.style == "sandwich":
             self.post_attention_norm = nn.LayerNorm(config.hidden_size)

@@ -22,7 +22,7 @@ from nncanon.testing import PROMPTS
 #: sublayers, its norm is gated or names no epsilon, it has no such component, it does not run, post-LN OPT).
 PROPERTIES = ("has no", "have no", "calls no norm", "parallel block: one norm feeds both", "is gated",
               "names no epsilon", "takes its epsilon", "post-LN", "does not run", "flattened", "runs twice",
-              "is not a norm", "no norm of one stream", "heads-first")
+              "is not a norm", "no norm of one stream", "one norm module per head")
 
 
 def test_every_block_serves_its_norms_or_says_why(model, variant):
@@ -34,6 +34,12 @@ def test_every_block_serves_its_norms_or_says_why(model, variant):
             reason = report.reason(value, layer=index)
             if reason is not None:
                 assert any(phrase in reason for phrase in PROPERTIES), f"layers[{index}].{value}: {reason}"
+        for before, value in (("query_states_before_norm", "query_norm_scale"),
+                              ("key_states_before_norm", "key_norm_scale")):  # (heads-first norms too: Gemma-3)
+            if report.available(before, layer=index):
+                reason = report.reason(value, layer=index)
+                assert reason is None or any(p in reason for p in ("is gated", "epsilon", "one norm module per head")
+                                             ), reason
         if report.available("self_attn", layer=index) and report.available("mlp", layer=index):
             for value in ("attention_norm_scale", "mlp_norm_scale"):
                 reason = report.reason(value, layer=index)
@@ -41,15 +47,21 @@ def test_every_block_serves_its_norms_or_says_why(model, variant):
                                                                    "flattened")), reason
 
 
-def _scale_formula(module: torch.nn.Module, x: torch.Tensor, anatomy, doubled: bool) -> torch.Tensor:
+def _scale_formula(module: torch.nn.Module, x: torch.Tensor, anatomy, doubled: bool, length: int) -> torch.Tensor:
     """The norm's output written out here: ``x`` centred (a LayerNorm) over its root mean square plus eps (doubled at
-    the last position), times ``offset + weight``, plus the bias."""
+    the last position: the axis of length ``length``, the second, or the third where the norm receives its heads
+    first, ``[b, H, s, d]``), times ``offset + weight``, plus the bias."""
     h = x.float()
     if anatomy.kind == "layer":
         h = h - h.mean(-1, keepdim=True)
     scale = (h.pow(2).mean(-1, keepdim=True) + anatomy.eps).sqrt()
     if doubled:
-        scale[:, -1] *= 2
+        heads_first = x.dim() == 4 and x.shape[1] != length
+        assert x.shape[2 if heads_first else 1] == length, (tuple(x.shape), length)
+        if heads_first:
+            scale[:, :, -1] *= 2
+        else:
+            scale[:, -1] *= 2
     out = h / scale
     if getattr(module, "weight", None) is not None:
         out = out * (module.weight.float() + anatomy.offset)
@@ -83,17 +95,20 @@ def _assert_write_matches(model, value, site) -> None:
         scale[:, -1] = scale[:, -1] * 2
         ours = model.logits.save()
     calls = []
+    inputs = encode(model)
+    length = inputs["input_ids"].shape[1]
 
     def replace(module, args, kwargs, out):
         calls.append(1)
         if len(calls) == 1:
-            return _scale_formula(module, args[0] if args else next(iter(kwargs.values())), site.anatomy, True)
+            return _scale_formula(module, args[0] if args else next(iter(kwargs.values())), site.anatomy, True,
+                                  length)
         return None
 
     handle = site.envoy._module.register_forward_hook(replace, with_kwargs=True)
     try:
         with torch.no_grad():
-            reference = model._module(**encode(model)).logits
+            reference = model._module(**inputs).logits
     finally:
         handle.remove()
     torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
@@ -119,7 +134,8 @@ def test_transformer_lens_scale_names_resolve(model, variant):
 
     report = model.support()
     names = {"ln1.hook_scale": ("attention_norm_scale", "linear_attention_norm_scale"),
-             "ln2.hook_scale": ("mlp_norm_scale",), "ln1_post.hook_scale": ("attention_post_norm_scale",),
+             "ln2.hook_scale": ("mlp_norm_scale",),
+             "ln1_post.hook_scale": ("attention_post_norm_scale", "linear_attention_post_norm_scale"),
              "ln2_post.hook_scale": ("mlp_post_norm_scale",)}
     for suffix, values in names.items():
         served = [v for v in values if report.available(v, layer=0)]

@@ -158,8 +158,6 @@ _WITH_INSIDE: dict[tuple[int, int], tuple] = ProcessCache()
 
 #: The q/k norms' roles, and the value whose site says how each norm receives its input.
 QK_ROLES = {"query_norm": "query_states_before_norm", "key_norm": "key_states_before_norm"}
-HEADS_FIRST_NORM = ("its {} receives its input heads-first ([b, H, s, head_dim]): its scale is not served (it "
-                    "would not be sequence-first); query_states_before_norm / key_states_before_norm are")
 
 
 def norm_heads_first(attention: torch.nn.Module, path: str, role: str) -> bool:

@@ -17,13 +17,15 @@ class LinearAttentionEnvoy(Component, Envoy):
     - ``linear_attention_input`` ``[batch, seq, hidden]``: what the mixer module receives (the normed stream).
     - ``linear_attention_head_outputs`` ``[batch, seq, heads, head_dim]``: each head's output before
       the mixer's output projection, where the mixer has per-head structure there.
+    - ``linear_attention_post_norm_scale`` ``[batch, seq, 1]``: the scale of the norm on the mixer's output before
+      it is added (LFM3's ``post_operator_norm``), where the block has one.
     - ``linear_attention_output`` ``[batch, seq, hidden]``: exactly what the mixer adds to the
       residual stream.
     """
 
     role = "linear_attn"
     standard_values = ("linear_attention_norm_scale", "linear_attention_normalized", "linear_attention_input",
-                       "linear_attention_head_outputs", "linear_attention_output")
+                       "linear_attention_head_outputs", "linear_attention_post_norm_scale", "linear_attention_output")
     locals().update(norm_values("linear_attn"))
 
     linear_attention_input = served(

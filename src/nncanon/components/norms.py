@@ -42,6 +42,7 @@ ROLES: dict[str, tuple[str, str, str | None]] = {
     "key_norm": ("self_attn", "key_norm_scale", None),
     "attention_post_norm": ("self_attn", "attention_post_norm_scale", None),
     "linear_attention_norm": ("linear_attn", "linear_attention_norm_scale", "linear_attention_normalized"),
+    "linear_attention_post_norm": ("linear_attn", "linear_attention_post_norm_scale", None),
     "mlp_norm": ("mlp", "mlp_norm_scale", "mlp_normalized"),
     "mlp_post_norm": ("mlp", "mlp_post_norm_scale", None),
 }
@@ -222,7 +223,10 @@ def norm_roles(block: torch.nn.Module, spec: Any) -> dict[str, str]:
             if path:
                 order.setdefault(path.split(".")[0], len(norms) + i if i else len(norms) - 0.5 - len(norms) // 2)
     posts = {site.module: role for role, site in (("attention_post_norm", spec.attention_output if spec.attention
-                                                   else None), ("mlp_post_norm", spec.mlp_output))
+                                                   else None),
+                                                  ("linear_attention_post_norm", spec.mixer_output if spec.attention
+                                                   is None and spec.mixer else None),
+                                                  ("mlp_post_norm", spec.mlp_output))
              if site is not None and site.module in norms}
     at = {name: order.get(name, -1) for name in norms}
     mixer_at = order.get(mixer.split(".")[0], None) if mixer else None
@@ -264,10 +268,13 @@ def norm_roles(block: torch.nn.Module, spec: Any) -> dict[str, str]:
         except AttributeError:
             attention = None
         for name, child in attention.named_children() if attention is not None else ():
-            if is_norm(child) and _QUERY.match(name):
-                roles.setdefault("query_norm", f"{spec.attention}.{name}")
-            elif is_norm(child) and _KEY.match(name):
-                roles.setdefault("key_norm", f"{spec.attention}.{name}")
+            role = "query_norm" if _QUERY.match(name) else "key_norm" if _KEY.match(name) else None
+            if role is not None and is_norm(child):
+                roles.setdefault(role, f"{spec.attention}.{name}")
+            elif role is not None and any(is_norm(inner) for inner in child.modules() if inner is not child):
+                roles.setdefault(role, f"its {role.replace('_', ' ')} ({type(child).__name__}) holds one norm module "
+                                       "per head, each with its own weight: its scale is not served (the values "
+                                       "before the norm are)")
     for role, path in spec.norms.items():
         roles[role] = path
     for role in ROLES:
@@ -280,7 +287,7 @@ def _missing(role: str, block: str, spec: Any) -> str:
     """Why a block has no norm in ``role`` (a property of the block)."""
     if role in ("attention_norm", "attention_post_norm", "query_norm", "key_norm") and spec.attention is None:
         return "it has no softmax attention"
-    if role == "linear_attention_norm" and spec.mixer is None:
+    if role in ("linear_attention_norm", "linear_attention_post_norm") and spec.mixer is None:
         return "it has no linear-attention or state-space mixer"
     if role.startswith("mlp") and spec.mlp_output is None:
         return "it has no MLP"
@@ -289,6 +296,8 @@ def _missing(role: str, block: str, spec: Any) -> str:
         "linear_attention_norm": f"{block}.forward calls no norm module before its mixer",
         "mlp_norm": f"{block}.forward calls no norm module before its MLP",
         "attention_post_norm": "its blocks have no post-norm: attention's output is added to the stream as it is",
+        "linear_attention_post_norm": "its blocks have no post-norm: the mixer's output is added to the stream as it "
+                                      "is",
         "mlp_post_norm": "its blocks have no post-norm: the MLP's output is added to the stream as it is",
         "query_norm": "its attention has no query norm",
         "key_norm": "its attention has no key norm",
@@ -314,6 +323,9 @@ class NormSite:
         where: A label for messages (``"layers[3].self_attn"``).
         order: The block's order of values, for the out-of-order message.
         scale_name: The name its scale is served by (for messages).
+        heads_first: The norm receives ``[b, H, s, head_dim]`` (a q/k norm called after the heads are moved first:
+            Gemma-3, Apertus, HunYuan...); its values are served sequence-first (``[b, s, H, 1]``), transposed
+            from and back into the norm's layout.
     """
 
     path: str
@@ -322,6 +334,7 @@ class NormSite:
     where: str
     order: str = ""
     scale_name: str = "scale"
+    heads_first: bool = False
 
     @property
     def location(self) -> str:
@@ -383,6 +396,8 @@ def _read(site: NormSite, mediator: Mediator, label: str) -> NormRead:
         return waiting.view
     args, kwargs = _value(site, mediator, label, site.input_location)
     x = first_input(args, kwargs)
+    if site.heads_first:  # (served sequence-first: [b, H, s, d] -> [b, s, H, d])
+        x = x.transpose(1, 2)
     graph = tracks(x)
     centred, scale = statistics(site.anatomy, x)
     if graph:
@@ -422,7 +437,8 @@ class _Pending:
 
 
 def _write_back(site: NormSite, read: NormRead, raw: Any, label: str, normalized: torch.Tensor | None = None) -> Any:
-    """The norm's output with the edits of ``read`` in it (the formula where they changed), else ``raw`` itself."""
+    """The norm's output with the edits of ``read`` in it (the formula where they changed), else ``raw`` itself.
+    ``read`` is sequence-first; a heads-first norm's output is transposed to it and the result back."""
     out = raw[0] if isinstance(raw, tuple) else raw
     normalized = read.normalized if normalized is None else normalized
     scale_changed = read.scale.detach() != read.clean_scale
@@ -437,10 +453,14 @@ def _write_back(site: NormSite, read: NormRead, raw: Any, label: str, normalized
         used = torch.where(kept, by_scale + (normalized - normalized.detach()), normalized.float())
     else:
         used = torch.where(kept, by_scale, normalized.float())
+    if site.heads_first:
+        out = out.transpose(1, 2)
     written = affine(site.anatomy, site.envoy._module, used).to(out.dtype)
     changed = (scale_changed | normalized_changed).expand_as(out)
     base = Through.apply(written, out, 1.0) if read.graph else out
     result = torch.where(changed, written, base)
+    if site.heads_first:
+        result = result.transpose(1, 2)
     return (result, *raw[1:]) if isinstance(raw, tuple) else result
 
 
@@ -518,6 +538,9 @@ DESCRIPTIONS: dict[str, tuple[str, str]] = {
     "linear_attention_normalized": ("stream normalised by the norm before the mixer, before its weight [b, s, d]",
                                     _NORMALIZED_DOC.format(what="the norm before the linear mixer",
                                                            tl="ln1.hook_normalized")),
+    "linear_attention_post_norm_scale": ("scale of the linear mixer's post-norm [b, s, 1]",
+                                         _SCALE_DOC.format(what="the post-norm of the linear mixer's output (LFM3's "
+                                                           "post_operator_norm)", tl="ln1_post.hook_scale")),
     "mlp_norm_scale": ("scale of the norm before the MLP [b, s, 1]",
                        _SCALE_DOC.format(what="the norm before the MLP", tl="ln2.hook_scale")),
     "mlp_normalized": ("stream normalised by the norm before the MLP, before its weight [b, s, d]",

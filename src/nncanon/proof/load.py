@@ -166,8 +166,8 @@ def _unproved(proof: Proof, twin: int | str | None) -> list[tuple[str, str | Non
                 reason = _not_proved(proof, None, value, None, model_level=True)
                 if reason is not None:
                     known.append((value, reason, False))
-                elif value in MODEL_SITES and (reason := _not_proved(proof, None, value, None, model_level=True,
-                                                                      gradient=True)):
+                elif value in (*MODEL_SITES, *FINAL_VALUES) and (
+                        reason := _not_proved(proof, None, value, None, model_level=True, gradient=True)):
                     known.append((value, reason, True))
         for value in [] if twin == "model" else [v for v in LAYER_VALUES if v not in COMPONENTS]:
             if twin is None:

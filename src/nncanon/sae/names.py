@@ -38,7 +38,8 @@ TransformerLens                    nncanon
 ``blocks.L.ln1.hook_scale``        ``self_attn.attention_norm_scale`` ``[b, s, 1]`` (a hybrid's linear mixer:
                                    ``linear_attn.linear_attention_norm_scale``)
 ``blocks.L.ln2.hook_scale``        ``mlp.mlp_norm_scale`` (a parallel block: refused, one norm feeds both)
-``blocks.L.ln1_post.hook_scale``   ``self_attn.attention_post_norm_scale`` (post-norm blocks: Gemma-2/3, OLMo-2)
+``blocks.L.ln1_post.hook_scale``   ``self_attn.attention_post_norm_scale`` (post-norm blocks: Gemma-2/3, OLMo-2; a
+                                   hybrid's linear mixer: ``linear_attn.linear_attention_post_norm_scale``, LFM3)
 ``blocks.L.ln2_post.hook_scale``   ``mlp.mlp_post_norm_scale``
 ``ln_final.hook_scale``            ``model.final_norm_scale``; ``ln_final.hook_normalized``: ``model.final_normalized``
 ``hook_embed``                     ``model.token_embeddings`` (the token embedding module's output)
@@ -98,7 +99,7 @@ TRANSFORMER_LENS = {
     "attn.hook_pattern": "attention_probabilities",
     "ln1.hook_scale": "mixer_norm_scale",
     "ln2.hook_scale": "mlp_norm_scale",
-    "ln1_post.hook_scale": "attention_post_norm_scale",
+    "ln1_post.hook_scale": "mixer_post_norm_scale",
     "ln2_post.hook_scale": "mlp_post_norm_scale",
     "attn.hook_attn_scores": "attention_scores",
 }
@@ -229,11 +230,12 @@ def _transformer_lens(model: Any, layer: int, suffix: str, name: str) -> str:
         raise UnknownHookName(f"{name!r}: blocks.L.{suffix} is not a TransformerLens hook name nncanon knows; it knows "
                               f"{', '.join(f'blocks.L.{s}' for s in TRANSFORMER_LENS)}")
     report = model.support()
-    if marker == "mixer_norm_scale":
+    if marker in ("mixer_norm_scale", "mixer_post_norm_scale"):
+        value = marker.removeprefix("mixer_")
         if report.available("self_attn", layer=layer):
-            return "attention_norm_scale"
+            return f"attention_{value}"
         if report.available("linear_attn", layer=layer):
-            return "linear_attention_norm_scale"
+            return f"linear_attention_{value}"
         raise ValueNotAvailable(f"{name} is not available: {report.reason('self_attn', layer=layer)}")
     if marker in ("mixer_output", "mixer_normalized"):
         suffix = marker.removeprefix("mixer_")

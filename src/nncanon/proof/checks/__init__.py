@@ -22,9 +22,10 @@ One module per kind of equality, each stating the equalities it asserts, with th
   heads' output);
 - `neurons`: ``neurons`` (activation(pre) · linear is the neurons; the neurons through the down projection's weight
   are its output; a neuron zeroed by its value is one zeroed by a plain pre-hook);
-- `norms`: ``norms`` (each norm's formula, centred / scale · weight (+ bias), is its output; a pre-norm feeds its
-  sublayer, a post-norm norms its output; a written scale equals a plain hook making the output the formula with it;
-  every clean scale written back leaves the logits), ``norm_gradients`` (a gradient check);
+- `norms`: ``norms_run`` (first: a norm module the forward never calls is dropped, with the reason), ``norms``
+  (each norm's formula, centred / scale · weight (+ bias), is its output; a pre-norm feeds its sublayer, a post-norm
+  norms its output; a written scale equals a plain hook making the output the formula with it; every clean scale
+  written back leaves the logits), ``norm_gradients`` (a gradient check);
 - `routing`: ``routing`` (valid, distinct experts; masking one takes its output out of every token);
 - `embeddings`: ``embeddings`` (the token and position embeddings and the final norm's output: reads, the family's
   formula of the embeddings into block 0, the head of the final norm's output is the logits, a write is a plain
@@ -45,7 +46,7 @@ from .heads import check_heads, check_probabilities
 from .inside import check_gate, check_qk_norm, check_scores
 from .kernel import check_kernel, check_recomputed
 from .neurons import check_neurons
-from .norms import check_norm_gradients, check_norms
+from .norms import check_norm_gradients, check_norms, check_norms_run
 from .quantized import check_quantized_gradients
 from .routing import check_routing
 from .skips import check_resume, check_skip
@@ -55,7 +56,7 @@ from .writes import check_invokes, check_locality
 #: Every check, in the order `verify` runs them: the values' checks, then the gradients'.
 CHECKS: tuple[Check, ...] = (
     *(check(function) for function in (
-        check_read, check_identity, check_ablation, check_invokes, check_locality, check_heads,
+        check_norms_run, check_read, check_identity, check_ablation, check_invokes, check_locality, check_heads,
         check_probabilities, check_kernel, check_recomputed, check_scores, check_qk_norm, check_gate, check_neurons,
         check_norms, check_routing, check_lens, check_skip, check_resume, check_embeddings,
     )),
