@@ -410,7 +410,8 @@ class SupportReport:
         head += [f"model.{name}: none, {reason}" for name, reason in self.model_absent.items()]
         head += [f"model.{name} served, its .grad not: {reason}"
                  for name, reason in self.model_gradient_declines.items()]
-        head += [f"attribution graphs: {self.graphs}"] if self.graphs else []
+        graphs = self.graphs.replace(self.cause, "[*]") if self.graphs and self.cause else self.graphs
+        head += [f"attribution graphs: {graphs}"] if graphs else []
         lines = [line for text in head for line in _wrapped(text)]
         if everywhere:
             lines += _wrapped("served on every layer: " + ", ".join(everywhere))
