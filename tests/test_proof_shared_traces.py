@@ -1,0 +1,125 @@
+"""The checks that share one trace among many values still decline exactly a wrong one.
+
+``read`` reads every block's values in one trace, ``invokes`` writes every value in an invoke of its own of one
+trace, ``locality`` writes every block's values likewise, and ``gradients`` measures each value's gradient against
+its largest: a value broken on purpose is declined, alone, with the check's numbers; the others still hold.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nncanon import served as served_module
+from nncanon.components.anatomy import NEURON_VALUES
+from nncanon.proof.checks import gradients as gradient_checks
+from nncanon.proof.checks.base import HEAD_VALUES, INPUT_VALUES, KERNEL_INPUTS
+from nncanon.proof.checks.gradients import check_gradients
+from nncanon.proof.checks.references import served, shared_copies
+from nncanon.proof.checks.stream import check_read
+from nncanon.proof.checks.writes import check_invokes, check_locality
+from nncanon.reading import CONTRIBUTIONS, host
+from nncanon.served import Binding
+from nncanon.support import NORM_VALUES
+from nncanon.testing import tiny_model
+
+#: The values `check_invokes` writes on a block.
+WRITABLE = NORM_VALUES + INPUT_VALUES + KERNEL_INPUTS + HEAD_VALUES + NEURON_VALUES + CONTRIBUTIONS
+
+
+def _failed(results: list) -> set[tuple[int | None, str]]:
+    return {(result.layer, value) for result in results if not result.passed for value in result.values}
+
+
+def _held(results: list) -> set[tuple[int | None, str]]:
+    return {(result.layer, value) for result in results if result.passed for value in result.values}
+
+
+def test_a_read_wrong_by_one_part_in_a_thousand_is_declined_on_every_block_alone(monkeypatch):
+    model = tiny_model("llama")
+    original = Binding.read
+
+    def scaled(self, raw, mediator):
+        tensor = original(self, raw, mediator)
+        return tensor * 1.001 if self.name == "value_states" else tensor
+
+    monkeypatch.setattr(Binding, "read", scaled)
+    with shared_copies():
+        results = check_read(model)
+    assert _failed(results) == {(index, "value_states") for index in range(model.num_layers)}
+    assert {(index, "query_states") for index in range(model.num_layers)} <= _held(results)
+    assert all("> 0e+00" in result.describe() for result in results if not result.passed)
+
+
+def test_a_write_that_leaks_into_the_next_invoke_is_declined_alone():
+    """OPT's MLP output is read on the batch's flattened tokens: this invoke's rows shifted by one invoke make its
+    write land in the next invoke (an unwritten one in the batched trace): exactly the flattened values (the MLP's
+    output, its neurons and pre-activations) fail."""
+    model = tiny_model("opt")
+    flat = {(index, name) for index in range(model.num_layers) for name in served(model, index, WRITABLE)
+            if name in host(model, index, name)._nncanon.bindings
+            and host(model, index, name)._nncanon.bindings[name].site.flat}
+    assert (0, "mlp_output") in flat
+    rows = served_module._rows
+
+    def shifted(mediator):
+        total, found = rows(mediator)
+        return total, None if found is None else ((found[0] + found[1]) % total, found[1])
+
+    served_module._rows = shifted
+    try:
+        results = check_invokes(model)
+    finally:
+        served_module._rows = rows
+    assert _failed(results) == flat
+    assert (0, "attention_output") in _held(results)
+
+
+def test_a_write_that_moves_other_positions_is_declined_alone(monkeypatch):
+    """Granite's mlp_output (scaled by its residual multiplier: a copy, written back) with a write-back moving every
+    later position: its locality fails on every block; the attention output, written in the same trace, holds."""
+    model = tiny_model("granite")
+    original = Binding.write_back
+
+    def spreading(self, view, raw, mediator=None, graph=False):
+        if self.name == "mlp_output":
+            view = view.clone()
+            view[:, 3:] = view[:, 3:] + 0.25
+        return original(self, view, raw, mediator, graph)
+
+    monkeypatch.setattr(Binding, "write_back", spreading)
+    results = check_locality(model)
+    assert {(layer, name) for layer, name in _failed(results)} == {
+        (index, "mlp_output") for index in range(model.num_layers)}
+    assert {(index, "attention_output") for index in range(model.num_layers)} <= _held(results)
+
+
+def test_a_gradient_off_by_one_part_in_ten_thousand_is_declined(monkeypatch):
+    """The bar of the gradients is relative to a value's largest gradient: a gradient 1e-4 off on one block still
+    fails, alone."""
+    model = tiny_model("llama")
+    original = gradient_checks.served_gradients
+
+    def off(model, names):
+        grads = original(model, names)
+        return {key: grad * (1 + 1e-4) if key == (0, "mlp_output") else grad for key, grad in grads.items()}
+
+    monkeypatch.setattr(gradient_checks, "served_gradients", off)
+    with shared_copies():
+        results = check_gradients(model)
+    assert _failed(results) == {(0, "mlp_output")}
+    assert (1, "mlp_output") in _held(results)
+    with torch.no_grad():
+        assert all(result.error is not None for result in results if not result.passed)
+
+
+def test_values_that_hold_are_proved_in_one_shared_trace():
+    """Nothing broken: every write of the invokes and every block write of the locality check held in one trace (the
+    notes say so), with the same values covered as one trace per write covers."""
+    model = tiny_model("llama")
+    invokes, locality = check_invokes(model), check_locality(model)
+    assert invokes and all(r.passed and "in its own invoke of" in r.note for r in invokes)
+    blocks = [r for r in locality if r.layer is not None]
+    assert blocks and all(r.passed and "in its own invoke of" in r.note for r in blocks)
+    assert {(r.layer, r.values) for r in invokes} == {
+        (index, (name,)) for index in range(model.num_layers) for name in served(model, index, WRITABLE)} | {
+        (None, (name,)) for name in ("token_embeddings", "final_norm_output")}
