@@ -166,14 +166,46 @@ def _identity(model: Any, index: int, names: list[str]) -> CheckResult:
 def check_ablation(model: Any) -> list[CheckResult]:
     """Each contribution zeroed, the block's later ones held at their clean values: ``layer_output``
     moves by exactly the contribution."""
+    every = {index: names for index in range(model.num_layers) if (names := served(model, index))}
+    # every contribution zeroed in an invoke of its own of one trace, against one clean run of every block; where any
+    # fails (or the batch raises), each alone, as its verdict
+    together = guarded("ablation", None, (), lambda: _all_ablations(model, every)) if every else []
+    held = {(result.layer, result.values[0]): result for result in together if result.passed and result.values}
     results = []
-    for index in range(model.num_layers):
-        names = served(model, index)
+    for index, names in every.items():
         clean: dict = {}  # the block's contributions and output with no write: one run for all of them
         for position, name in enumerate(names):
             later = names[position + 1:]
-            results += guarded("ablation", index, (name,), lambda index=index, name=name, later=later, names=names,
-                                clean=clean: [_ablation(model, index, name, later, names, clean)])
+            results += [held[index, name]] if (index, name) in held else guarded(
+                "ablation", index, (name,), lambda index=index, name=name, later=later, names=names, clean=clean: [
+                    _ablation(model, index, name, later, names, clean)])
+    return results
+
+
+def _all_ablations(model: Any, every: dict[int, list[str]]) -> list[CheckResult]:
+    """`_ablation` of every contribution of every block of ``every`` (its contributions by block), in one trace."""
+    clean: dict = {}  # bound outside the trace, filled inside
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        for index, names in every.items():
+            for name in names:
+                clean[index, name] = getattr(host(model, index, name), name).save()
+            clean[index, "layer_output"] = model.layers[index].layer_output.save()
+    ablations = [(index, position, name) for index, names in every.items() for position, name in enumerate(names)]
+    ablated: dict = {}  # (by invoke: their bodies run in the forward's order)
+    with torch.no_grad(), model.trace() as tracer:
+        for index, position, name in ablations:
+            with tracer.invoke(PROMPTS[0]):
+                setattr(host(model, index, name), name, torch.zeros_like(clean[index, name]))
+                for other in every[index][position + 1:]:
+                    setattr(host(model, index, other), other, clean[index, other])
+                ablated[index, name] = model.layers[index].layer_output.save()
+    results = []
+    for index, position, name in ablations:
+        later, output, moved = every[index][position + 1:], clean[index, "layer_output"], ablated[index, name]
+        results.append(compare("ablation", index, (name,), output - moved, clean[index, name], TOLERANCE,
+                               "the stream's change when it is zeroed" + (f", {', '.join(later)} held" if later else "")
+                               + " (each zeroed in an invoke of its own)",
+                               magnitude=torch.maximum(output.abs(), moved.abs())))
     return results
 
 
