@@ -1,8 +1,10 @@
 """The checks that share one trace among many values still decline exactly a wrong one.
 
 ``read`` reads every block's values in one trace, ``invokes`` writes every value in an invoke of its own of one
-trace, ``locality`` writes every block's values likewise, and ``gradients`` measures each value's gradient against
-its largest: a value broken on purpose is declined, alone, with the check's numbers; the others still hold.
+trace, ``locality`` and ``probabilities`` write every block's values likewise, and ``gradients`` takes the operation
+sites' references in one plain run and measures each value's gradient against its largest: a value broken on purpose
+is declined, alone, with the check's numbers; the others still hold. (``ablation``: `tests/test_proof.py`, a broken
+site and a missing scale.)
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ import torch
 
 from nncanon import served as served_module
 from nncanon.components.anatomy import NEURON_VALUES
+from nncanon.components.attention import AttentionEnvoy
 from nncanon.proof.checks import gradients as gradient_checks
 from nncanon.proof.checks.base import HEAD_VALUES, INPUT_VALUES, KERNEL_INPUTS
 from nncanon.proof.checks.gradients import check_gradients
+from nncanon.proof.checks.heads import check_probabilities
 from nncanon.proof.checks.references import served, shared_copies
 from nncanon.proof.checks.stream import check_read
 from nncanon.proof.checks.writes import check_invokes, check_locality
@@ -95,21 +99,40 @@ def test_a_write_that_moves_other_positions_is_declined_alone(monkeypatch):
 
 def test_a_gradient_off_by_one_part_in_ten_thousand_is_declined(monkeypatch):
     """The bar of the gradients is relative to a value's largest gradient: a gradient 1e-4 off on one block still
-    fails, alone."""
+    fails, alone; so does an operation site's whose reference shares one plain run with the others."""
     model = tiny_model("llama")
     original = gradient_checks.served_gradients
 
     def off(model, names):
         grads = original(model, names)
-        return {key: grad * (1 + 1e-4) if key == (0, "mlp_output") else grad for key, grad in grads.items()}
+        return {key: grad * wrong[key] if key in wrong else grad for key, grad in grads.items()}
 
+    # (the queries' gradients are small: 1% off, beyond the checks' absolute floor of 1e-6; their reference is taken
+    # in one plain run with every block's scores' and kernel inputs')
+    wrong = {(0, "mlp_output"): 1 + 1e-4, (1, "query_states"): 1 + 1e-2}
     monkeypatch.setattr(gradient_checks, "served_gradients", off)
     with shared_copies():
         results = check_gradients(model)
-    assert _failed(results) == {(0, "mlp_output")}
-    assert (1, "mlp_output") in _held(results)
+    assert _failed(results) == set(wrong)
+    assert {(1, "mlp_output"), (0, "query_states"), (0, "attention_scores")} <= _held(results)
     with torch.no_grad():
         assert all(result.error is not None for result in results if not result.passed)
+
+
+def test_probabilities_whose_write_does_not_reach_the_model_are_declined_alone(monkeypatch):
+    """Block 0's probabilities served as a copy (a write to them reaches nothing): the probabilities check, whose
+    layers share one trace, fails on block 0 alone."""
+    model = tiny_model("llama")
+    original = AttentionEnvoy.attention_probabilities
+
+    def copied(self):
+        value = original.fget(self)
+        return value.clone() if self._nncanon.where.startswith("layers[0]") else value
+
+    monkeypatch.setattr(AttentionEnvoy, "attention_probabilities", property(copied, original.fset))
+    results = check_probabilities(model)
+    assert {result.layer for result in results if not result.passed} == {0}
+    assert all(result.passed for result in results if result.layer != 0)
 
 
 def test_values_that_hold_are_proved_in_one_shared_trace():
