@@ -56,6 +56,34 @@ def _proof_cpu_timed(into: list[float]) -> Iterator[None]:
         proof_load.prove = prove
 
 
+@contextlib.contextmanager
+def _parts_cpu_timed(into: dict[str, float]) -> Iterator[None]:
+    """Note in ``into`` the CPU time of each part of a first proof: ``twin`` (the ladder: building the twins
+    and their plain runs), ``mount`` (the family mounted on the twin) and each check of `CHECKS` by name."""
+    from dataclasses import replace
+
+    from nncanon.proof import load as proof_load
+    from nncanon.proof import verdict as proof_verdict
+
+    def timing(name: str, function: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.thread_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                into[name] = into.get(name, 0.0) + time.thread_time() - start
+        return timed
+
+    saved = proof_load.running_twin, proof_load.mounted_twin, proof_verdict.CHECKS
+    proof_load.running_twin = timing("twin", saved[0])
+    proof_load.mounted_twin = timing("mount", saved[1])
+    proof_verdict.CHECKS = tuple(replace(c, run=timing(c.name, c.run)) for c in saved[2])
+    try:
+        yield
+    finally:
+        proof_load.running_twin, proof_load.mounted_twin, proof_verdict.CHECKS = saved
+
+
 def load(model_type: str, folder: str) -> dict[str, Any]:
     """The row of one model type: what its load did."""
     from transformers import AutoConfig
@@ -73,10 +101,11 @@ def load(model_type: str, folder: str) -> dict[str, Any]:
     tiny_tokenizer().save_pretrained(folder)
     start, cpu = time.perf_counter(), time.thread_time()
     proof_cpu: list[float] = []
+    parts: dict[str, float] = {}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with _proof_cpu_timed(proof_cpu):
+            with _proof_cpu_timed(proof_cpu), _parts_cpu_timed(parts):
                 model = nncanon.StandardizedTransformer(folder, verify="always")
     except OutOfScopeModel as error:
         return {**row, "status": "out of scope", "detail": str(error).split(":", 1)[-1].strip()[:120]}
@@ -87,6 +116,7 @@ def load(model_type: str, folder: str) -> dict[str, Any]:
     # and what a busy one cannot inflate
     row["load_cpu_seconds"] = round(time.thread_time() - cpu, 3)
     row["proof_cpu_seconds"] = round(sum(proof_cpu), 3) if proof_cpu else None
+    row["parts_cpu_seconds"] = {name: round(seconds, 4) for name, seconds in parts.items()}
     provenance = model._provenance
     proof = provenance.proof
     row["proof_seconds"] = proof.seconds if proof is not None else None
@@ -98,6 +128,24 @@ def load(model_type: str, folder: str) -> dict[str, Any]:
     if failed:
         return {**row, "status": "check failed", "detail": ", ".join(failed)[:300]}
     return {**row, "status": "proved", "detail": row["twin"]}
+
+
+def _print_parts(loaded: list[dict[str, Any]], cpu_times: list[float]) -> None:
+    """The CPU time of each part of the proof (the twin, the mounting, each check): its total over every
+    config, its median, and its time in the config of median proof CPU time."""
+    totals: dict[str, list[float]] = {}
+    for row in loaded:
+        for name, seconds in (row.get("parts_cpu_seconds") or {}).items():
+            totals.setdefault(name, []).append(seconds)
+    timed = [r for r in loaded if r.get("proof_cpu_seconds") is not None]
+    middle = sorted(timed, key=lambda r: r["proof_cpu_seconds"])[len(timed) // 2] if timed else None
+    print(f"CPU time by part (sum over {len(loaded)} configs, median per config"
+          + (f", in the median config {middle['model_type']} ({middle['proof_cpu_seconds']:.2f} s)" if middle else "")
+          + "):")
+    for name, seconds in sorted(totals.items(), key=lambda item: -sum(item[1])):
+        there = (middle.get("parts_cpu_seconds") or {}).get(name) if middle else None
+        print(f"  {name:22} {sum(seconds):8.2f} s {statistics.median(seconds):7.3f} s"
+              + (f" {there:7.3f} s" if there is not None else ""))
 
 
 def main() -> None:
@@ -143,6 +191,7 @@ def main() -> None:
         busiest = max(loaded, key=lambda r: r.get("proof_cpu_seconds") or 0)
         print(f"first proof, CPU time: median {statistics.median(cpu_times):.2f} s, "
               f"max {max(cpu_times):.2f} s ({busiest['model_type']})")
+        _print_parts(loaded, cpu_times)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"transformers": transformers.__version__, "torch": torch.__version__, "rows": rows},

@@ -63,14 +63,18 @@ def gradient_references(model: Any, names: dict[int, Sequence[str]], inputs: dic
         twin = implementation_copy(model, "eager")
         if twin is not None:
             _module_gradients(twin, {}, recomputed, inputs, metric, keep)
-    for layer, listed in names.items():
-        if "attention_scores" in listed:
-            _scores_gradient(model, layer, inputs, metric, keep)
+    inside = [(layer, name) for layer, listed in names.items() for name in listed
+              if name == "attention_scores" or ((layer, name) in sites and sites[layer, name].op is not None
+                                                and sites[layer, name].weighted is None)]
+    if not _inside_gradients(model, inside, sites, inputs, metric, keep):  # (each alone where they cannot share)
+        for layer, name in inside:
+            if name == "attention_scores":
+                _scores_gradient(model, layer, inputs, metric, keep)
+            else:
+                _operation_gradient(model, (layer, name), sites[layer, name], inputs, metric, keep)
     for key, site in sites.items():
         if site.weighted is not None:
             _weighted_gradient(model, key, site, inputs, metric, keep)
-        elif site.op is not None:
-            _operation_gradient(model, key, site, inputs, metric, keep)
     finished = {}
     for (layer, name), grad in grads.items():
         if name == "attention_scores" and grad.dim() == 3:  # heads folded into the batch (XGLM): split out
@@ -82,6 +86,43 @@ def gradient_references(model: Any, names: dict[int, Sequence[str]], inputs: dic
 
 #: Values served by a property of their own, not at a site: their references are taken apart.
 _OWN_SITES = ("attention_probabilities", "attention_scores")
+
+
+def _inside_gradients(model: Any, keys: list[tuple[int, str]], sites: dict, inputs: dict, metric: Callable,
+                      keep: _Kept) -> bool:
+    """The gradients at the operation sites and scores of ``keys`` (in the forward's order) in one forward of a plain
+    copy and one backward (as `_operation_gradient` and `_scores_gradient` take each); ``False`` where that raised
+    (nothing kept: they are taken one by one)."""
+    if len(keys) < 2:
+        return False
+    plain = plain_copy(model)
+    read: dict = {}  # each operation's output or inputs, read once (the kernel call's inputs hold q, k and v)
+    try:
+        with torch.enable_grad():
+            with plain.trace(**inputs):
+                for layer, name in keys:
+                    if name == "attention_scores":
+                        attention = model.layers[layer].self_attn
+                        spec = model.family.for_layer(model._text_config, layer)[0]
+                        path = ".".join((model.family.layers, str(layer), spec.attention))
+                        operation, listed = scores_operation(plain.get(path).source, attention._nncanon.probabilities,
+                                                             has_sinks(attention._module))
+                        keep((layer, name), operation.input[0] if listed else operation.input)
+                        continue
+                    site = sites[layer, name]
+                    path = ".".join(part for part in (model.family.layers, str(layer), site.module) if part)
+                    source = plain.get(path).source
+                    op = operation_name(source.names, site.op)
+                    if (path, op, site.key) not in read:
+                        operation = getattr(source, op)
+                        read[path, op, site.key] = operation.output if site.key == "output" else operation.inputs
+                    keep((layer, name), _pick(read[path, op, site.key], site))
+                output = plain.output.save()
+            keep.backward(output, metric)
+    except Exception:
+        keep.edges = []
+        return False
+    return True
 
 
 def _scores_gradient(model: Any, layer: int, inputs: dict, metric: Callable, keep: _Kept) -> None:

@@ -72,16 +72,39 @@ def _projection(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | N
 def check_probabilities(model: Any) -> list[CheckResult]:
     """Zeroing the last head's probabilities equals zeroing its output, on every layer serving both."""
 
-    results = []
     report = model.support()
+    layers = [index for index in report.layers_with("attention_probabilities")
+              if report.available("attention_head_outputs", layer=index)]
+    names = ("attention_probabilities", "attention_head_outputs")
+    # every layer's two zeroings in invokes of their own of one trace, with a clean one; where any fails (or the
+    # batch raises), each layer alone, as its verdict
+    together = guarded("probabilities", None, names, lambda: _all_probabilities(model, layers)) if layers else []
+    held = {result.layer: result for result in together if result.passed and result.layer is not None}
+    results = []
     clean: list = []  # the logits with no write: one run for every layer
-    for index in report.layers_with("attention_probabilities"):
-        if not report.available("attention_head_outputs", layer=index):
-            continue
-        names = ("attention_probabilities", "attention_head_outputs")
-        results += guarded("probabilities", index, names, lambda index=index: [
+    for index in layers:
+        results += [held[index]] if index in held else guarded("probabilities", index, names, lambda index=index: [
             _probabilities(model, index, head_count(model, index) - 1, clean)])
     return results
+
+
+def _all_probabilities(model: Any, layers: list[int]) -> list[CheckResult]:
+    """`_probabilities` of every layer of ``layers`` in one trace: invoke 0 writes nothing, then each layer's last
+    head is zeroed by its output in one invoke and by its probabilities in the next."""
+    heads = {index: head_count(model, index) - 1 for index in layers}
+    logits: dict = {}  # bound outside the trace, filled inside (by invoke: their bodies run in the forward's order)
+    with torch.no_grad(), model.trace() as tracer:
+        with tracer.invoke(PROMPTS[0]):
+            logits["clean"] = model.logits.save()
+        for index in layers:
+            with tracer.invoke(PROMPTS[0]):
+                model.layers[index].self_attn.attention_head_outputs[..., heads[index], :] = 0
+                logits[index, "head"] = model.logits.save()
+            with tracer.invoke(PROMPTS[0]):
+                model.layers[index].self_attn.attention_probabilities[:, heads[index]] = 0
+                logits[index, "probabilities"] = model.logits.save()
+    return [_zeroed_both_ways(index, heads[index], logits[index, "head"], logits[index, "probabilities"],
+                              logits["clean"], " (in invokes of their own)") for index in layers]
 
 
 def _probabilities(model: Any, index: int, head: int, clean_run: list) -> CheckResult:
@@ -94,9 +117,15 @@ def _probabilities(model: Any, index: int, head: int, clean_run: list) -> CheckR
     if not clean_run:
         with torch.no_grad(), model.trace(PROMPTS[0]):
             clean_run.append(model.logits.save())
-    clean = clean_run[0]
+    return _zeroed_both_ways(index, head, by_head, by_probabilities, clean_run[0])
+
+
+def _zeroed_both_ways(index: int, head: int, by_head: torch.Tensor, by_probabilities: torch.Tensor,
+                      clean: torch.Tensor, how: str = "") -> CheckResult:
+    """The logits with ``head`` zeroed by its probabilities against those with it zeroed by its output, which must
+    differ from the ``clean`` logits."""
     result = compare("probabilities", index, ("attention_probabilities", "attention_head_outputs"),
-                      by_probabilities, by_head, TOLERANCE, f"logits with head {head} zeroed both ways")
+                      by_probabilities, by_head, TOLERANCE, f"logits with head {head} zeroed both ways{how}")
     if torch.equal(by_head, clean):
         return CheckResult(result.check, index, result.values, False, result.error, TOLERANCE,
                            f"zeroing head {head} did not reach the logits")

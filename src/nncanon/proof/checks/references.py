@@ -111,18 +111,18 @@ def site_references(model: Any, keys: Sequence[tuple[int, str]], inputs: dict
     key whose reading raised maps to the exception."""
     found: dict[tuple[int, str], torch.Tensor | Exception] = {}
     hooked: dict[tuple[int, str], tuple] = {}
+    inside: dict[tuple[int, str], Any] = {}
     for key in keys:
         binding = host(model, *key)._nncanon.bindings[key[1]]
         site = binding.site
-        try:
-            if site.weighted is not None:
-                found[key] = finish(_weighted_reference(model, key[0], site, inputs), binding, inputs)
-            elif site.op is not None:
-                found[key] = finish(_operation_reference(model, key[0], site, inputs), binding, inputs)
-            else:
+        if site.weighted is not None or site.op is not None:
+            inside[key] = binding
+        else:
+            try:
                 hooked[key] = (binding, site, site_module(model, *key))
-        except Exception as error:
-            found[key] = error
+            except Exception as error:
+                found[key] = error
+    found.update(_inside_references(model, inside, inputs))
     if not hooked:
         return found
     raw: dict[tuple[int, str], Any] = {}
@@ -156,29 +156,49 @@ def site_references(model: Any, keys: Sequence[tuple[int, str]], inputs: dict
     return found
 
 
-def _operation_reference(model: Any, layer: int, site: Any, inputs: dict) -> torch.Tensor:
-    """An operation site's tensor (``site.op`` inside a forward, where no module hook reaches), read by
-    nnsight's own source hooks on a plain ``NNsight`` over a copy of the model."""
-    plain = plain_copy(model)
-    path = ".".join(part for part in (model.family.layers, str(layer), site.module) if part)
-    with torch.no_grad(), plain.trace(**inputs):
-        source = plain.get(path).source
-        operation = getattr(source, operation_name(source.names, site.op))
-        raw = (operation.output if site.key == "output" else operation.inputs).save()
-    return _pick(raw, site).clone()
+def _inside_references(model: Any, bindings: dict[tuple[int, str], Any], inputs: dict
+                       ) -> dict[tuple[int, str], torch.Tensor | Exception]:
+    """The operation and ``weighted`` sites of ``bindings`` (keys in the forward's order), finished as served: all in
+    one run of a plain copy; where that raises, one run each (a key whose run raised maps to the exception)."""
+    if len(bindings) > 1:
+        try:
+            raw = _inside_run(model, list(bindings), inputs)
+            return {key: finish(raw[key], binding, inputs) for key, binding in bindings.items()}
+        except Exception:
+            pass
+    found: dict[tuple[int, str], torch.Tensor | Exception] = {}
+    for key, binding in bindings.items():
+        try:
+            found[key] = finish(_inside_run(model, [key], inputs)[key], binding, inputs)
+        except Exception as error:
+            found[key] = error
+    return found
 
 
-def _weighted_reference(model: Any, layer: int, site: Any, inputs: dict) -> torch.Tensor:
-    """A ``weighted`` site's product (what a sublayer writes into the streams): its two operations' outputs,
-    read by nnsight's own source hooks on a plain ``NNsight`` over a copy of the model, multiplied."""
+def _inside_run(model: Any, keys: list[tuple[int, str]], inputs: dict) -> dict[tuple[int, str], torch.Tensor]:
+    """The raw tensor at each operation or ``weighted`` site of ``keys`` (in the forward's order), read by nnsight's
+    own source hooks on a plain ``NNsight`` over a copy of the model, in one run."""
     plain = plain_copy(model)
-    path = ".".join(part for part in (model.family.layers, str(layer), site.module) if part)
-    weight_op, output_op = site.weighted
+    sites = {key: host(model, *key)._nncanon.bindings[key[1]].site for key in keys}
+    saved: dict = {}  # bound outside the trace, filled inside; by (module path, operation, output or inputs)
+    reads: dict = {}  # each key's reads
     with torch.no_grad(), plain.trace(**inputs):
-        source = plain.get(path).source
-        weight = getattr(source, weight_op).output.save()
-        output = getattr(source, output_op).output.save()
-    return weight * output
+        for key, site in sites.items():
+            path = ".".join(part for part in (model.family.layers, str(key[0]), site.module) if part)
+            source = plain.get(path).source
+            reads[key] = [(path, op, "output") for op in site.weighted] if site.weighted is not None else [
+                (path, operation_name(source.names, site.op), site.key)]
+            for read in reads[key]:  # (an operation read once: the kernel call's inputs hold q, k and v)
+                if read not in saved:
+                    operation = getattr(source, read[1])
+                    saved[read] = (operation.output if read[2] == "output" else operation.inputs).save()
+    found = {}
+    for key, site in sites.items():
+        if site.weighted is not None:
+            found[key] = saved[reads[key][0]] * saved[reads[key][1]]
+        else:
+            found[key] = _pick(saved[reads[key][0]], site).clone()
+    return found
 
 
 #: The copies of models one `verify` run shares (`shared_copies`), by the copied module's id: a plain

@@ -38,20 +38,46 @@ def check_read(model: Any) -> list[CheckResult]:
     """Every served value, the block streams and the logits against plain hooks, bit for bit."""
     inputs = encode(model)
     entering, leaving, reference = block_streams(model, inputs)
-    results = []
-    with torch.no_grad(), model.trace(PROMPTS[0]):
-        logits = model.logits.save()
-    results.append(compare("read", None, ("logits",), logits, reference.logits, 0.0, "against a plain forward"))
-    for index in range(model.num_layers):
-        names = ["layer_input", *served(model, index, _READ_VALUES), "layer_output"]
+    every = {index: ["layer_input", *served(model, index, _READ_VALUES), "layer_output"]
+             for index in range(model.num_layers)}
+    running = {index: names for index, names in every.items() if stream_block(model, index) is None}
+    # every running block's values and the logits in one trace, against one plain forward's hooks (and one plain
+    # copy's source hooks); where any differs, each block alone, so that a failure is exactly its block's
+    together = guarded("read", None, ("logits",), lambda: _read_layers(model, running, inputs, entering, leaving,
+                                                                       reference.logits))
+    if all(result.passed for result in together):
+        results = together
+    else:
+        with torch.no_grad(), model.trace(PROMPTS[0]):
+            logits = model.logits.save()
+        results = [compare("read", None, ("logits",), logits, reference.logits, 0.0, "against a plain forward")]
+        for index, names in running.items():
+            results += guarded("read", index, names, lambda index=index, names=names: _read_layer(
+                model, index, names, inputs, entering[index], leaving[index]))
+    for index, names in every.items():
         block = stream_block(model, index)
         if block is not None:  # idle: the stream where it enters the next block that runs (or leaves the last)
             stream = entering[block] if block > index else leaving[block]
             results += guarded("read", index, names, lambda index=index, stream=stream, block=block: _read_idle(
                 model, index, stream, block, entering[index] is not None or leaving[index] is not None))
-            continue
-        results += guarded("read", index, names, lambda index=index, names=names: _read_layer(
-            model, index, names, inputs, entering[index], leaving[index]))
+    return results
+
+
+def _read_layers(model: Any, running: dict[int, list[str]], inputs: dict, entering: list, leaving: list,
+                 logits: torch.Tensor) -> list[CheckResult]:
+    """`_read_layer` of every block of ``running`` (its values by block) and the logits, in one trace."""
+    saved: dict = {}  # bound outside the trace, filled inside
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        for index, names in running.items():
+            for name in names:
+                saved[index, name] = getattr(host(model, index, name), name).save()
+        saved["logits"] = model.logits.save()
+    results = [compare("read", None, ("logits",), saved["logits"], logits, 0.0, "against a plain forward")]
+    references = site_references(model, [(index, name) for index, names in running.items() for name in names[1:-1]],
+                                 inputs)
+    for index, names in running.items():
+        results += _compared(index, names, {name: saved[index, name] for name in names}, references,
+                             entering[index], leaving[index])
     return results
 
 
@@ -77,11 +103,17 @@ def _read_layer(model: Any, index: int, names: list[str], inputs: dict, entering
     with torch.no_grad(), model.trace(PROMPTS[0]):
         for name in names:
             saved[name] = getattr(host(model, index, name), name).save()
+    references = site_references(model, [(index, name) for name in names[1:-1]], inputs)
+    return _compared(index, names, saved, references, entering, leaving)
+
+
+def _compared(index: int, names: list[str], saved: dict, references: dict, entering: torch.Tensor,
+              leaving: torch.Tensor) -> list[CheckResult]:
+    """Block ``index``'s values ``saved`` (by name) against the block hooks and the site ``references``."""
     results = [
         compare("read", index, ("layer_input",), saved["layer_input"], entering, 0.0, "against a block hook"),
         compare("read", index, ("layer_output",), saved["layer_output"], leaving, 0.0, "against a block hook"),
     ]
-    references = site_references(model, [(index, name) for name in names[1:-1]], inputs)
     for name in names[1:-1]:
         results += guarded("read", index, (name,), lambda name=name: [compare(
             "read", index, (name,), saved[name], raised_or(references[index, name]), 0.0,
@@ -134,14 +166,46 @@ def _identity(model: Any, index: int, names: list[str]) -> CheckResult:
 def check_ablation(model: Any) -> list[CheckResult]:
     """Each contribution zeroed, the block's later ones held at their clean values: ``layer_output``
     moves by exactly the contribution."""
+    every = {index: names for index in range(model.num_layers) if (names := served(model, index))}
+    # every contribution zeroed in an invoke of its own of one trace, against one clean run of every block; where any
+    # fails (or the batch raises), each alone, as its verdict
+    together = guarded("ablation", None, (), lambda: _all_ablations(model, every)) if every else []
+    held = {(result.layer, result.values[0]): result for result in together if result.passed and result.values}
     results = []
-    for index in range(model.num_layers):
-        names = served(model, index)
+    for index, names in every.items():
         clean: dict = {}  # the block's contributions and output with no write: one run for all of them
         for position, name in enumerate(names):
             later = names[position + 1:]
-            results += guarded("ablation", index, (name,), lambda index=index, name=name, later=later, names=names,
-                                clean=clean: [_ablation(model, index, name, later, names, clean)])
+            results += [held[index, name]] if (index, name) in held else guarded(
+                "ablation", index, (name,), lambda index=index, name=name, later=later, names=names, clean=clean: [
+                    _ablation(model, index, name, later, names, clean)])
+    return results
+
+
+def _all_ablations(model: Any, every: dict[int, list[str]]) -> list[CheckResult]:
+    """`_ablation` of every contribution of every block of ``every`` (its contributions by block), in one trace."""
+    clean: dict = {}  # bound outside the trace, filled inside
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        for index, names in every.items():
+            for name in names:
+                clean[index, name] = getattr(host(model, index, name), name).save()
+            clean[index, "layer_output"] = model.layers[index].layer_output.save()
+    ablations = [(index, position, name) for index, names in every.items() for position, name in enumerate(names)]
+    ablated: dict = {}  # (by invoke: their bodies run in the forward's order)
+    with torch.no_grad(), model.trace() as tracer:
+        for index, position, name in ablations:
+            with tracer.invoke(PROMPTS[0]):
+                setattr(host(model, index, name), name, torch.zeros_like(clean[index, name]))
+                for other in every[index][position + 1:]:
+                    setattr(host(model, index, other), other, clean[index, other])
+                ablated[index, name] = model.layers[index].layer_output.save()
+    results = []
+    for index, position, name in ablations:
+        later, output, moved = every[index][position + 1:], clean[index, "layer_output"], ablated[index, name]
+        results.append(compare("ablation", index, (name,), output - moved, clean[index, name], TOLERANCE,
+                               "the stream's change when it is zeroed" + (f", {', '.join(later)} held" if later else "")
+                               + " (each zeroed in an invoke of its own)",
+                               magnitude=torch.maximum(output.abs(), moved.abs())))
     return results
 
 
