@@ -188,7 +188,8 @@ def gradient_rows(s: Setup, grads: list[torch.Tensor], n: int) -> torch.Tensor:
     layers, positions, _ = s.active.unbind(1)
     feature_cols = torch.zeros(n, len(s.active), device=g_embed.device)
     start = 0
-    for layer, count in zip(*(x.tolist() for x in torch.unique_consecutive(layers, return_counts=True))):
+    found, counts = torch.unique_consecutive(layers, return_counts=True)
+    for layer, count in zip(found.tolist(), counts.tolist(), strict=True):
         at = slice(start, start + count)  # (the active features are sorted by layer)
         start += count
         for r in range(min(s.sources.shape[1], len(g_out) - layer)):  # into layer + r
