@@ -278,7 +278,7 @@ def build(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, 
     n_features = n_active if max_feature_nodes is None else min(max_feature_nodes, n_active)
     batch = max(1, min(batch_size, max(n_logits, n_features)))
     batch, _ = plan_batch(model, n_pos, n_features + n_logits, total, batch, offload=offload, limit=memory_limit,
-                          verbose=verbose)
+                          verbose=verbose, n_nodes=n_features + (n_layers + 1) * n_pos + n_logits)
     store = _Store(offload)
     if remote:
         rows: _Rows | _RemoteRows = _RemoteRows(s, batch, remote)
