@@ -123,3 +123,16 @@ def test_sdpa_is_declined():
     assert reason is not None and 'attn_implementation="eager"' in reason
     with pytest.raises(ValueNotAvailable, match="eager"):
         graphs.attribute(model, PROMPT, graphs.random_transcoders(model))
+
+
+def test_feature_columns_blockwise_are_the_whole_products_bit_for_bit(model, transcoders, graph, monkeypatch):
+    from nncanon.graphs import attribution
+
+    g, positions, vectors = torch.randn(3, 7, 16), torch.tensor([0, 0, 2, 5, 6, 6, 1]), torch.randn(7, 16)
+    whole = (g[:, positions] * vectors[None]).sum(-1)
+    for block in (1, 48, 1 << 18):  # a column a block, several, all at once
+        monkeypatch.setattr(attribution, "DOTS_BLOCK", block)
+        assert torch.equal(attribution._dots(g, positions, vectors), whole), block
+    monkeypatch.setattr(attribution, "DOTS_BLOCK", 1)
+    again = graphs.attribute(model, PROMPT, transcoders, max_n_logits=3)
+    assert torch.equal(again.adjacency_matrix, graph.adjacency_matrix)

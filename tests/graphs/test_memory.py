@@ -21,7 +21,8 @@ def test_estimate_printed_and_batch_shrunk_to_fit(model, transcoders, reference,
     n_pos = reference.n_pos
     per_row = per_row_bytes(model, n_pos)
     n_cols = reference.n_nodes - reference.n_features + len(reference.active_features)
-    rows = 4 * ((reference.n_features + reference.n_logits) * n_cols + n_cols * n_cols)
+    rows = 4 * ((reference.n_features + reference.n_logits) * n_cols + reference.n_nodes ** 2)  # (the rows, the
+    # adjacency of the selected nodes)
     limit = rows + 3 * per_row + per_row // 2  # room for the rows and 3 batch rows (the host is the device)
     graph = graphs.attribute(model, PROMPT, transcoders, max_n_logits=3, max_feature_nodes=20, batch_size=16,
                              verbose=True, memory_limit=limit)

@@ -187,13 +187,33 @@ def gradient_rows(s: Setup, grads: list[torch.Tensor], n: int) -> torch.Tensor:
     g_embed, g_out = grads[0][:n].float(), [g[:n].float() for g in grads[1:]]
     layers, positions, _ = s.active.unbind(1)
     feature_cols = torch.zeros(n, len(s.active), device=g_embed.device)
-    for layer in layers.unique().tolist():
-        mask = layers == layer
+    start = 0
+    found, counts = torch.unique_consecutive(layers, return_counts=True)
+    for layer, count in zip(found.tolist(), counts.tolist(), strict=True):
+        at = slice(start, start + count)  # (the active features are sorted by layer)
+        start += count
         for r in range(min(s.sources.shape[1], len(g_out) - layer)):  # into layer + r
-            feature_cols[:, mask] += (g_out[layer + r][:, positions[mask]] * s.sources[mask, r].float()[None]).sum(-1)
+            feature_cols[:, at] += _dots(g_out[layer + r], positions[at], s.sources[at, r].float())
     error_cols = torch.stack([(g * e.float()[None]).sum(-1) for g, e in zip(g_out, s.errors, strict=True)], dim=1)
     token_cols = (g_embed * s.clean.embeddings.float()[None]).sum(-1)
     return torch.cat([feature_cols, error_cols.flatten(1), token_cols], dim=1)
+
+
+#: Elements of one block of `_dots`' products (a block stays in the processor's cache).
+DOTS_BLOCK = 1 << 18
+
+
+def _dots(g: torch.Tensor, positions: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
+    """``(g[:, positions] * vectors[None]).sum(-1)``: ``[B, k]`` from ``g`` ``[B, n_pos, d]``, ``positions`` ``[k]``
+    and ``vectors`` ``[k, d]``, the same products and sums (each column's bit for bit) a block of columns at a time,
+    without the ``[B, k, d]`` product in memory."""
+    batch, _, d = g.shape
+    out = torch.empty(batch, len(positions), dtype=g.dtype, device=g.device)
+    step = max(1, DOTS_BLOCK // (batch * d))
+    for start in range(0, len(positions), step):
+        block = g.index_select(1, positions[start:start + step])
+        out[:, start:start + step] = block.mul_(vectors[start:start + step]).sum(-1)
+    return out
 
 
 class _Rows:
@@ -258,7 +278,7 @@ def build(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, 
     n_features = n_active if max_feature_nodes is None else min(max_feature_nodes, n_active)
     batch = max(1, min(batch_size, max(n_logits, n_features)))
     batch, _ = plan_batch(model, n_pos, n_features + n_logits, total, batch, offload=offload, limit=memory_limit,
-                          verbose=verbose)
+                          verbose=verbose, n_nodes=n_features + (n_layers + 1) * n_pos + n_logits)
     store = _Store(offload)
     if remote:
         rows: _Rows | _RemoteRows = _RemoteRows(s, batch, remote)

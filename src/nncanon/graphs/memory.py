@@ -7,7 +7,8 @@ What a graph holds (bytes):
   one term above linear in the positions), the stream-sized tensors (``~16 · n · d``) and the MLP's
   (``4 · n · d_ff``, times the experts each token uses), and the head's logits (``2 · n · vocab``);
 - the rows: ``(features + logits) × (active + (layers + 1) · n + logits)`` float32 (on the host, or in a file with
-  ``offload="disk"``), and the adjacency matrix assembled from them (``n_nodes²``, likewise).
+  ``offload="disk"``), and the adjacency matrix assembled from them (``n_nodes²``, ``n_nodes`` = selected features
+  + (layers + 1) · n + logits; likewise).
 
 `plan_batch` shrinks the batch until the forward fits the memory available on the model's device (CUDA: free memory;
 CPU: ``MemAvailable``), so memory grows with the rows (linearly in the positions for a fixed number of feature
@@ -100,18 +101,19 @@ def _largest(config: Any, names: tuple[str, ...]) -> int | None:
 
 
 def plan_batch(model: Any, n_pos: int, n_rows: int, n_cols: int, batch: int, *, offload: str | None,
-               limit: int | None, verbose: bool) -> tuple[int, MemoryEstimate]:
+               limit: int | None, verbose: bool, n_nodes: int | None = None) -> tuple[int, MemoryEstimate]:
     """The batch to run (at most ``batch``) and the estimate; `GraphTooLarge` where one row does not fit.
 
-    ``n_rows``, ``n_cols``: the rows to compute and their length; ``limit``: the bytes available on the model's
-    device and the host (default: measured).
+    ``n_rows``, ``n_cols``: the rows to compute and their length; ``n_nodes``: the assembled adjacency matrix's
+    side (the graph's nodes: the selected features, not every active one; default ``n_cols``); ``limit``: the bytes
+    available on the model's device and the host (default: measured).
     """
     device = next(model._module.parameters()).device
     on_device = available(device) if limit is None else limit
     host = available(torch.device("cpu")) if limit is None else limit
     per_row = per_row_bytes(model, n_pos)
-    size = n_rows + 0  # the assembled adjacency is at most n_cols wide and tall
-    rows = 4 * (size * n_cols + n_cols * n_cols)
+    side = n_cols if n_nodes is None else n_nodes
+    rows = 4 * (n_rows * n_cols + side * side)
     estimate = MemoryEstimate(per_row, batch, rows, on_device, host, offload == "disk")
     shared = device.type == "cpu" and not estimate.on_disk  # the rows share the host's memory with the forward
     budget = on_device - (rows if shared else 0)

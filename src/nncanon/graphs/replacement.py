@@ -64,6 +64,8 @@ class Plan:
         tokens: Where the token nodes' leaf is written: ``"token_embeddings"`` or ``"layer_input"`` (block 0's).
         scale: The linear logit steps after the head, as ``(op, factor)`` (soft-caps left out: circuit-tracer's
             logit targets are before the final soft-cap).
+        points: Per block, the resolved `nncanon.sae.Point` of ``layers.{layer}.mlp_input`` where its transcoder
+            reads ``mlp_input`` (resolved once, not in every trace), else ``None``.
     """
 
     steps: list[list[str]]
@@ -73,6 +75,7 @@ class Plan:
     head: str
     tokens: str = "token_embeddings"
     scale: list[tuple[str, Any]] = field(default_factory=list)
+    points: list[Any] = field(default_factory=list)
 
 
 def support(model: Any) -> str | None:
@@ -86,10 +89,10 @@ def support(model: Any) -> str | None:
 def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
     """The `Plan` of ``model`` for transcoders reading ``reads`` (per block; default ``mlp_input``);
     `ValueNotAvailable` with `support`'s reason where it cannot be linearised."""
-    reason = support(model)
+    report = model.support()
+    reason = graph_reason(report, getattr(model.config, "_attn_implementation", "eager"))  # (`support`, one report)
     if reason is not None:
         raise ValueNotAvailable(f"no attribution graph on this {model.config.model_type} model: {reason}")
-    report = model.support()
     reads = list(reads) if reads is not None else ["mlp_input"] * len(model.layers)
     steps, parts = [], []
     for layer, kind in enumerate(reads):
@@ -113,8 +116,10 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
              if step.op in ("divide", "multiply", "truncate") and step.factor(model.config) is not None]
     tokens = ("token_embeddings" if report.available("token_embeddings") and family.embeddings.norm is None
               else "layer_input")
+    points = [resolve(model, f"layers.{layer}.mlp_input") if kind == "mlp_input" else None
+              for layer, kind in enumerate(reads)]
     return Plan(steps=steps, reads=reads, parts=parts, final_norm=report.available("final_norm_scale"),
-                head=family.lm_head, tokens=tokens, scale=scale)
+                head=family.lm_head, tokens=tokens, scale=scale, points=points)
 
 
 @dataclass
@@ -183,7 +188,7 @@ def _clean_input(model: Any, layer: int, plan: Plan, parts: dict[str, torch.Tens
     """The transcoder input of ``layer`` on the clean run: the surface's value."""
     kind = plan.reads[layer]
     if kind == "mlp_input":
-        return value_at(model, f"layers.{layer}.mlp_input")
+        return value_at(model, plan.points[layer])
     if kind == "mlp_normalized":
         return read(model, layer, "mlp_normalized")
     return _stream(plan, layer, parts)
@@ -247,7 +252,7 @@ def _frozen_input(model: Any, layer: int, plan: Plan, clean: Clean, parts: dict[
     centred and divided by the clean run's scale, so the gradient flows through the frozen scale)."""
     kind = plan.reads[layer]
     if kind == "mlp_input":
-        return value_at(model, f"layers.{layer}.mlp_input")
+        return value_at(model, plan.points[layer])
     stream = _stream(plan, layer, parts)
     if kind != "mlp_normalized":
         return stream
