@@ -19,7 +19,7 @@ from ...components.kernel import has_sinks, scores_operation
 from ..prompts import PROMPTS
 from .base import TOLERANCE, CheckResult, compare, guarded
 from .kernel import _interface, _kernel
-from .references import encode, hf_block, plain_copy
+from .references import encode, hf_block, hooks_removed, plain_copy
 
 
 def check_scores(model: Any) -> list[CheckResult]:
@@ -144,12 +144,8 @@ def _normed(model: Any, index: int, names: list[str]) -> list[CheckResult]:
         module = block.get_submodule(bindings[name].site.module)
         handles.append(module.register_forward_hook(
             lambda mod, args, output, name=name: outputs.setdefault(name, (mod, output.clone())) and None))
-    try:
-        with torch.no_grad():
-            model._module(**encode(model))
-    finally:
-        for handle in handles:
-            handle.remove()
+    with hooks_removed(handles), torch.no_grad():
+        model._module(**encode(model))
     batch, seq = encode(model)["input_ids"].shape
     results = []
     for name in names:

@@ -18,8 +18,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -39,7 +37,7 @@ from .base import (
     scaled,
 )
 from .gradient_references import gradient_inputs, gradient_target, gradients_at
-from .references import encode, hf_block, served
+from .references import encode, hf_block, hooks_removed, served
 
 #: The bar of the norm gradients, relative to each value's largest gradient (a scale's gradient is a sum over the
 #: hidden width, rounded relative to its terms).
@@ -103,16 +101,6 @@ def _reference(module: torch.nn.Module, anatomy: Any, x: torch.Tensor, scale: to
     return out.to(x.dtype)
 
 
-@contextmanager
-def _removed(handles: list) -> Iterator[None]:
-    """Removes the hook ``handles`` when the block ends (raised or not)."""
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
 def _first_calls(modules: dict[str, torch.nn.Module]) -> tuple[dict, list]:
     """Forward hooks keeping each module's first input and output (by key): ``(seen, handles)``."""
     seen: dict = {}
@@ -142,7 +130,7 @@ def check_norms_run(model: Any) -> list[CheckResult]:
     if not modules:
         return []
     seen, handles = _first_calls(modules)
-    with _removed(handles), torch.no_grad():
+    with hooks_removed(handles), torch.no_grad():
         model._module(**encode(model))
     results = []
     for index, groups in every.items():
@@ -302,7 +290,7 @@ def _written_and_frozen(model: Any, chosen: dict, logits: torch.Tensor) -> list[
             ours = model.logits.save()
     handles = [site.envoy._module.register_forward_hook(_doubling(site), with_kwargs=True)
                for groups in chosen.values() for site, names in groups if any(n.endswith("_scale") for n in names)]
-    with _removed(handles), torch.no_grad():
+    with hooks_removed(handles), torch.no_grad():
         reference = model._module(**encode(model)).logits
     kept = compare("norms", None, (), frozen, logits, TOLERANCE)
     written = compare("norms", None, (), ours, reference, TOLERANCE)

@@ -31,6 +31,16 @@ def served(model: Any, layer: int, names: Sequence[str] = CONTRIBUTIONS) -> list
     return in_execution_order(model, layer, present)
 
 
+@contextmanager
+def hooks_removed(handles: list) -> Iterator[None]:
+    """Removes the plain hook ``handles`` when the block ends (raised or not)."""
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def encode(model: Any, prompt: str = PROMPTS[0]) -> dict:
     """One prompt tokenized as a trace tokenizes it (no padding)."""
     return dict(model.tokenizer(prompt, return_tensors="pt"))
