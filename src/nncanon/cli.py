@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from .files import unwritable
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
@@ -150,7 +152,7 @@ def _ablate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     out = Path(args.out)  # (the usage errors first: before torch, transformers and nnsight are imported)
-    problem = _unwritable(out)
+    problem = unwritable(out)
     if problem is not None:
         return _usage(f"--out {args.out!r}: {problem}; give a folder you can write to")
     if not args.prompt:
@@ -224,18 +226,6 @@ def _view(args: argparse.Namespace) -> int:
     return run_view(args)
 
 
-def _unwritable(folder: Path) -> str | None:
-    """Why files cannot be written into ``folder``, or ``None`` if they can (nothing is created to find out)."""
-    existing = folder.absolute()
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"cannot create the folder: {existing} is a file"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"cannot write into {existing}"
-    return None
-
-
 def _attention(value: str) -> str:
     """``--attn``: an attention implementation transformers knows (or a kernel repo id), else a usage error."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -255,9 +245,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _graph(args: argparse.Namespace) -> int:
     from .graphs.cli import run
-    from .views.graph import write_graph_page
+    from .views.graph import graph_page
 
-    return run(args, _load, write_graph_page)
+    return run(args, _load, graph_page)
 
 
 def _matrix(args: argparse.Namespace) -> int:
@@ -401,6 +391,10 @@ def build_parser() -> argparse.ArgumentParser:
     graph.add_argument("--node-threshold", type=float, default=0.8, help="pruning: cumulative node influence kept")
     graph.add_argument("--edge-threshold", type=float, default=0.98, help="pruning: cumulative edge influence kept")
     graph.add_argument("--batch-size", type=int, default=64, help="targets per backward pass")
+    graph.add_argument("--offload", choices=["cpu", "disk"], default=None,
+                       help="where finished rows live: host memory (cpu) or memory-mapped files (disk) (default: host)")
+    graph.add_argument("--offload-dir", default=None,
+                       help="with --offload disk: the folder of the rows' files (default: TMPDIR, else /tmp)")
     graph.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     graph.set_defaults(run=_graph)
 
