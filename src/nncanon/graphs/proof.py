@@ -130,10 +130,12 @@ def attribute(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 
 
     Raises:
         ValueNotAvailable: the model cannot be linearised (`nncanon.graphs.support`'s reason: its structure, or
-        the linearity proof's numbers, proved for the sites these transcoders read); InvalidDictionary: a transcoder
-        of another width, one that names another point, NaN weights; InvalidInput: an empty prompt, NaN logits or features;
+            the linearity proof's numbers, proved for the sites these transcoders read).
+        InvalidDictionary: a transcoder of another width, one that names another point, NaN weights.
+        InvalidInput: an empty prompt, NaN logits or features.
         GraphTooLarge: the memory estimate exceeds what is available (the message gives both), or the disk of
-        ``offload_dir`` cannot hold the rows; CannotWrite: ``offload_dir`` missing, not a folder or read-only.
+            ``offload_dir`` cannot hold the rows.
+        CannotWrite: ``offload_dir`` missing, not a folder or read-only.
     """
     reads = check_transcoders(model, transcoders).reads if structural(model) is None else None
     reason = support(model, reads)
