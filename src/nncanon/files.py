@@ -185,7 +185,7 @@ def folder_problem(folder: Path) -> str | None:
     a FIFO, a file or a device; or `unwritable`."""
     try:
         mode = os.lstat(folder).st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return unwritable(folder)
     except OSError as problem:
         return f"it cannot be read ({problem.strerror})"

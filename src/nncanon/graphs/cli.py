@@ -54,7 +54,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise InvalidArgument(f"--{name.replace('_', '-')} must be at least 1, not {value}")
-    check_slug(args.slug or default_slug(args.prompt))
+    check_slug(args.slug if args.slug is not None else default_slug(args.prompt))
     problem = files.folder_problem(Path(args.out))
     if problem is not None:
         raise CannotWrite(f"--out {args.out}: {problem}; give a folder to write the graph files into")
@@ -90,7 +90,7 @@ def build(args: argparse.Namespace, model: Any, make_page: PageMaker | None = No
                       batch_size=args.batch_size, offload=getattr(args, "offload", None),
                       offload_dir=getattr(args, "offload_dir", None))
     graph.cfg.update(model_name=args.model, tokenizer=tokenizer_name(args.model))
-    out, slug = Path(args.out), args.slug or default_slug(args.prompt)
+    out, slug = Path(args.out), args.slug if args.slug is not None else default_slug(args.prompt)
     scan = args.transcoders if args.transcoders not in (None, "demo") else f"nncanon-demo-{demo_name(model)}"
     kept = prune(graph, args.node_threshold, args.edge_threshold)
     replacement, completeness = graph_scores(graph)

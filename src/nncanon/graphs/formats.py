@@ -183,6 +183,8 @@ def write_graph_json(graph: Graph, out_dir: str | os.PathLike, slug: str, tokeni
     """
     check_slug(slug)
     out = Path(out_dir)
+    if out.is_dir() and not out.is_symlink():
+        read_listing(out)  # (a listing that cannot take the graph refused before the folder's lock file is made)
     with writing(out):
         files.write_all(out, graph_files(graph, out, slug, tokenizer, **options), CannotWrite, "write_graph_json")
     return out / f"{slug}.json"
