@@ -49,6 +49,7 @@ def support(model: Any, reads: Sequence[str] | None = None) -> str | None:
     proved = _PROVED.setdefault(model._module, {})
     if key not in proved:
         proved[key] = prove(model, key)
+        _PROVED[model._module] = proved  # (a model loaded on meta has another module once the proof dispatched it)
     if key == default:
         model.__dict__[GRAPH_PROOF] = proved[key]  # (support()'s line on graphs: the default reads' proof)
     return proved[key]
@@ -67,19 +68,40 @@ _DEFAULT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def prove(model: Any, reads: Sequence[str] | None = None) -> str | None:
     """The linearity proof on ``model`` (a graph over random transcoders of `PROMPT`, reading ``reads`` per block:
-    default the MLP's input): ``None`` where it holds, the reason with the numbers where not."""
-    transcoders = random_transcoders(model, n_features=8, reads=reads)
+    default the MLP's input): ``None`` where it holds, the reason with the numbers where not.
+
+    Each block's read must be a target of the proof's graph (a selected feature there), or the proof would not see
+    it: where the first graph (8 features per block, the 8 of most influence selected) leaves a block without one,
+    it is built again over 2 features per block firing wherever ``x · W_enc > 0`` (no encoder bias), every active
+    feature selected."""
     sites = "" if reads is None else f" with transcoders reading {_sites(reads)}"
+    n_layers = len(model.layers)
     try:
+        transcoders = random_transcoders(model, n_features=8, reads=reads)
         graph = build(model, PROMPT, transcoders, max_n_logits=2, max_feature_nodes=8, zero_bos=False)
+        if _uncovered(graph, n_layers):
+            transcoders = random_transcoders(model, n_features=2, seed=1, reads=reads)
+            for transcoder in transcoders:
+                transcoder.b_enc.zero_()
+            graph = build(model, PROMPT, transcoders, max_n_logits=2, zero_bos=False)
     except Exception as error:  # any failure of the frozen model declines it, with what it was
         return f"the frozen replacement model{sites} could not be run on it ({type(error).__name__}: {error})"
+    unseen = _uncovered(graph, n_layers)
+    if unseen:
+        return (f"the linearity proof{sites} found no feature active at blocks {', '.join(map(str, unseen))} on its "
+                "prompt, so it could not check what the frozen model reads there")
     check = verify(model, graph, transcoders, samples=3, rtol=RTOL)
     if check.ok:
         return None
     return (f"the frozen replacement model{sites} is not affine in the graph's sources on this model ({check}): a "
             "nonlinearity on the stream's path is not a frozen value (a norm inside attention, a clamp, a gate on "
             "a sublayer's output)")
+
+
+def _uncovered(graph: Graph, n_layers: int) -> list[int]:
+    """The blocks with no selected feature in ``graph`` (their transcoder's read is no target of it)."""
+    selected = graph.active_features[graph.selected_features][:, 0].tolist() if graph.n_features else []
+    return sorted(set(range(n_layers)) - set(selected))
 
 
 def _sites(reads: Sequence[str]) -> str:
