@@ -57,8 +57,9 @@ def _nodes(graph: Graph, node_mask: torch.Tensor, scores: torch.Tensor, decode: 
                     "activation": float(graph.activation_values[active])}
         elif index < errors_end:
             layer, pos = divmod(index - graph.n_features, graph.n_pos)
-            node = {"node_id": f"0_{layer}_{pos}", "feature": -1, "layer": str(layer), "ctx_idx": pos,
-                    "feature_type": "mlp reconstruction error", "jsNodeId": f"{layer}_{pos}-0"}
+            # (circuit-tracer's ids: feature -1 in them, so no feature's node_id or jsNodeId is an error's)
+            node = {"node_id": f"{layer}_-1_{pos}", "feature": -1, "layer": str(layer), "ctx_idx": pos,
+                    "feature_type": "mlp reconstruction error", "jsNodeId": f"{layer}_-1-{pos}"}
         elif index < tokens_end:
             pos = index - errors_end
             vocab = int(graph.input_tokens[pos])
