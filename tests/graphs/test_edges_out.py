@@ -11,6 +11,7 @@ import errno
 import json
 import multiprocessing
 import os
+import tempfile
 import threading
 from pathlib import Path
 
@@ -113,6 +114,19 @@ def test_a_bad_out_is_cannot_write_before_the_model_loads(case, tmp_path, monkey
         assert _snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize(("options", "says"), [
+    (["--offload", "disk", "--offload-dir", "nowhere"], "CannotWrite: offload='disk': the folder of the rows' files"),
+    (["--offload-dir", "."], "InvalidArgument: offload_dir='.' is for offload='disk'"),
+])
+def test_an_offload_folder_is_refused_before_the_model_loads(options, says, tmp_path, monkeypatch, capsys):
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(cli, "_load", never)
+    assert main(["graph", PROMPT, "--out", str(tmp_path), *options, "-q"]) == EXIT_USAGE
+    assert says in capsys.readouterr().err and os.listdir(tmp_path) == []
+
+
 @pytest.mark.parametrize("slug", ["../escape", ".hidden", "a/b", ""])
 def test_a_slug_that_is_no_file_name_is_refused(slug, tmp_path, capsys):
     assert main(["graph", PROMPT, "--out", str(tmp_path), "--slug", slug, "-q"]) == EXIT_USAGE
@@ -201,7 +215,7 @@ def test_two_writers_of_one_folder_lose_no_graph(how, tmp_path):
 # -- offload="disk": the rows' folder -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", ["missing", "a file", "read-only", "full", "not disk"])
+@pytest.mark.parametrize("case", ["missing", "a file", "read-only", "full", "not disk", "no temporary folder"])
 def test_the_offload_folder_refused_by_name_and_left_empty(case, model, transcoders, tmp_path, monkeypatch):
     folder = tmp_path / "rows"
     folder.mkdir()
@@ -221,8 +235,14 @@ def test_the_offload_folder_refused_by_name_and_left_empty(case, model, transcod
 
         monkeypatch.setattr(os, "posix_fallocate", full)
         error, says = GraphTooLarge, r"needs .* GiB in .*rows, which cannot hold it \(No space left on device\)"
-    else:
+    elif case == "not disk":
         options["offload"], error, says = None, InvalidArgument, "is for offload='disk'"
+    else:
+        def nowhere():
+            raise FileNotFoundError(2, "No usable temporary directory found")
+
+        monkeypatch.setattr(tempfile, "gettempdir", nowhere)
+        options["offload_dir"], says = None, "no temporary folder to hold the rows' files"
     with pytest.raises(error, match=says):
         graphs.attribute(model, PROMPT, transcoders, max_n_logits=2, max_feature_nodes=4, **options)
     assert os.listdir(folder) == []

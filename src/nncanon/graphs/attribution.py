@@ -277,9 +277,6 @@ def build(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, 
           memory_limit: int | None = None, remote: Any = None, offload_dir: str | os.PathLike | None = None
           ) -> Graph:
     """`nncanon.graphs.attribute` without the model's linearity proof (`nncanon.graphs.proof.support`)."""
-    if offload not in OFFLOAD:
-        raise InvalidArgument(f"offload={offload!r}: one of {OFFLOAD} (finished rows on the host; 'disk': in a "
-                              "memory-mapped file)")
     store = _Store(offload, offload_dir)  # (a folder that cannot hold the rows refused before any work)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise InvalidArgument(f"batch_size must be a positive int, not {batch_size!r}")
@@ -371,6 +368,32 @@ def _check_forward(s: Setup, inputs: list[torch.Tensor], head: torch.Tensor) -> 
 OFFLOAD = (None, "cpu", "disk")
 
 
+def check_offload(offload: str | None, folder: str | os.PathLike | None) -> Path | None:
+    """The folder of ``offload="disk"``'s files (``folder``, else ``None``: the temporary folder, ``TMPDIR``
+    honoured), checked before any work: `InvalidArgument` for a folder without ``offload="disk"``, `CannotWrite` for
+    one that is missing, not a folder or read-only (or no usable temporary folder at all)."""
+    if offload not in OFFLOAD:
+        raise InvalidArgument(f"offload={offload!r}: one of {OFFLOAD} (finished rows on the host; 'disk': in a "
+                              "memory-mapped file)")
+    if folder is not None and offload != "disk":
+        raise InvalidArgument(f"offload_dir={os.fspath(folder)!r} is for offload='disk' (offload={offload!r})")
+    if offload != "disk":
+        return None
+    try:
+        where = Path(folder) if folder is not None else Path(tempfile.gettempdir())
+    except OSError as error:  # (no usable temporary folder at all)
+        raise CannotWrite(f"offload='disk': no temporary folder to hold the rows' files ({error}); give offload_dir= "
+                          "(nncanon graph --offload-dir) a writable folder, or set TMPDIR") from None
+    if not where.is_dir():
+        raise CannotWrite(f"offload='disk': the folder of the rows' files {where} does not exist or is not a folder; "
+                          "give offload_dir= (nncanon graph --offload-dir) a folder, or set TMPDIR")
+    problem = files.unwritable(where)
+    if problem is not None:
+        raise CannotWrite(f"offload='disk': {problem} (the folder of the rows' files); give offload_dir= "
+                          "(nncanon graph --offload-dir) a writable folder, or set TMPDIR")
+    return Path(folder) if folder is not None else None
+
+
 class _Store:
     """Where the rows and the adjacency matrix live: host memory, or (``"disk"``) memory-mapped files in ``folder``
     (default: the temporary folder, ``TMPDIR`` honoured), deleted when the tensors are. Each file's blocks are
@@ -379,18 +402,7 @@ class _Store:
 
     def __init__(self, offload: str | None, folder: str | os.PathLike | None = None) -> None:
         self.disk = offload == "disk"
-        if folder is not None and not self.disk:
-            raise InvalidArgument(f"offload_dir={os.fspath(folder)!r} is for offload='disk' (offload={offload!r})")
-        self.folder = Path(folder) if folder is not None else None
-        if self.disk:
-            where = self.folder or Path(tempfile.gettempdir())
-            if not where.is_dir():
-                raise CannotWrite(f"offload='disk': the folder of the rows' files {where} does not exist or is not a "
-                                  "folder; give offload_dir= (nncanon graph --offload-dir) a folder, or set TMPDIR")
-            problem = files.unwritable(where)
-            if problem is not None:
-                raise CannotWrite(f"offload='disk': {problem} (the folder of the rows' files); give offload_dir= "
-                                  "(nncanon graph --offload-dir) a writable folder, or set TMPDIR")
+        self.folder = check_offload(offload, folder)
 
     def zeros(self, rows: int, cols: int) -> torch.Tensor:
         if not self.disk:
@@ -404,7 +416,7 @@ class _Store:
         size = rows * cols * 4
         try:
             try:
-                if size:
+                if size and hasattr(os, "posix_fallocate"):  # (where the system has none: a sparse file, as before)
                     os.posix_fallocate(descriptor, 0, size)
             except OSError as error:
                 raise GraphTooLarge(f"offload='disk': the rows' file needs {size / 2 ** 30:.2f} GiB in "

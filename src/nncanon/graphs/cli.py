@@ -27,6 +27,7 @@ from typing import Any
 from .. import files
 from ..errors import CannotWrite, InvalidArgument, InvalidDictionary, InvalidInput, NncanonError
 from ..sae import Dictionary
+from .attribution import check_offload
 from .demo import DEMO_TRANSCODERS, demo_name, demo_transcoders
 from .formats import check_slug, graph_files, load_transcoders, read_listing, writing
 from .graph import Graph
@@ -43,7 +44,8 @@ OK, USAGE = 0, 2
 def check_arguments(args: argparse.Namespace) -> None:
     """What can be refused before a model loads: an empty prompt, thresholds outside [0, 1], a count below 1, a slug
     that is no file name; an ``--out`` that is a symbolic link, a FIFO, a file or not writable, or holds a listing
-    that is cut or edited. Raises `InvalidInput`, `InvalidArgument` or `CannotWrite`."""
+    that is cut or edited; an ``--offload-dir`` without ``--offload disk``, missing or read-only. Raises
+    `InvalidInput`, `InvalidArgument` or `CannotWrite`."""
     if not args.prompt.strip():
         raise InvalidInput("the prompt is empty: an attribution graph needs at least one token")
     for name in ("node_threshold", "edge_threshold", "desired_logit_prob"):
@@ -55,6 +57,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         if value is not None and value < 1:
             raise InvalidArgument(f"--{name.replace('_', '-')} must be at least 1, not {value}")
     check_slug(args.slug if args.slug is not None else default_slug(args.prompt))
+    check_offload(getattr(args, "offload", None), getattr(args, "offload_dir", None))
     problem = files.folder_problem(Path(args.out))
     if problem is not None:
         raise CannotWrite(f"--out {args.out}: {problem}; give a folder to write the graph files into")

@@ -92,7 +92,7 @@ def _graph_page(path: str | Path, tokenizer: Any, load_tokenizer: TokenizerLoade
     if tokenizer is None and recorded and load_tokenizer is not None:
         try:
             tokenizer = load_tokenizer(str(recorded), True)
-        except (OSError, ValueError, NncanonError) as error:
+        except Exception as error:  # (a best effort: whatever keeps the named tokenizer from loading is said)
             notes.append(f"The graph names the tokenizer {recorded!r}, which cannot be loaded here "
                          f"({' '.join(str(error).split())[:160]}): tokens are shown by id; pass --tokenizer.")
     try:
