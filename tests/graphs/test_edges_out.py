@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from nncanon import CannotWrite, InvalidArgument, cli, files, graphs
-from nncanon.cli import EXIT_OK, EXIT_USAGE, main
+from nncanon.cli import EXIT_USAGE, main
 from nncanon.graphs import formats
 from nncanon.graphs.memory import GraphTooLarge
 
@@ -137,24 +137,6 @@ def test_a_slug_that_is_no_file_name_is_refused(slug, tmp_path, capsys):
 
 
 # -- earlier graphs, failures midway, two writers -----------------------------------------------------------------
-
-
-def test_a_folder_of_earlier_graphs_keeps_them_and_a_slug_is_replaced_whole(tmp_path, capsys):
-    _write(tmp_path, "first", seed=1)
-    _write(tmp_path, "eiffel", seed=2)
-    kept = (tmp_path / "first.json").read_bytes()
-    code = main(["graph", "--model", "gpt2", PROMPT, "--out", str(tmp_path), "--slug", "eiffel",
-                 "--max-feature-nodes", "4", "--max-n-logits", "1", "-q"])
-    assert code == EXIT_OK, capsys.readouterr().err
-    listing = json.loads((tmp_path / formats.LISTING).read_text())
-    assert [g["slug"] for g in listing["graphs"]] == ["first", "eiffel"]  # the same slug's entry replaced, not doubled
-    assert (tmp_path / "first.json").read_bytes() == kept
-    saved = graphs.Graph.from_pt(tmp_path / "eiffel.pt")
-    assert saved.cfg["model_name"] == "gpt2" and saved.cfg["tokenizer"] == "gpt2"
-    record = json.loads((tmp_path / "eiffel.json").read_text())
-    assert record["metadata"]["prompt"] == saved.input_string and listing["graphs"][1] == record["metadata"]
-    assert 'data-view="graph"' in (tmp_path / "graph.html").read_text()  # the latest graph's page
-    assert _no_temporaries(tmp_path)
 
 
 def test_a_write_failing_midway_replaces_nothing(tmp_path, monkeypatch):

@@ -1,7 +1,6 @@
-"""The checks a graph is served under, where they were missing: a remote graph's frozen forward is checked against
-the clean run (its first request returns batch row 0's values), and the linearity proof runs on transcoders reading
-where the graph's transcoders read (one proof per model and read sites), so a read site no proof saw is proved
-before a graph of it is served."""
+"""The linearity proof runs on transcoders reading where the graph's transcoders read (one proof per model and read
+sites), so a read site no proof saw is proved before a graph of it is served (a remote graph's forward check:
+tests/graphs/test_remote.py)."""
 
 from __future__ import annotations
 
@@ -10,38 +9,11 @@ import weakref
 import pytest
 
 from nncanon import ValueNotAvailable, graphs
-from nncanon.graphs import attribution, proof, replacement
+from nncanon.graphs import proof, replacement
 
-from ..test_remote import _hosted, server_without_nncanon  # noqa: F401  (the fixture hiding nncanon)
 from .conftest import PROMPT
 
 OPTIONS = {"max_n_logits": 2, "max_feature_nodes": 6, "batch_size": 8}
-
-
-def _broken_pattern(monkeypatch):
-    """The frozen model's block-1 attention pattern written as the clean one scaled by 1.5: a frozen value that is
-    not the clean run's, so the frozen forward is not the model's."""
-    setup = attribution.setup
-
-    def broken(*args, **kwargs):
-        s = setup(*args, **kwargs)
-        s.clean.frozen[1]["attention_probabilities"] = s.clean.frozen[1]["attention_probabilities"] * 1.5
-        return s
-
-    monkeypatch.setattr(attribution, "setup", broken)
-
-
-def test_a_broken_frozen_value_fails_a_remote_graphs_forward_check(tmp_path, monkeypatch,
-                                                                   server_without_nncanon):  # noqa: F811
-    """Before, a remote graph's rows ran on the server and its forward was not checked: this graph was served (the
-    local graph's check: tests/graphs/test_reads.py)."""
-    model = _hosted("llama", tmp_path, monkeypatch)
-    transcoders = graphs.random_transcoders(model, n_features=12, seed=3)
-    assert graphs.support(model) is None  # (the proof, before the frozen value is broken)
-    _broken_pattern(monkeypatch)
-    with pytest.raises(ValueNotAvailable, match=r"on the frozen replacement model (the head's output|layers\[\d\]'s "
-                                                r"transcoder input \(mlp_input\)) differs from the clean run's by "):
-        graphs.attribute(model, PROMPT, transcoders, remote="local", **OPTIONS)
 
 
 def _quadratic(monkeypatch, kind):
