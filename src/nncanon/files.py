@@ -70,7 +70,7 @@ def read_regular(path: Path, what: str, error: type[Exception]) -> bytes:
         os.close(descriptor)
 
 
-def _replaceable(target: Path, error: type[Exception]) -> None:
+def check_replaceable(target: Path, error: type[Exception]) -> None:
     """Refuse (``error``) a name held by anything a rename must not replace: a folder, a FIFO, a device."""
     try:
         existing = os.lstat(target).st_mode
@@ -88,7 +88,7 @@ def write_all(folder: Path, contents: Mapping[str, Content], error: type[Excepti
     (a full disk, a folder made read-only) renames nothing and removes the temporaries: ``error`` naming the file.
     ``owner``: who writes, for the messages (``"the collection"``, ``"nncanon graph"``)."""
     for name in contents:
-        _replaceable(folder / name, error)
+        check_replaceable(folder / name, error)
     staged: list[tuple[str, str]] = []
     try:
         for name, content in contents.items():

@@ -88,11 +88,14 @@ def _bad_out(case, tmp_path, monkeypatch):
     if case == "fifo listing":
         os.mkfifo(out / formats.LISTING)
         return out, "graph-metadata.json is a FIFO"
+    if case == "folder at the page's name":
+        (out / "graph.html").mkdir()
+        return out, "graph.html is a folder, not a regular file"
     raise AssertionError(case)
 
 
 BAD_OUT = ["symlink", "dangling symlink", "fifo", "file", "read-only folder", "below a file", "cut listing",
-           "fifo listing"]
+           "fifo listing", "folder at the page's name"]
 
 
 @pytest.mark.parametrize("case", BAD_OUT)
@@ -108,7 +111,7 @@ def test_a_bad_out_is_cannot_write_before_the_model_loads(case, tmp_path, monkey
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "CannotWrite: " in err and says in err, err
     assert _snapshot(tmp_path) == before  # nothing written, created or replaced, the link's target untouched
-    if case not in ("below a file", "read-only folder"):
+    if case not in ("below a file", "read-only folder", "folder at the page's name"):
         with pytest.raises(CannotWrite, match=says):  # the library's writer: the same rules
             _write(out, "graph")
         assert _snapshot(tmp_path) == before

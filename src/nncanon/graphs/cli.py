@@ -56,13 +56,16 @@ def check_arguments(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise InvalidArgument(f"--{name.replace('_', '-')} must be at least 1, not {value}")
-    check_slug(args.slug if args.slug is not None else default_slug(args.prompt))
+    slug = args.slug if args.slug is not None else default_slug(args.prompt)
+    check_slug(slug)
     check_offload(getattr(args, "offload", None), getattr(args, "offload_dir", None))
     problem = files.folder_problem(Path(args.out))
     if problem is not None:
         raise CannotWrite(f"--out {args.out}: {problem}; give a folder to write the graph files into")
     if Path(args.out).is_dir():
         read_listing(args.out)
+        for name in (f"{slug}.pt", f"{slug}.json", "graph.html"):  # (a FIFO or folder there: refused now)
+            files.check_replaceable(Path(args.out) / name, CannotWrite)
 
 
 def transcoders_for(model: Any, spec: str | None) -> list[Dictionary]:
