@@ -62,6 +62,9 @@ def _bad(case, tmp_path):
         record["input_tokens"] = record["input_tokens"].tolist()
         torch.save(record, path)
         return path, "input_tokens is a list, not a tensor"
+    if case == "a pickle that runs code":
+        torch.save({"adjacency_matrix": torch.zeros(1), "cfg": _RunsCode(tmp_path / "ran")}, path)
+        return path, "holds objects other than tensors and plain data"
     graphs.write_graph_json(synthetic_graph(), tmp_path, "good", _Tokenizer())
     text = (tmp_path / "good.json").read_text()
     path = tmp_path / "bad.json"
@@ -77,6 +80,16 @@ def _bad(case, tmp_path):
     return path, "is not a graph JSON nncanon or circuit-tracer wrote"
 
 
+class _RunsCode:
+    """An object whose unpickling makes a folder: what an edited ``.pt`` could do instead."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.mkdir, (self.marker,)
+
+
 class _Tokenizer:
     def decode(self, ids):
         return "".join(f"<{int(i)}>" for i in ids)
@@ -86,7 +99,7 @@ class _Tokenizer:
 
 
 CASES = ["fifo", "link loop", "link to nothing", "cut .pt", "not a graph .pt", "edited .pt", "a list as a field",
-         "cut .json", "edited .json", "a weight that is text"]
+         "a pickle that runs code", "cut .json", "edited .json", "a weight that is text"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -97,6 +110,7 @@ def test_a_bad_path_is_invalid_input_and_nothing_is_served(case, tmp_path, capsy
     assert main(["view", str(path), "--port", "0", "-q"]) == 2  # (refused before any server starts)
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("nncanon: view: InvalidInput: ") and str(path) in err, err
+    assert not (tmp_path / "ran").exists()  # (nothing in the file ran)
 
 
 def test_a_folder_without_pages_is_refused_and_a_graph_json_is_drawn(tmp_path):

@@ -20,6 +20,7 @@ import functools
 import io
 import json
 import os
+import pickle
 import stat
 import sys
 import tempfile
@@ -64,14 +65,22 @@ def _mode(target: Path, path: str | Path) -> int:
 
 
 def load_graph(path: str | Path) -> Graph:
-    """The graph saved at ``path`` (`Graph.to_pt`), read as a regular file (never a FIFO); `InvalidInput` where it is
-    cut, edited or not a saved graph."""
+    """The graph saved at ``path`` (`Graph.to_pt`), read as a regular file (never a FIFO) and unpickled as tensors and
+    plain data only (an edited file runs no code); `InvalidInput` where it is cut, edited, not a saved graph, or holds
+    other objects."""
     real = Path(os.path.realpath(path))
     data = files.read_regular(real, "a saved attribution graph", InvalidInput)
     try:
-        graph = Graph.from_pt(io.BytesIO(data))
+        graph = Graph.from_pt(io.BytesIO(data), weights_only=True)  # (a file from elsewhere runs no code here)
     except InvalidInput:
         raise InvalidInput(f"{path} is not a saved attribution graph (no adjacency_matrix)") from None
+    except pickle.UnpicklingError as error:
+        if "weights_only" not in str(error) and "Weights only" not in str(error):
+            raise InvalidInput(f"{path} cannot be read as a saved attribution graph (UnpicklingError): it was cut "
+                               "or edited, or is not a graph saved by Graph.to_pt") from None
+        raise InvalidInput(f"{path} holds objects other than tensors and plain data (circuit-tracer's graphs hold "
+                           "its config object): nncanon view does not unpickle them, which would run code from the "
+                           "file. If you trust it: Graph.from_pt(path).to_pt(new_path), then view new_path") from None
     except Exception as error:  # (torch.load of a cut or edited archive raises many kinds)
         message = " ".join(str(error).split())[:200]
         raise InvalidInput(f"{path} cannot be read as a saved attribution graph ({type(error).__name__}: "
