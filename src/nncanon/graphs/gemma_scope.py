@@ -43,11 +43,15 @@ from .coders import CrossLayerTranscoder
 
 #: Gemma Scope 2's points (the module of Gemma-3's block and ``.input`` / ``.output``, after
 #: ``model.layers.<L>.``) as TransformerLens names of the name table. The MLP module's input is the pre-norm's output;
-#: what the block adds is the post-norm's output; the MLP module's own output (before the post-norm) is
-#: ``mlp.hook_out``, which a graph's transcoder does not write (`nncanon.graphs.attribute` refuses it by name).
+#: what the block adds is the post-norm's output.
 POINTS = {"pre_feedforward_layernorm.output": "mlp.hook_in", "mlp.input": "mlp.hook_in",
           "pre_feedforward_layernorm.input": "hook_resid_mid", "post_feedforward_layernorm.output": "hook_mlp_out",
-          "mlp.output": "mlp.hook_out", "input": "hook_resid_pre", "output": "hook_resid_post"}
+          "input": "hook_resid_pre", "output": "hook_resid_post"}
+
+#: Points refused by name, with the reason.
+REFUSED = {"mlp.output": "the MLP module's output, before the post-feedforward norm: a graph's transcoder writes what "
+                         "the block adds to the stream, post_feedforward_layernorm.output (mlp_output), and nncanon "
+                         "does not read one trained on the value before the norm as one trained after it"}
 
 #: Where Gemma Scope 2's transcoders and CLTs read and write (their published ``config.json``).
 GEMMA_SCOPE_2 = ("mlp.hook_in", "hook_mlp_out")
@@ -261,6 +265,8 @@ def _config(path: Path, layer: int | None) -> dict[str, Any]:
 
 def _point(path: Path, key: str, value: str, layer: int | None) -> str:
     found = _POINT.fullmatch(value)
+    if found is not None and found.group(2) in REFUSED:
+        raise InvalidDictionary(f"{path}: {key} is {value!r}, {REFUSED[found.group(2)]}")
     if found is None or found.group(2) not in POINTS:
         raise InvalidDictionary(f"{path}: {key} is {value!r}; nncanon maps Gemma Scope 2's points "
                                 f"model.layers.<L>.{{{', '.join(POINTS)}}}")
