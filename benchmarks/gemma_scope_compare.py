@@ -61,6 +61,10 @@ def write_files(root: Path) -> dict:
     clt.mkdir(parents=True, exist_ok=True)
     for layer in range(LAYERS):
         save_file(tensors(LAYERS, True), str(clt / f"params_layer_{layer}.safetensors"))
+    (clt / "config.json").write_text(json.dumps({
+        "hf_hook_point_in": "model.layers.{layer}.pre_feedforward_layernorm.output", "width": WIDTH,
+        "hf_hook_point_out": "model.layers.{layer}.post_feedforward_layernorm.output", "architecture": "jump_relu",
+        "affine_connection": True, "type": "clt"}))
     out["clt"] = str(clt)
     for layer in range(LAYERS):
         folder = root / "gemma-scope-1" / f"layer_{layer}" / "width_96" / "average_l0_10"

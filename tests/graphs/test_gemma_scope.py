@@ -64,6 +64,10 @@ def _write_clt(root, model, affine=True):
     folder.mkdir(parents=True)
     for layer in range(n):
         save_file(_tensors(d, n, affine, 10 + layer), str(folder / f"params_layer_{layer}.safetensors"))
+    (folder / "config.json").write_text(json.dumps({
+        "hf_hook_point_in": "model.layers.{layer}.pre_feedforward_layernorm.output", "width": WIDTH,
+        "hf_hook_point_out": "model.layers.{layer}.post_feedforward_layernorm.output", "architecture": "jump_relu",
+        "affine_connection": affine, "type": "clt"}))
     return folder
 
 
@@ -156,8 +160,8 @@ def test_gemma_scope_2_clt_is_circuit_tracers(gemma3, tmp_path):
     assert torch.equal(clt.W_skip, stacked["affine_skip_connection"])
     assert (clt.feature_input_hook, clt.feature_output_hook) == ("mlp.hook_in", "hook_mlp_out")
     config = {"model_kind": "cross_layer_transcoder", "feature_input_hook": "mlp.hook_in",
-              "feature_output_hook": "hook_mlp_out",
-              "transcoders": [f"clt/{folder.name}/params_layer_{i}.safetensors" for i in range(2)]}
+              "feature_output_hook": "hook_mlp_out",  # circuit-tracer's configs list one file more than the layers
+              "transcoders": [f"clt/{folder.name}/params_layer_{i}.safetensors" for i in (0, 1, 1)]}
     (tmp_path / "clt.yaml").write_text(json.dumps(config))
     listed = graphs.load_transcoders(tmp_path / "clt.yaml")
     assert all(torch.equal(a, b) for a, b in zip(clt.tensors().values(), listed.tensors().values(), strict=True))
@@ -255,8 +259,13 @@ def test_bad_gemma_scope_2_clts_and_configs(gemma3, tmp_path):
     with pytest.raises(InvalidDictionary, match=r"not for layers \[1\]"):
         graphs.load_transcoders(folder)
     (folder / "params_layer_2.safetensors").unlink()
-    with pytest.raises(InvalidDictionary, match=r"w_dec is \(24, 2, 32\), not \(24, 1, 32\)"):
+    (folder / "config.json").unlink()
+    with pytest.raises(InvalidDictionary, match=r"has no config\.json: Gemma Scope 2's CLT files do not say"):
         graphs.load_transcoders(folder)
+    (folder / "clt.yaml").write_text(json.dumps({"model_kind": "cross_layer_transcoder", "transcoders": [
+        "params_layer_0.safetensors"], "feature_input_hook": "mlp.hook_in", "feature_output_hook": "hook_mlp_out"}))
+    with pytest.raises(InvalidDictionary, match=r"w_dec is \(24, 2, 32\), not \(24, 1, 32\)"):
+        graphs.load_transcoders(folder / "clt.yaml")
     pattern = _write_set(tmp_path / "set", gemma3)
     files = [f"{pattern.format(layer=i)}/params.safetensors" for i in range(2)]
     (tmp_path / "other.yaml").write_text(json.dumps({"feature_input_hook": "hook_resid_mid", "transcoders": files,

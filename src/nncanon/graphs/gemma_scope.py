@@ -53,9 +53,6 @@ REFUSED = {"mlp.output": "the MLP module's output, before the post-feedforward n
                          "the block adds to the stream, post_feedforward_layernorm.output (mlp_output), and nncanon "
                          "does not read one trained on the value before the norm as one trained after it"}
 
-#: Where Gemma Scope 2's transcoders and CLTs read and write (their published ``config.json``).
-GEMMA_SCOPE_2 = ("mlp.hook_in", "hook_mlp_out")
-
 #: Where Gemma Scope 1's transcoders read and write (circuit-tracer's and SAELens's configs for them).
 GEMMA_SCOPE_1 = ("ln2.hook_normalized", "hook_mlp_out")
 
@@ -124,8 +121,8 @@ def read_transcoder(path: Path, layer: int, points: tuple[str, str] | None = Non
 def read_clt(folder: Path, points: tuple[str, str] | None = None, *, name: str | None = None,
              files: list[Path] | None = None) -> CrossLayerTranscoder:
     """A Gemma Scope 2 cross-layer transcoder: ``folder``'s ``params_layer_<i>.safetensors`` (or ``files``, in layer
-    order, as a circuit-tracer config lists them), reading and writing ``points`` (default: the folder's
-    ``config.json`` where it has one, else `GEMMA_SCOPE_2`).
+    order, as a circuit-tracer config lists them), reading and writing ``points`` (TransformerLens names; default:
+    the folder's ``config.json``, without which the files are refused: they do not say where they read).
 
     Raises:
         InvalidDictionary: no layer files, a layer missing, files of other widths, a missing field, NaN or negative
@@ -142,9 +139,15 @@ def read_clt(folder: Path, points: tuple[str, str] | None = None, *, name: str |
             raise InvalidDictionary(f"{folder} has params_layer_<i>.safetensors up to {max(numbered)} but not for "
                                     f"layers {missing}: a cross-layer transcoder has one file per layer from 0")
         files = [numbered[i] for i in range(len(numbered))]
+    else:
+        files = _as_circuit_tracer_reads(files)
     config = folder / CONFIG
+    if points is None and not config.is_file():
+        raise InvalidDictionary(f"{folder} has no {CONFIG}: Gemma Scope 2's CLT files do not say where they read and "
+                                "write; load them through a circuit-tracer config.yaml (feature_input_hook, "
+                                "feature_output_hook, transcoders: the files) or put the folder's config.json beside")
     if points is None:
-        points = _config(config, None)["points"] if config.is_file() else GEMMA_SCOPE_2
+        points = _config(config, None)["points"]
     n_layers = len(files)
     layers = []
     for index, file in enumerate(files):
@@ -169,6 +172,17 @@ def read_clt(folder: Path, points: tuple[str, str] | None = None, *, name: str |
         W_skip=torch.stack([w["affine_skip_connection"] for w in layers]) if skip else None,
         feature_input_hook=points[0], feature_output_hook=points[1], name=name or folder.name)
     return clt
+
+
+def _as_circuit_tracer_reads(files: list[Path]) -> list[Path]:
+    """The files of a CLT a circuit-tracer config lists: its Gemma Scope 2 configs list one file more than the
+    layers the weights decode into (``w_dec [F, n_layers, d]``), and circuit-tracer 0.5.0 reads the first
+    ``n_layers`` (``range(max(paths))``); nncanon reads them so, and refuses any other count by the shape check."""
+    if files and files[0].is_file():
+        shape = header_shapes(files[0]).get("w_dec", ())
+        if len(shape) == 3 and len(files) == shape[1] + 1:
+            return files[:-1]
+    return files
 
 
 def _params(file: Path, needed: tuple[str, ...], optional: tuple[str, ...]) -> dict[str, torch.Tensor]:
