@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -151,7 +152,7 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory() as work:
         spec = {**write_files(Path(work)), "out": str(Path(work) / "reference.pt")}
-        env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         subprocess.run([args.venv_python, str(HERE), "--side", "reference", json.dumps(spec)], check=True, env=env)
         report = ours(spec, torch.load(spec["out"]))
     for key, row in report.items():

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 
+import huggingface_hub.constants
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from nncanon import InvalidDictionary, graphs
 from nncanon.sae import resolve
@@ -73,7 +74,6 @@ def _write_clt(root, model, affine=True):
 
 def _circuit_tracer_layer(file):
     """circuit-tracer 0.5's ``load_gemma_scope_2_transcoder``, reproduced: its parameters and its features."""
-    from safetensors.torch import load_file
     s = load_file(str(file))
     p = {"W_enc": s["w_enc"].T.contiguous(), "W_dec": s["w_dec"], "b_enc": s["b_enc"], "b_dec": s["b_dec"],
          "threshold": s["threshold"]}
@@ -150,9 +150,9 @@ def test_gemma_scope_2_reads_and_writes_what_it_was_trained_on(gemma3, tmp_path)
 def test_gemma_scope_2_clt_is_circuit_tracers(gemma3, tmp_path):
     folder = _write_clt(tmp_path, gemma3)
     clt = graphs.load_transcoders(folder)
-    from safetensors.torch import load_file  # circuit-tracer 0.5's load_gemma_scope_2_clt, reproduced
     raw = [load_file(str(folder / f"params_layer_{i}.safetensors")) for i in range(2)]
     stacked = {k: torch.stack([r[k] for r in raw]) for k in raw[0]}
+    # circuit-tracer 0.5's load_gemma_scope_2_clt, reproduced
     assert torch.equal(clt.W_enc.transpose(-1, -2), stacked["w_enc"].transpose(-1, -2).contiguous())
     assert torch.equal(clt.threshold[:, None], stacked["threshold"].unsqueeze(1))
     assert torch.equal(clt.b_enc, stacked["b_enc"]) and torch.equal(clt.b_dec, stacked["b_dec"])
@@ -172,8 +172,6 @@ def test_gemma_scope_2_clt_is_circuit_tracers(gemma3, tmp_path):
 def test_gemma_scope_1_npz_and_hub_cache(tmp_path, monkeypatch):
     """Gemma Scope 1's ``params.npz`` (read at ``ln2.hook_normalized``, as circuit-tracer's config for them), by a
     ``{layer}`` path and by circuit-tracer's ``hf://`` config entries found in the local Hugging Face cache."""
-    import huggingface_hub.constants
-
     snapshot = tmp_path / "hub" / "models--google--gemma-scope-2b-pt-transcoders" / "snapshots" / ("0" * 40)
     (snapshot.parents[1] / "refs").mkdir(parents=True)
     (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
@@ -203,7 +201,6 @@ def test_gemma_scope_1_npz_and_hub_cache(tmp_path, monkeypatch):
 
 
 def _edit_params(folder, **changes):
-    from safetensors.torch import load_file
     w = load_file(str(folder / "params.safetensors"))
     w.update(changes)
     save_file({k: v for k, v in w.items() if v is not None}, str(folder / "params.safetensors"))
@@ -272,6 +269,12 @@ def test_bad_gemma_scope_2_clts_and_configs(gemma3, tmp_path):
                                                      "feature_output_hook": "hook_mlp_out"}))
     with pytest.raises(InvalidDictionary, match="one of the two is wrong"):
         graphs.load_transcoders(tmp_path / "other.yaml")
+    (tmp_path / "empty.yaml").write_text(json.dumps({"model_kind": "cross_layer_transcoder", "transcoders": []}))
+    with pytest.raises(InvalidDictionary, match="lists no files"):
+        graphs.load_transcoders(tmp_path / "empty.yaml")
+    (tmp_path / "nothing" / "0").mkdir(parents=True)
+    with pytest.raises(InvalidDictionary, match=r"holds no params\.safetensors, params\.npz or cfg\.json"):
+        graphs.load_transcoders(str(tmp_path / "nothing" / "{layer}"))
     (tmp_path / "npz").mkdir()
     (tmp_path / "npz" / "0.npz").write_bytes(b"PK\x03\x04 not a zip")
     with pytest.raises(InvalidDictionary, match=r"0\.npz cannot be read as an \.npz"):

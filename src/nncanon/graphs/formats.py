@@ -168,18 +168,22 @@ def load_transcoders(config: str | os.PathLike, *, device: str | torch.device = 
         cfg = yaml.safe_load(path.read_text())
         entries = cfg.get("transcoders")
         reads, writes = cfg.get("feature_input_hook"), cfg.get("feature_output_hook")
-        if cfg.get("model_kind") == "cross_layer_transcoder":
-            return _clt_of(cfg, path, entries, reads, writes).to(device=device, dtype=dtype)
-        if not isinstance(reads, str) or not isinstance(writes, str):
+        cross_layer = cfg.get("model_kind") == "cross_layer_transcoder"
+        if cross_layer:
+            files = []
+        elif not isinstance(reads, str) or not isinstance(writes, str):
             raise TypeError("feature_input_hook and feature_output_hook are TransformerLens names")
-        if not isinstance(entries, list) or not entries:
+        elif not isinstance(entries, list) or not entries:
             raise TypeError(f"transcoders is {type(entries).__name__}, not a list")
-        files = sorted(((int(e["layer"]), str(e["filepath"]), str(e.get("id", f"layer-{e['layer']}")))
-                        if isinstance(e, dict) else (layer, str(e), None) for layer, e in enumerate(entries)))
+        else:
+            files = sorted(((int(e["layer"]), str(e["filepath"]), str(e.get("id", f"layer-{e['layer']}")))
+                            if isinstance(e, dict) else (layer, str(e), None) for layer, e in enumerate(entries)))
     except (yaml.YAMLError, AttributeError, KeyError, TypeError, ValueError) as error:
         raise InvalidDictionary(f"{path} is not a circuit-tracer transcoder config (feature_input_hook, "
                                 f"feature_output_hook, transcoders: [files] or [{{id, layer, filepath}}]): {error}"
                                 ) from None
+    if cross_layer:
+        return _clt_of(cfg, path, entries, reads, writes).to(device=device, dtype=dtype)
     layers = [layer for layer, _, _ in files]
     if layers != list(range(len(layers))):
         raise InvalidDictionary(f"{path} has transcoders for layers {layers}: a set has one per layer from 0")
@@ -194,7 +198,7 @@ def _clt_of(cfg: dict, path: Path, entries: Any, reads: Any, writes: Any) -> Cro
     if isinstance(entries, list):  # Gemma Scope 2's files, one per layer (circuit-tracer reads them so)
         files = [_local(str(e), path) for e in entries]
         points = None if reads is None else (_hook(str(reads)), _hook(str(writes or "hook_mlp_out")))
-        return gemma_scope.read_clt(files[0].parent, points, name=scan, files=files)
+        return gemma_scope.read_clt(files[0].parent if files else path.parent, points, name=scan, files=files)
     folder = path.parent / str(cfg.get("subfolder") or "")
     return load_clt(folder, feature_input_hook=reads or "hook_resid_mid", feature_output_hook=writes or "hook_mlp_out",
                     name=scan)
@@ -252,6 +256,9 @@ def _read_layer(file: Path, layer: int, points: tuple[str, str] | None, name: st
         raise InvalidDictionary(f"the transcoder file {file} does not exist")
     if gemma_scope.is_gemma_scope(file):
         return gemma_scope.read_transcoder(file, layer, points)
+    if file.is_dir():
+        raise InvalidDictionary(f"{file} holds no params.safetensors, params.npz or cfg.json: not a Gemma Scope, "
+                                "SAELens or nncanon transcoder folder")
     if points is None:
         raise InvalidDictionary(f"{file} is a circuit-tracer layer file: its config.yaml names where it reads and "
                                 "writes (feature_input_hook, feature_output_hook); load the config")

@@ -139,6 +139,8 @@ def read_clt(folder: Path, points: tuple[str, str] | None = None, *, name: str |
             raise InvalidDictionary(f"{folder} has params_layer_<i>.safetensors up to {max(numbered)} but not for "
                                     f"layers {missing}: a cross-layer transcoder has one file per layer from 0")
         files = [numbered[i] for i in range(len(numbered))]
+    elif not files:
+        raise InvalidDictionary(f"{folder}: the cross-layer transcoder's config lists no files")
     else:
         files = _as_circuit_tracer_reads(files)
     config = folder / CONFIG
@@ -163,11 +165,14 @@ def read_clt(folder: Path, points: tuple[str, str] | None = None, *, name: str |
                                     f"{tuple(layers[0]['w_enc'].shape)}: the layers of a CLT have one width")
         if layers and ("affine_skip_connection" in w) != ("affine_skip_connection" in layers[0]):
             raise InvalidDictionary(f"{file}: affine_skip_connection is in some layers' files and not in others")
+        dtype = (layers[0] if layers else w)["w_enc"].dtype
+        w = {key: tensor.to(dtype) for key, tensor in w.items()}
+        w["w_dec"] = w["w_dec"][:, index:].contiguous()  # into layers index..: the earlier columns are not read
         layers.append(w)
     skip = "affine_skip_connection" in layers[0]
     clt = CrossLayerTranscoder(
         W_enc=torch.stack([w["w_enc"] for w in layers]), b_enc=torch.stack([w["b_enc"] for w in layers]),
-        W_dec=[w["w_dec"][:, i:].contiguous() for i, w in enumerate(layers)],
+        W_dec=[w["w_dec"] for w in layers],
         b_dec=torch.stack([w["b_dec"] for w in layers]), threshold=torch.stack([w["threshold"] for w in layers]),
         W_skip=torch.stack([w["affine_skip_connection"] for w in layers]) if skip else None,
         feature_input_hook=points[0], feature_output_hook=points[1], name=name or folder.name)
