@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from nncanon import InvalidDictionary, graphs
-from nncanon.sae import resolve
+from nncanon.graphs.cli import transcoders_for
+from nncanon.sae import Dictionary, resolve
 from nncanon.testing import tiny_model
 
 PROMPT = "The cat sat on the mat"
@@ -141,6 +142,12 @@ def test_gemma_scope_2_reads_and_writes_what_it_was_trained_on(gemma3, tmp_path)
     with pytest.raises(InvalidDictionary, match=r"hf_hook_point_out is 'model\.layers\.0\.mlp\.output', the MLP "
                                                  r"module's output, before the post-feedforward norm"):
         graphs.load_transcoders(module_output)
+    before_norm = [Dictionary.from_tensors(t.W_enc, t.b_enc, t.W_dec, t.b_dec, architecture="jumprelu_transcoder",
+                                           threshold=t.threshold, hook_name=t.cfg.hook_name,
+                                           hook_name_out=t.cfg.hook_name_out.replace("hook_mlp_out", "mlp.hook_out"))
+                   for t in transcoders]  # circuit-tracer's mlp.hook_out: on Gemma-3, the module's output
+    with pytest.raises(InvalidDictionary, match=r"names 'blocks\.0\.mlp\.hook_out' \(layers\[0\]\.mlp_module_output\)"):
+        graphs.attribute(gemma3, PROMPT, before_norm)
     stream = graphs.load_transcoders(_write_set(tmp_path / "c", gemma3, points=("input", "output")))
     assert stream[1].cfg.hook_name == "blocks.1.hook_resid_pre"
     with pytest.raises(InvalidDictionary, match=r"writes layers\.0\.mlp_output"):  # the block's output: refused
@@ -167,6 +174,20 @@ def test_gemma_scope_2_clt_is_circuit_tracers(gemma3, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(clt.tensors().values(), listed.tensors().values(), strict=True))
     graph = graphs.attribute(gemma3, PROMPT, clt, max_n_logits=2, max_feature_nodes=16)
     assert graph.cfg["cross_layer"] and graphs.verify(gemma3, graph, clt, samples=3).ok
+
+
+def test_the_cli_spec_and_nncanon_folders(gemma3, tmp_path):
+    """``nncanon graph --transcoders`` takes the same spec; a set saved as nncanon (SAELens) folders loads back by a
+    ``{layer}`` path, the same weights and points."""
+    pattern = _write_set(tmp_path, gemma3, affine=True)
+    loaded = graphs.load_transcoders(pattern)
+    for t in loaded:
+        t.save(tmp_path / "saved" / f"layer_{t.cfg.hook_name.split('.')[1]}")
+    for other in (transcoders_for(gemma3, pattern), graphs.load_transcoders(str(tmp_path / "saved" / "layer_{layer}"))):
+        for a, b in zip(loaded, other, strict=True):
+            assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
+            assert (a.cfg.hook_name, a.cfg.hook_name_out, a.cfg.architecture) == (
+                b.cfg.hook_name, b.cfg.hook_name_out, b.cfg.architecture)
 
 
 def test_gemma_scope_1_npz_and_hub_cache(tmp_path, monkeypatch):

@@ -187,7 +187,7 @@ def load_transcoders(config: str | os.PathLike, *, device: str | torch.device = 
     layers = [layer for layer, _, _ in files]
     if layers != list(range(len(layers))):
         raise InvalidDictionary(f"{path} has transcoders for layers {layers}: a set has one per layer from 0")
-    out = [_read_layer(_local(file, path), layer, (_hook(reads), _hook(writes)), name)
+    out = [_read_layer(_local(file, path), layer, (reads, writes), name)
            for layer, file, name in files]
     return [t.to(device=device, dtype=dtype) for t in out]
 
@@ -197,7 +197,7 @@ def _clt_of(cfg: dict, path: Path, entries: Any, reads: Any, writes: Any) -> Cro
     scan = str(cfg.get("scan") or path.parent.name)
     if isinstance(entries, list):  # Gemma Scope 2's files, one per layer (circuit-tracer reads them so)
         files = [_local(str(e), path) for e in entries]
-        points = None if reads is None else (_hook(str(reads)), _hook(str(writes or "hook_mlp_out")))
+        points = None if reads is None else (str(reads), str(writes or "hook_mlp_out"))
         return gemma_scope.read_clt(files[0].parent if files else path.parent, points, name=scan, files=files)
     folder = path.parent / str(cfg.get("subfolder") or "")
     return load_clt(folder, feature_input_hook=reads or "hook_resid_mid", feature_output_hook=writes or "hook_mlp_out",
@@ -242,12 +242,6 @@ def _local(file: str, config: Path) -> Path:
                                 f"local files: download it first (hf download {parsed.netloc}/{repo} {name}), or give "
                                 "its path, relative to the config")
     return Path(found)
-
-
-def _hook(name: str) -> str:
-    """circuit-tracer's MLP wrapper hooks as the name table's names (its ``mlp.hook_in`` is the MLP module's input,
-    a name of the table; its ``mlp.hook_out`` the MLP's contribution, ``hook_mlp_out``)."""
-    return {"mlp.hook_out": "hook_mlp_out"}.get(name, name)
 
 
 def _read_layer(file: Path, layer: int, points: tuple[str, str] | None, name: str | None) -> Dictionary:
