@@ -8,7 +8,8 @@
 - `prune`, `graph_scores` (``prune``): circuit-tracer's pruning by influence and its replacement / completeness
   scores.
 - `write_graph_json`, `load_transcoders`, `load_clt`, `save_clt` (``formats``): the graph JSON of circuit-tracer's
-  frontend and Neuronpedia, circuit-tracer's transcoder sets and cross-layer transcoders.
+  frontend and Neuronpedia, circuit-tracer's transcoder sets and cross-layer transcoders; Google's Gemma Scope
+  transcoders and CLTs (``gemma_scope``), read by `load_transcoders`.
 - `CrossLayerTranscoder` (``coders``): circuit-tracer's CLT; `random_clt`, `random_transcoders`: random sets for
   checks.
 - `demo_transcoders` (``demo``): the demo models' shipped transcoders; ``cli``: the ``nncanon graph`` command.

@@ -70,7 +70,8 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 def transcoders_for(model: Any, spec: str | None) -> list[Dictionary]:
     """The transcoders ``--transcoders`` names: ``None`` or ``"demo"``, the demo set of a demo model; a demo model's
-    name, its set; a circuit-tracer config (``.yaml``) or a folder holding ``config.yaml``."""
+    name, its set; anything `load_transcoders` reads (a circuit-tracer config or its folder, a cross-layer
+    transcoder's folder, a path with ``{layer}``: Gemma Scope's folders...)."""
     if spec is None or spec == "demo":
         if demo_name(model) is None:
             raise InvalidArgument("this model is not a demo model (gpt2, llama, hybrid), so it has no demo "
@@ -78,13 +79,11 @@ def transcoders_for(model: Any, spec: str | None) -> list[Dictionary]:
         return demo_transcoders(model)
     if spec in DEMO_TRANSCODERS:
         return demo_transcoders(spec, dtype=model.dtype)
-    path = Path(spec)
-    if path.is_dir():
-        path = path / "config.yaml"
-    if not path.is_file():
+    if "{layer}" not in spec and not Path(spec).exists():
         raise InvalidDictionary(f"--transcoders {spec}: no such file (a circuit-tracer config .yaml, a folder with "
-                                f"config.yaml, or a demo set: {', '.join(DEMO_TRANSCODERS)})")
-    return load_transcoders(path, dtype=model.dtype)
+                                "config.yaml, a cross-layer transcoder's folder, a path with {layer}, or a demo set: "
+                                f"{', '.join(DEMO_TRANSCODERS)})")
+    return load_transcoders(spec, dtype=model.dtype)
 
 
 def build(args: argparse.Namespace, model: Any, make_page: PageMaker | None = None) -> tuple[Graph, list[str]]:

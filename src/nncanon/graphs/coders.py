@@ -10,8 +10,8 @@
 - `check_transcoders`: a set checked against the model (widths, the points it reads and writes, finite weights).
 
 A transcoder reads, per layer, one of `READS` (TransformerLens's ``mlp.hook_in``, ``ln2.hook_normalized``,
-``hook_resid_mid``, ``hook_resid_pre``, resolved by the name table) and writes ``mlp_output`` (``hook_mlp_out``,
-circuit-tracer's ``mlp.hook_out``).
+``hook_resid_mid``, ``hook_resid_pre``, resolved by the name table) and writes ``mlp_output`` (``hook_mlp_out``;
+circuit-tracer's ``mlp.hook_out`` where the block adds its MLP module's output as it is, not before a post-norm).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 
 from ..errors import InvalidDictionary, ValueNotAvailable
 from ..sae import Dictionary, resolve
+from ..sae.sites import binding_of
 
 #: The values a transcoder may read, by the name table's value: the MLP module's input (``mlp.hook_in``), the MLP
 #: norm's input normalised before its weight (``ln2.hook_normalized``), the stream after the mixer
@@ -232,7 +233,7 @@ def _check_clt(model: Any, clt: CrossLayerTranscoder, n_layers: int, hidden: int
     reads = [_point(model, f"blocks.{layer}.{clt.feature_input_hook}", layer, where, READS)
              for layer in range(n_layers)]
     for layer in range(n_layers):
-        _point(model, f"blocks.{layer}.{_mlp_hook(clt.feature_output_hook)}", layer, where, (WRITES,))
+        _point(model, f"blocks.{layer}.{clt.feature_output_hook}", layer, where, (WRITES,))
     _finite(clt.tensors(), where)
     return Coders([None] * n_layers, clt, reads)
 
@@ -240,7 +241,7 @@ def _check_clt(model: Any, clt: CrossLayerTranscoder, n_layers: int, hidden: int
 def _point(model: Any, name: str, layer: int, where: str, allowed: tuple[str, ...]) -> str:
     """The value ``name`` resolves to on block ``layer``, one of ``allowed``; `InvalidDictionary` otherwise."""
     try:
-        point = resolve(model, _mlp_hook(name))
+        point = resolve(model, _mlp_hook(model, name, layer))
     except ValueNotAvailable as error:
         raise InvalidDictionary(f"{where} names {name!r}, which this model cannot read: {error}") from None
     if point.layer != layer or point.value not in allowed or point.head is not None:
@@ -256,7 +257,19 @@ def _finite(tensors: dict[str, torch.Tensor], where: str) -> None:
             raise InvalidDictionary(f"{where}'s {key} holds NaN or infinite values")
 
 
-def _mlp_hook(name: str) -> str:
-    """circuit-tracer's ``mlp.hook_out`` (its MLP wrapper's output hook) as the name table's ``hook_mlp_out``
-    (``mlp.hook_in``, the MLP module's input, is a name of the table as it is)."""
-    return name.replace("mlp.hook_out", "hook_mlp_out")
+def _mlp_hook(model: Any, name: str, layer: int) -> str:
+    """circuit-tracer's ``mlp.hook_out`` (its MLP wrapper's output) as the name table's ``hook_mlp_out`` where block
+    ``layer`` adds its MLP module's output as it is (``mlp.hook_in``, the MLP module's input, is a name of the table
+    as it is). Before a post-norm (Gemma-2/3, OLMo-2) or a residual multiplier (Granite) the module's output is not
+    what the block adds: the name stays ``mlp.hook_out`` (``mlp_module_output``), which a graph's transcoder does not
+    write, and `_point` refuses it by name rather than read it as the value after the norm."""
+    if not name.endswith("mlp.hook_out"):
+        return name
+    try:
+        binding = binding_of(model, layer, "mlp_output")
+    except ValueNotAvailable:
+        return name
+    site, path = binding.site, getattr(model.layers[layer].mlp, "path", None)
+    plain = (site.key == "output" and site.op is None and site.scale is None and site.bias is None
+             and not (site.merge or site.stacked or site.weighted))
+    return name.replace("mlp.hook_out", "hook_mlp_out") if plain and binding.location == f"{path}.output" else name

@@ -6,9 +6,11 @@
 - `load_transcoders`: a circuit-tracer transcoder set (a YAML config naming ``feature_input_hook``,
   ``feature_output_hook`` as TransformerLens hook names and one file per layer: ``.safetensors`` in its ReLU
   layout, ``W_enc [d_sae, d_model]``, ``W_dec [d_sae, d_model]``, optional ``W_skip`` and JumpReLU's
-  ``activation_function.threshold``; or a Gemma Scope ``.npz`` with ``threshold``), as `nncanon.sae.Dictionary`
-  transcoders reading the names through the one name table; or a cross-layer transcoder (``model_kind:
-  cross_layer_transcoder``: `load_clt`).
+  ``activation_function.threshold``; or Gemma Scope 2's ``params.safetensors`` or Gemma Scope 1's ``.npz``:
+  `nncanon.graphs.gemma_scope`), as `nncanon.sae.Dictionary` transcoders reading the names through the one name
+  table; or a cross-layer transcoder (``model_kind: cross_layer_transcoder``: `load_clt`, or Gemma Scope 2's
+  files); a CLT's folder (circuit-tracer's or Gemma Scope 2's ``params_layer_<i>.safetensors``); a path with
+  ``{layer}`` (one folder or file per block: Gemma Scope, SAELens, nncanon).
 - `load_clt`, `save_clt`: circuit-tracer's cross-layer transcoder folder (``W_enc_<i>.safetensors`` holding
   ``W_enc_<i> [F, d]``, ``b_enc_<i> [F]``, ``b_dec_<i> [d]``, optional ``threshold_<i> [F]``;
   ``W_dec_<i>.safetensors`` holding ``W_dec_<i> [F, n_layers - i, d]``) as a
@@ -17,20 +19,25 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlparse
 
-import numpy as np
 import torch
 import yaml
+from huggingface_hub import try_to_load_from_cache
 from safetensors.torch import load_file, save_file
 
 from .. import files
 from ..errors import CannotWrite, InvalidArgument, InvalidDictionary
 from ..sae import Dictionary
+from ..sae.dictionary import _read_weights
+from . import gemma_scope
 from .coders import CrossLayerTranscoder
 from .graph import Graph
 from .prune import prune
@@ -193,75 +200,152 @@ def write_graph_json(graph: Graph, out_dir: str | os.PathLike, slug: str, tokeni
 
 def load_transcoders(config: str | os.PathLike, *, device: str | torch.device = "cpu",
                      dtype: torch.dtype | None = None) -> list[Dictionary] | CrossLayerTranscoder:
-    """A circuit-tracer transcoder set from its YAML config (local files; ``filepath`` relative to the config), or
-    its cross-layer transcoder (``model_kind: cross_layer_transcoder``: the folder's safetensors beside the config,
-    or in its ``subfolder``; `load_clt`).
+    """A transcoder set from local files, by its layout (`nncanon.graphs.gemma_scope` for Google's):
+
+    - a circuit-tracer YAML config (a ``.yaml``, or a folder holding ``config.yaml``): ``feature_input_hook`` /
+      ``feature_output_hook`` as TransformerLens names, ``transcoders`` a list of files (circuit-tracer 0.5's form:
+      paths relative to the config, or ``hf://org/repo/file`` URIs found in the local Hugging Face cache) or of
+      ``{id, layer, filepath}``; each file in circuit-tracer's layout (``.safetensors``: ``W_enc``, ``W_dec``,
+      optional ``W_skip``, JumpReLU's ``activation_function.threshold``), Gemma Scope 2's (``params.safetensors``,
+      its ``config.json`` beside it, when there, naming the same points) or Gemma Scope 1's (``.npz``). With
+      ``model_kind: cross_layer_transcoder``: circuit-tracer's CLT folder beside the config (or in its
+      ``subfolder``; `load_clt`), or Gemma Scope 2's CLT files listed in ``transcoders``.
+    - a cross-layer transcoder's folder: circuit-tracer's (``W_enc_<i>.safetensors``) or Gemma Scope 2's
+      (``params_layer_<i>.safetensors``, as ``clt/width_262k_l0_medium_affine``).
+    - a path with ``{layer}``: one transcoder per block from 0 while the path exists: a Gemma Scope 2 folder
+      (``transcoder_all/layer_{layer}_width_16k_l0_small``), a Gemma Scope 1 ``params.npz`` or its folder, a SAELens
+      or nncanon dictionary folder (`nncanon.sae.Dictionary.load`), a circuit-tracer layer file.
 
     Raises:
-        InvalidDictionary: a config or file that is missing or not in circuit-tracer's layout, a remote
-            (``hf://``) path, layers missing from the set.
+        InvalidDictionary: a config or file that is missing, truncated or in none of these layouts, a field of
+            another type, widths that disagree, NaN or negative thresholds, a remote file not in the local cache,
+            layers missing from the set.
     """
-    path = Path(config)
+    text = os.fspath(config)
+    if "{layer}" in text:
+        return _by_layer(text, device, dtype)
+    path = Path(text)
+    if path.is_dir():
+        if (path / "config.yaml").is_file():
+            path = path / "config.yaml"
+        elif any(path.glob("params_layer_*.safetensors")):
+            return gemma_scope.read_clt(path).to(device=device, dtype=dtype)
+        elif (path / "W_enc_0.safetensors").is_file():
+            return load_clt(path, device=device, dtype=dtype)
+        else:
+            raise InvalidDictionary(f"{path} holds no config.yaml, params_layer_<i>.safetensors or "
+                                    "W_enc_0.safetensors: not a transcoder set (for one folder per layer, give a "
+                                    "path with {layer})")
     if not path.is_file():
-        raise InvalidDictionary(f"the transcoder config {os.fspath(config)!r} does not exist")
+        raise InvalidDictionary(f"the transcoder config {text!r} does not exist")
     try:
         cfg = yaml.safe_load(path.read_text())
-        if isinstance(cfg, dict) and cfg.get("model_kind") == "cross_layer_transcoder":
-            folder = path.parent / str(cfg.get("subfolder") or "")
-            return load_clt(folder, feature_input_hook=cfg.get("feature_input_hook", "hook_resid_mid"),
-                            feature_output_hook=cfg.get("feature_output_hook", "hook_mlp_out"),
-                            name=str(cfg.get("scan") or folder.name), device=device, dtype=dtype)
-        entries = sorted(cfg["transcoders"], key=lambda entry: int(entry["layer"]))
-        reads, writes = cfg["feature_input_hook"], cfg["feature_output_hook"]
-    except (yaml.YAMLError, KeyError, TypeError, ValueError) as error:
+        entries = cfg.get("transcoders")
+        reads, writes = cfg.get("feature_input_hook"), cfg.get("feature_output_hook")
+        cross_layer = cfg.get("model_kind") == "cross_layer_transcoder"
+        if cross_layer:
+            files = []
+        elif not isinstance(reads, str) or not isinstance(writes, str):
+            raise TypeError("feature_input_hook and feature_output_hook are TransformerLens names")
+        elif not isinstance(entries, list) or not entries:
+            raise TypeError(f"transcoders is {type(entries).__name__}, not a list")
+        else:
+            files = sorted(((int(e["layer"]), str(e["filepath"]), str(e.get("id", f"layer-{e['layer']}")))
+                            if isinstance(e, dict) else (layer, str(e), None) for layer, e in enumerate(entries)))
+    except (yaml.YAMLError, AttributeError, KeyError, TypeError, ValueError) as error:
         raise InvalidDictionary(f"{path} is not a circuit-tracer transcoder config (feature_input_hook, "
-                                f"feature_output_hook, transcoders: [{{id, layer, filepath}}]): {error}") from None
-    layers = [int(entry["layer"]) for entry in entries]
+                                f"feature_output_hook, transcoders: [files] or [{{id, layer, filepath}}]): {error}"
+                                ) from None
+    if cross_layer:
+        return _clt_of(cfg, path, entries, reads, writes).to(device=device, dtype=dtype)
+    layers = [layer for layer, _, _ in files]
     if layers != list(range(len(layers))):
         raise InvalidDictionary(f"{path} has transcoders for layers {layers}: a set has one per layer from 0")
+    out = [_read_layer(_local(file, path), layer, (reads, writes), name)
+           for layer, file, name in files]
+    return [t.to(device=device, dtype=dtype) for t in out]
+
+
+def _clt_of(cfg: dict, path: Path, entries: Any, reads: Any, writes: Any) -> CrossLayerTranscoder:
+    """The cross-layer transcoder a ``model_kind: cross_layer_transcoder`` config names."""
+    scan = str(cfg.get("scan") or path.parent.name)
+    if isinstance(entries, list):  # Gemma Scope 2's files, one per layer (circuit-tracer reads them so)
+        files = [_local(str(e), path) for e in entries]
+        points = None if reads is None else (str(reads), str(writes or "hook_mlp_out"))
+        return gemma_scope.read_clt(files[0].parent if files else path.parent, points, name=scan, files=files)
+    folder = path.parent / str(cfg.get("subfolder") or "")
+    return load_clt(folder, feature_input_hook=reads or "hook_resid_mid", feature_output_hook=writes or "hook_mlp_out",
+                    name=scan)
+
+
+def _by_layer(pattern: str, device: Any, dtype: torch.dtype | None) -> list[Dictionary]:
+    """One transcoder per block from ``pattern`` with ``{layer}`` 0, 1, ... while the path exists."""
     out = []
-    for entry in entries:
-        file = str(entry["filepath"])
-        if "://" in file:
-            raise InvalidDictionary(f"{path}: {file} is remote; nncanon reads local files (download it and give its "
-                                    "path, relative to the config)")
-        layer = int(entry["layer"])
-        weights = _read_layer(path.parent / file)
-        architecture = (("jumprelu_" if "threshold" in weights else "")
-                        + ("skip_transcoder" if "W_skip" in weights else "transcoder"))
-        out.append(Dictionary.from_tensors(
-            **weights, architecture=architecture,
-            hook_name=f"blocks.{layer}.{_hook(reads)}", hook_name_out=f"blocks.{layer}.{_hook(writes)}",
-            name=str(entry.get("id", f"layer-{layer}"))).to(device=device, dtype=dtype))
+    while Path(pattern.replace("{layer}", str(len(out)))).exists():
+        layer = len(out)
+        path = Path(pattern.replace("{layer}", str(layer)))
+        if path.is_dir() and (path / "cfg.json").is_file():
+            out.append(Dictionary.load(path, device=device, dtype=dtype))
+        else:
+            out.append(_read_layer(path, layer, None, None).to(device=device, dtype=dtype))
+    if not out:
+        raise InvalidDictionary(f"{pattern!r} with layer 0 ({pattern.replace('{layer}', '0')}) does not exist")
+    numbered = re.compile(re.escape(pattern).replace(re.escape("{layer}"), r"(\d+)"))
+    later = sorted(int(found.group(1)) for found in map(numbered.fullmatch, glob.glob(pattern.replace("{layer}", "*")))
+                   if found and int(found.group(1)) > len(out))
+    if later:
+        raise InvalidDictionary(f"{pattern!r} exists for layers 0..{len(out) - 1}, then not for layer {len(out)}, but "
+                                f"for layer {later[0]} again: a set has one transcoder per layer from 0, none missing")
     return out
 
 
-def _hook(name: str) -> str:
-    """circuit-tracer's MLP wrapper hooks as the name table's names (its ``mlp.hook_in`` is the MLP module's input,
-    a name of the table; its ``mlp.hook_out`` the MLP's contribution, ``hook_mlp_out``)."""
-    return {"mlp.hook_out": "hook_mlp_out"}.get(name, name)
+def _local(file: str, config: Path) -> Path:
+    """A config's entry as a local path: relative to the config, or an ``hf://org/repo/file[?revision=...]`` URI
+    found in the local Hugging Face cache (nncanon downloads nothing)."""
+    if not file.startswith("hf://"):
+        if "://" in file:
+            raise InvalidDictionary(f"{config}: {file} is remote; nncanon reads local files (download it and give its "
+                                    "path, relative to the config)")
+        return config.parent / file
+    parsed = urlparse(file)
+    repo, _, name = parsed.path.lstrip("/").partition("/")
+    revision = parse_qs(parsed.query).get("revision", [None])[0]
+    found = try_to_load_from_cache(f"{parsed.netloc}/{repo}", name, revision=revision) if name else None
+    if not isinstance(found, str):
+        raise InvalidDictionary(f"{config}: {file} is remote and not in the local Hugging Face cache; nncanon reads "
+                                f"local files: download it first (hf download {parsed.netloc}/{repo} {name}), or give "
+                                "its path, relative to the config")
+    return Path(found)
 
 
-def _read_layer(file: Path) -> dict[str, torch.Tensor]:
-    """One layer's weights as `Dictionary.from_tensors` takes them."""
-    if not file.is_file():
+def _read_layer(file: Path, layer: int, points: tuple[str, str] | None, name: str | None) -> Dictionary:
+    """One layer's transcoder, by its file's layout (Gemma Scope's, or circuit-tracer's ``.safetensors``)."""
+    if not file.exists():
         raise InvalidDictionary(f"the transcoder file {file} does not exist")
-    if file.suffix == ".npz":
-        raw = {key: torch.from_numpy(value) for key, value in np.load(file).items()}
-        weights = {"W_enc": raw["W_enc"], "b_enc": raw["b_enc"], "W_dec": raw["W_dec"], "b_dec": raw["b_dec"],
-                   "threshold": raw["threshold"]}
-    else:
-        raw = load_file(str(file))
-        if "W_enc" not in raw or "W_dec" not in raw:
-            raise InvalidDictionary(f"{file} has no W_enc or W_dec (it holds {sorted(raw)})")
-        weights = {"W_enc": raw["W_enc"].T.contiguous(), "W_dec": raw["W_dec"],  # circuit-tracer's to_safetensors
-                   "b_enc": raw.get("b_enc"), "b_dec": raw.get("b_dec")}
-        if raw.get("W_skip") is not None:
-            weights["W_skip"] = raw["W_skip"]
-        threshold = raw.get("activation_function.threshold", raw.get("threshold"))
-        if threshold is not None:
-            weights["threshold"] = threshold
-    return weights
+    if gemma_scope.is_gemma_scope(file):
+        return gemma_scope.read_transcoder(file, layer, points)
+    if file.is_dir():
+        raise InvalidDictionary(f"{file} holds no params.safetensors, params.npz or cfg.json: not a Gemma Scope, "
+                                "SAELens or nncanon transcoder folder")
+    if points is None:
+        raise InvalidDictionary(f"{file} is a circuit-tracer layer file: its config.yaml names where it reads and "
+                                "writes (feature_input_hook, feature_output_hook); load the config")
+    raw = _read_weights(file, "cpu")
+    if "W_enc" not in raw or "W_dec" not in raw:
+        raise InvalidDictionary(f"{file} has no W_enc or W_dec (it holds {sorted(raw)}): not circuit-tracer's layout "
+                                "nor Gemma Scope's")
+    weights = {"W_enc": raw["W_enc"].T.contiguous(), "W_dec": raw["W_dec"],  # circuit-tracer's to_safetensors
+               "b_enc": raw.get("b_enc"), "b_dec": raw.get("b_dec")}
+    if raw.get("W_skip") is not None:
+        weights["W_skip"] = raw["W_skip"]
+    threshold = raw.get("activation_function.threshold", raw.get("threshold"))
+    if threshold is not None:
+        weights["threshold"] = threshold
+    architecture = ("jumprelu_" if "threshold" in weights else "") + ("skip_transcoder" if "W_skip" in weights
+                                                                      else "transcoder")
+    reads, writes = points
+    return Dictionary.from_tensors(**weights, architecture=architecture, hook_name=f"blocks.{layer}.{reads}",
+                                   hook_name_out=f"blocks.{layer}.{writes}", name=name or f"layer-{layer}")
 
 
 def load_clt(folder: str | os.PathLike, *, feature_input_hook: str = "hook_resid_mid",
