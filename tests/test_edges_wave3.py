@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from nncanon import InvalidArgument, InvalidCollection
+from nncanon import files as nncanon_files
 from nncanon.sae import collection as collection_module
 from nncanon.sae.collection import collect_activations, iterate_activations, load_activations
 from nncanon.testing import tiny_model
@@ -279,7 +280,7 @@ def test_missing_unreadable_and_unwritable_folders_are_invalid_collection(llama,
         raise PermissionError(13, "Permission denied")
 
     with monkeypatch.context() as patch:  # a disk that refuses the shard (root writes into a read-only folder)
-        patch.setattr(collection_module.files.tempfile, "mkstemp", refused)
+        patch.setattr(nncanon_files.tempfile, "mkstemp", refused)
         with pytest.raises(InvalidCollection, match=r"denied.*not writable.*Permission denied"):
             _collect(llama, tmp_path / "denied")
     if os.geteuid() == 0:

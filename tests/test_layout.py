@@ -23,8 +23,8 @@ README = PACKAGE.parents[1] / "README.md"
 
 #: Bottom to top: each layer's modules and folders (dotted names under ``nncanon``; ``""`` is the package root).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("foundation", ("errors", "versions", "quiet", "threads", "hub", "registry", "scope", "nnsight_internals",
-                    "quantization")),
+    ("foundation", ("errors", "files", "versions", "quiet", "threads", "hub", "registry", "scope",
+                    "nnsight_internals", "quantization")),
     ("surface", ("order", "gradients", "served", "components", "families", "mounting", "support", "reading",
                  "resuming", "steering", "inputs", "skipping", "traced", "mounted", "model_sites")),
     ("proof", ("proof",)),

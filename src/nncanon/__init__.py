@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # (for type checkers and the API reference, which read the na
     from .demo import demo_dictionary, demo_model
     from .errors import (
         BatchCoupledWarning,
+        CannotWrite,
         ConfigChanged,
         DictionaryDetached,
         DictionaryMismatch,
@@ -50,6 +51,7 @@ if TYPE_CHECKING:  # (for type checkers and the API reference, which read the na
 
 _ERRORS = (
     "BatchCoupledWarning",
+    "CannotWrite",
     "ConfigChanged",
     "DictionaryDetached",
     "DictionaryMismatch",
@@ -92,6 +94,7 @@ _WHERE = {
 
 __all__ = [
     "BatchCoupledWarning",
+    "CannotWrite",
     "ConfigChanged",
     "DictionaryDetached",
     "DictionaryMismatch",

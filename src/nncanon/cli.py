@@ -9,7 +9,8 @@ Commands:
     nncanon infer MODEL_OR_FOLDER     infer the family record of a model from a twin of its config, prove it, and
                                       print the proof table, the Family(...) and a model_registry record
     nncanon infer --leave-one-out     infer every registered model type with its own record unused; compare
-    nncanon view FILE_OR_DIR          serve the views' pages (nncanon.views) on 127.0.0.1 and print the address
+    nncanon view FILE_OR_DIR          serve the views' pages (nncanon.views), a saved graph (.pt, --tokenizer) or a
+                                      graph JSON on 127.0.0.1 and print the address
 
 Exit codes: 0 success, 1 a check failed, 2 bad usage or a model that cannot be loaded.
 """
@@ -18,11 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
+
+from .files import unwritable
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -150,7 +152,7 @@ def _ablate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     out = Path(args.out)  # (the usage errors first: before torch, transformers and nnsight are imported)
-    problem = _unwritable(out)
+    problem = unwritable(out)
     if problem is not None:
         return _usage(f"--out {args.out!r}: {problem}; give a folder you can write to")
     if not args.prompt:
@@ -221,19 +223,25 @@ def _ablate(args: argparse.Namespace) -> int:
 def _view(args: argparse.Namespace) -> int:
     from .views.cli import run_view
 
-    return run_view(args)
+    return run_view(args, _tokenizer)
 
 
-def _unwritable(folder: Path) -> str | None:
-    """Why files cannot be written into ``folder``, or ``None`` if they can (nothing is created to find out)."""
-    existing = folder.absolute()
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"cannot create the folder: {existing} is a file"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"cannot write into {existing}"
-    return None
+def _tokenizer(name: str, recorded: bool = False) -> Any:
+    """A tokenizer by name, as ``nncanon graph`` loads models: a demo model's (``gpt2``, ``llama``, ``hybrid``), a
+    local folder's or a hub id's (``recorded``: a name a graph holds, so local files only, no download);
+    `TokenizerNotFound` naming it where there is none."""
+    from transformers import AutoTokenizer
+
+    from .demo import DEMO_MODELS, demo_path
+    from .errors import TokenizerNotFound
+
+    source = str(demo_path(name)) if name in DEMO_MODELS else name
+    try:
+        return AutoTokenizer.from_pretrained(source, local_files_only=recorded)
+    except (OSError, ValueError) as error:
+        message = " ".join(str(error).split())[:200] or type(error).__name__
+        raise TokenizerNotFound(f"no tokenizer {name!r} here (a demo model's name, a hub id or a folder holding "
+                                f"tokenizer files): {message}") from None
 
 
 def _attention(value: str) -> str:
@@ -255,9 +263,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _graph(args: argparse.Namespace) -> int:
     from .graphs.cli import run
-    from .views.graph import write_graph_page
+    from .views.graph import graph_page
 
-    return run(args, _load, write_graph_page)
+    return run(args, _load, graph_page)
 
 
 def _matrix(args: argparse.Namespace) -> int:
@@ -401,6 +409,10 @@ def build_parser() -> argparse.ArgumentParser:
     graph.add_argument("--node-threshold", type=float, default=0.8, help="pruning: cumulative node influence kept")
     graph.add_argument("--edge-threshold", type=float, default=0.98, help="pruning: cumulative edge influence kept")
     graph.add_argument("--batch-size", type=int, default=64, help="targets per backward pass")
+    graph.add_argument("--offload", choices=["cpu", "disk"], default=None,
+                       help="where finished rows live: host memory (cpu) or memory-mapped files (disk) (default: host)")
+    graph.add_argument("--offload-dir", default=None,
+                       help="with --offload disk: the folder of the rows' files (default: TMPDIR, else /tmp)")
     graph.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     graph.set_defaults(run=_graph)
 
@@ -414,7 +426,11 @@ def build_parser() -> argparse.ArgumentParser:
     support.set_defaults(run=_support)
 
     view = command("view", "serve a view's page (.html), a saved graph (.pt) or a folder of pages on 127.0.0.1")
-    view.add_argument("path", help="an .html page of nncanon.views, a graph saved with Graph.to_pt, or a folder")
+    view.add_argument("path", help="an .html page of nncanon.views, a graph saved with Graph.to_pt (.pt), a graph "
+                                   "JSON (.json, nncanon graph / circuit-tracer), or a folder")
+    view.add_argument("--tokenizer", default=None,
+                      help="decode a .pt graph's tokens: a demo model's name, a hub id or a folder (default: the "
+                           "tokenizer the graph names, else token ids)")
     view.add_argument("--port", type=int, default=8765, help="the port (0: any free port; the address is printed)")
     view.add_argument("-q", "--quiet", action="store_true", help="no request log")
     view.set_defaults(run=_view)

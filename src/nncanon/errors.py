@@ -149,6 +149,13 @@ class InvalidCollection(NncanonError, ValueError):
     with. The message names the file or the setting."""
 
 
+class CannotWrite(NncanonError, OSError):
+    """Files nncanon was asked to write cannot be written there: the output path is a symbolic link, a FIFO, a file
+    or a read-only folder; a file's name is held by something a rename must not replace; the disk is full; another
+    process is writing the same folder. The message names the path. Nothing half-written is left under a file's
+    name: each file is the old one or the whole new one (written to a temporary file, then renamed)."""
+
+
 class DictionaryDetached(NncanonError, RuntimeError):
     """A dictionary's values (``features``, ``reconstruction``, ``error``...) used after ``detach()``: the
     dictionary no longer reads the model. Attach it again to read it."""

@@ -11,6 +11,9 @@ from safetensors.torch import save_file
 
 from nncanon import InvalidArgument, cli, demo_model, graphs, views
 from nncanon.cli import EXIT_OK, EXIT_USAGE, main
+from nncanon.graphs import formats
+
+from .test_edges_out import _no_temporaries, _write
 
 PROMPT = "The Eiffel Tower is in the city of"
 
@@ -92,3 +95,21 @@ def test_demo_transcoders_are_one_per_block_and_refuse_other_models():
         assert all(t.dtype == torch.float32 for t in transcoders)
     with pytest.raises(InvalidArgument, match="no demo transcoders for 'qwen3'"):
         graphs.demo_transcoders("qwen3")
+
+
+def test_a_folder_of_earlier_graphs_keeps_them_and_a_slug_is_replaced_whole(tmp_path, capsys):
+    _write(tmp_path, "first", seed=1)
+    _write(tmp_path, "eiffel", seed=2)
+    kept = (tmp_path / "first.json").read_bytes()
+    code = main(["graph", "--model", "gpt2", PROMPT, "--out", str(tmp_path), "--slug", "eiffel",
+                 "--max-feature-nodes", "4", "--max-n-logits", "1", "-q"])
+    assert code == EXIT_OK, capsys.readouterr().err
+    listing = json.loads((tmp_path / formats.LISTING).read_text())
+    assert [g["slug"] for g in listing["graphs"]] == ["first", "eiffel"]  # the same slug's entry replaced, not doubled
+    assert (tmp_path / "first.json").read_bytes() == kept
+    saved = graphs.Graph.from_pt(tmp_path / "eiffel.pt")
+    assert saved.cfg["model_name"] == "gpt2" and saved.cfg["tokenizer"] == "gpt2"
+    record = json.loads((tmp_path / "eiffel.json").read_text())
+    assert record["metadata"]["prompt"] == saved.input_string and listing["graphs"][1] == record["metadata"]
+    assert 'data-view="graph"' in (tmp_path / "graph.html").read_text()  # the latest graph's page
+    assert _no_temporaries(tmp_path)

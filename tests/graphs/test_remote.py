@@ -1,11 +1,14 @@
 """A graph's traces run remotely like every nncanon trace: with nnsight's ``remote="local"`` simulation (the request
-serialised and run with nncanon hidden on the "server"), the graph equals the local one bit for bit."""
+serialised and run with nncanon hidden on the "server"), the graph equals the local one bit for bit, and its frozen
+forward is checked against the clean run as a local graph's is (the first request returns batch row 0's values)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from nncanon import graphs
+from nncanon import ValueNotAvailable, graphs
+from nncanon.graphs import attribution
 
 from ..test_remote import _hosted, server_without_nncanon  # noqa: F401  (the fixture hiding nncanon)
 
@@ -20,3 +23,16 @@ def test_remote_graph_equals_local(tmp_path, monkeypatch, server_without_nncanon
                  "logit_targets", "logit_probabilities"):
         assert torch.equal(getattr(remote, name), getattr(local, name)), name
     assert local.n_features == 10 and local.adjacency_matrix.abs().sum() > 0
+    # a frozen value that is not the clean run's (block 1's pattern scaled by 1.5): the remote graph's forward check
+    # fails with the numbers (before, a remote graph's rows ran on the server unchecked, and this graph was served)
+    setup = attribution.setup
+
+    def broken(*args, **kwargs):
+        s = setup(*args, **kwargs)
+        s.clean.frozen[1]["attention_probabilities"] = s.clean.frozen[1]["attention_probabilities"] * 1.5
+        return s
+
+    monkeypatch.setattr(attribution, "setup", broken)
+    with pytest.raises(ValueNotAvailable, match=r"on the frozen replacement model (the head's output|layers\[\d\]'s "
+                                                r"transcoder input \(mlp_input\)) differs from the clean run's by "):
+        graphs.attribute(model, "The cat sat on the mat", transcoders, remote="local", **options)

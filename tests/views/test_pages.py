@@ -175,7 +175,7 @@ def test_nncanon_view_serves_a_folder_and_a_saved_graph(tmp_path, monkeypatch, c
     assert "no such file or folder" in capsys.readouterr().err
     (tmp_path / "notes.txt").write_text("not a page")
     assert main(["view", str(tmp_path / "notes.txt")]) == 2
-    assert "not a page (.html), a saved graph (.pt) or a folder" in capsys.readouterr().err
+    assert "not a page (.html), a saved graph (.pt), a graph JSON (.json) or a folder" in capsys.readouterr().err
 
 
 def test_nncanon_ablate_writes_its_page_beside_the_png(tmp_path, capsys, gpt2):

@@ -22,16 +22,19 @@ Batch row 0 of that run has every leaf at its clean value: the graph's forward c
 
 from __future__ import annotations
 
+import os
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..errors import InvalidArgument, InvalidDictionary, InvalidInput, ValueNotAvailable
+from .. import files
+from ..errors import CannotWrite, InvalidArgument, InvalidDictionary, InvalidInput, ValueNotAvailable
 from .coders import Coders, check_transcoders
 from .graph import Graph
-from .memory import plan_batch
+from .memory import GraphTooLarge, plan_batch
 from .replacement import Clean, Plan, clean_run, frozen_body, frozen_run, plan_of
 
 
@@ -241,32 +244,40 @@ class _Rows:
 
 class _RemoteRows:
     """`_Rows` for a remote model: each call is one request (``remote`` as ``model.trace`` takes it) that runs the
-    frozen forward of ``batch`` copies on leaves made there, the targets' backward, and returns the rows only."""
+    frozen forward of ``batch`` copies on leaves made there, the targets' backward, and returns the rows; the first
+    request also returns batch row 0's transcoder inputs and head output (every leaf at its clean value), checked
+    here against the clean run's (`_check_forward`) before any row is kept."""
 
     def __init__(self, s: Setup, batch: int, remote: Any) -> None:
         self.s, self.batch, self.remote = s, batch, remote
+        self.checked = False
 
     def __call__(self, features: torch.Tensor, logits: torch.Tensor, retain: bool = True) -> torch.Tensor:
-        s, batch = self.s, self.batch
+        s, batch, first = self.s, self.batch, not self.checked
         n = len(features) + len(logits)
+        forward: list[torch.Tensor] = []
         with torch.enable_grad(), s.model.trace(s.ids.expand(batch, -1), remote=self.remote):
             leaves = [value.expand(batch, -1, -1).clone().requires_grad_() for value in [s.clean.embeddings,
                                                                                         *s.leaves]]
             inputs, head = frozen_body(s.model, s.plan, s.clean, leaves[0], leaves[1:], s.transcoders)
+            if first:  # (row 0 of the frozen run, detached: the forward check's values)
+                forward.extend([x[0].detach().save() for x in inputs] + [head[0].detach().save()])
             targets = target_values(s, inputs, head, features, logits, torch.arange(n, device=head.device))
             grads = torch.autograd.grad(targets.sum(), leaves, allow_unused=True, materialize_grads=True)
             rows = gradient_rows(s, list(grads), n).save()
+        if first:
+            _check_forward(s, forward[:-1], forward[-1])
+            self.checked = True
         return rows
 
 
 def build(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
           max_feature_nodes: int | None = None, batch_size: int = 64, offload: str | None = None,
           update_interval: int = 4, zero_bos: bool | None = None, verbose: bool = False,
-          memory_limit: int | None = None, remote: Any = None) -> Graph:
+          memory_limit: int | None = None, remote: Any = None, offload_dir: str | os.PathLike | None = None
+          ) -> Graph:
     """`nncanon.graphs.attribute` without the model's linearity proof (`nncanon.graphs.proof.support`)."""
-    if offload not in OFFLOAD:
-        raise InvalidArgument(f"offload={offload!r}: one of {OFFLOAD} (finished rows on the host; 'disk': in a "
-                              "memory-mapped file)")
+    store = _Store(offload, offload_dir)  # (a folder that cannot hold the rows refused before any work)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise InvalidArgument(f"batch_size must be a positive int, not {batch_size!r}")
     s = setup(model, prompt, transcoders, max_n_logits=max_n_logits, desired_logit_prob=desired_logit_prob,
@@ -279,12 +290,11 @@ def build(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, 
     batch = max(1, min(batch_size, max(n_logits, n_features)))
     batch, _ = plan_batch(model, n_pos, n_features + n_logits, total, batch, offload=offload, limit=memory_limit,
                           verbose=verbose, n_nodes=n_features + (n_layers + 1) * n_pos + n_logits)
-    store = _Store(offload)
     if remote:
-        rows: _Rows | _RemoteRows = _RemoteRows(s, batch, remote)
+        rows: _Rows | _RemoteRows = _RemoteRows(s, batch, remote)  # (checked at its first request)
     else:
         rows = _Rows(s, batch)
-        _check_forward(s, rows)   # a remote graph's rows run on the server: its forward is not kept here
+        _check_forward(s, [x[0] for x in rows.inputs], rows.head[0])
     edges = store.zeros(n_features + n_logits, total)
     row_node = torch.zeros(n_features + n_logits, dtype=torch.long)
     no = torch.zeros(0, dtype=torch.long, device=s.active.device)
@@ -334,21 +344,21 @@ def build(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, 
 FORWARD_RTOL = 1e-4
 
 
-def _check_forward(s: Setup, rows: _Rows) -> None:
-    """Every graph's forward check, on the rows' frozen run (its batch row 0 has every leaf at its clean value): the
-    transcoders' inputs and the head's output are the clean run's surface values; `ValueNotAvailable` with the
-    numbers where not (a read the frozen model does not compute as the surface serves it)."""
+def _check_forward(s: Setup, inputs: list[torch.Tensor], head: torch.Tensor) -> None:
+    """Every graph's forward check, on batch row 0 of the rows' frozen run (every leaf at its clean value), local or
+    remote: the transcoders' inputs ``inputs`` (per block ``[n, d]``) and the head's output ``head`` ``[n, vocab]``
+    are the clean run's surface values; `ValueNotAvailable` with the numbers where not (a read the frozen model
+    does not compute as the surface serves it)."""
     worst = []
     with torch.no_grad():
-        for layer, x in enumerate(rows.inputs):
-            error = float((x[0].double() - s.clean.inputs[layer].double()).abs().max()
+        for layer, x in enumerate(inputs):
+            error = float((x.double() - s.clean.inputs[layer].double()).abs().max()
                           / (s.clean.inputs[layer].double().abs().max() + 1e-12))
             worst.append((error, f"layers[{layer}]'s transcoder input ({s.plan.reads[layer]})"))
-        head = rows.head[0].double()
-        worst.append((float((head - s.clean.head.double()).abs().max() / (s.clean.head.double().abs().max() + 1e-12)),
-                      "the head's output"))
+        worst.append((float((head.double() - s.clean.head.double()).abs().max()
+                            / (s.clean.head.double().abs().max() + 1e-12)), "the head's output"))
     error, where = max(worst)
-    if error > FORWARD_RTOL:
+    if not error <= FORWARD_RTOL:  # (NaN fails too)
         raise ValueNotAvailable(f"no attribution graph on this {s.model.config.model_type} model with these "
                                 f"transcoders: on the frozen replacement model {where} differs from the clean run's "
                                 f"by {error:.2e} relative (tolerance {FORWARD_RTOL:.0e})")
@@ -358,19 +368,65 @@ def _check_forward(s: Setup, rows: _Rows) -> None:
 OFFLOAD = (None, "cpu", "disk")
 
 
-class _Store:
-    """Where the rows and the adjacency matrix live: host memory, or (``"disk"``) memory-mapped temporary files
-    (deleted when the tensors are)."""
+def check_offload(offload: str | None, folder: str | os.PathLike | None) -> Path | None:
+    """The folder of ``offload="disk"``'s files (``folder``, else ``None``: the temporary folder, ``TMPDIR``
+    honoured), checked before any work: `InvalidArgument` for a folder without ``offload="disk"``, `CannotWrite` for
+    one that is missing, not a folder or read-only (or no usable temporary folder at all)."""
+    if offload not in OFFLOAD:
+        raise InvalidArgument(f"offload={offload!r}: one of {OFFLOAD} (finished rows on the host; 'disk': in a "
+                              "memory-mapped file)")
+    if folder is not None and offload != "disk":
+        raise InvalidArgument(f"offload_dir={os.fspath(folder)!r} is for offload='disk' (offload={offload!r})")
+    if offload != "disk":
+        return None
+    try:
+        where = Path(folder) if folder is not None else Path(tempfile.gettempdir())
+    except OSError as error:  # (no usable temporary folder at all)
+        raise CannotWrite(f"offload='disk': no temporary folder to hold the rows' files ({error}); give offload_dir= "
+                          "(nncanon graph --offload-dir) a writable folder, or set TMPDIR") from None
+    if not where.is_dir():
+        raise CannotWrite(f"offload='disk': the folder of the rows' files {where} does not exist or is not a folder; "
+                          "give offload_dir= (nncanon graph --offload-dir) a folder, or set TMPDIR")
+    problem = files.unwritable(where)
+    if problem is not None:
+        raise CannotWrite(f"offload='disk': {problem} (the folder of the rows' files); give offload_dir= "
+                          "(nncanon graph --offload-dir) a writable folder, or set TMPDIR")
+    return Path(folder) if folder is not None else None
 
-    def __init__(self, offload: str | None) -> None:
+
+class _Store:
+    """Where the rows and the adjacency matrix live: host memory, or (``"disk"``) memory-mapped files in ``folder``
+    (default: the temporary folder, ``TMPDIR`` honoured), deleted when the tensors are. Each file's blocks are
+    allocated before it is mapped, so a full disk is `GraphTooLarge` naming the folder now, not a crash at a later
+    write into the mapping; a folder that is missing, not a folder or read-only is `CannotWrite`."""
+
+    def __init__(self, offload: str | None, folder: str | os.PathLike | None = None) -> None:
         self.disk = offload == "disk"
+        self.folder = check_offload(offload, folder)
 
     def zeros(self, rows: int, cols: int) -> torch.Tensor:
         if not self.disk:
             return torch.zeros(rows, cols)
-        with tempfile.NamedTemporaryFile(prefix="nncanon-graph-", suffix=".f32") as file:
+        where = str(self.folder) if self.folder is not None else None
+        try:
+            descriptor, name = tempfile.mkstemp(prefix="nncanon-graph-", suffix=".f32", dir=where)
+        except OSError as error:
+            raise CannotWrite(f"offload='disk': cannot create the rows' file in {where or tempfile.gettempdir()} "
+                              f"({error.strerror}); give offload_dir= a writable folder, or set TMPDIR") from None
+        size = rows * cols * 4
+        try:
+            try:
+                if size and hasattr(os, "posix_fallocate"):  # (where the system has none: a sparse file, as before)
+                    os.posix_fallocate(descriptor, 0, size)
+            except OSError as error:
+                raise GraphTooLarge(f"offload='disk': the rows' file needs {size / 2 ** 30:.2f} GiB in "
+                                    f"{os.path.dirname(name)}, which cannot hold it ({error.strerror}); free space "
+                                    "or give offload_dir= a folder on a larger disk") from None
             # (mapped before the name is removed: the mapping keeps the file's pages until the tensor is freed)
-            return torch.from_file(file.name, shared=True, size=rows * cols, dtype=torch.float32).view(rows, cols)
+            return torch.from_file(name, shared=True, size=rows * cols, dtype=torch.float32).view(rows, cols)
+        finally:
+            os.close(descriptor)
+            os.unlink(name)
 
 
 def partial_influences(edges: torch.Tensor, logit_probs: torch.Tensor, row_node: torch.Tensor, total: int,

@@ -1,7 +1,8 @@
 """Graphs and transcoder sets in circuit-tracer's formats.
 
 - `write_graph_json`: the graph JSON circuit-tracer's frontend and Neuronpedia's graph viewer read (circuit-tracer's
-  ``create_graph_files``: the graph pruned by influence, its nodes and links, ``graph-metadata.json`` beside it).
+  ``create_graph_files``: the graph pruned by influence, its nodes and links, ``graph-metadata.json`` beside it),
+  each file written whole or not at all, one writer of a folder at a time (`nncanon.files`).
 - `load_transcoders`: a circuit-tracer transcoder set (a YAML config naming ``feature_input_hook``,
   ``feature_output_hook`` as TransformerLens hook names and one file per layer: ``.safetensors`` in its ReLU
   layout, ``W_enc [d_sae, d_model]``, ``W_dec [d_sae, d_model]``, optional ``W_skip`` and JumpReLU's
@@ -32,7 +33,8 @@ import yaml
 from huggingface_hub import try_to_load_from_cache
 from safetensors.torch import load_file, save_file
 
-from ..errors import InvalidDictionary
+from .. import files
+from ..errors import CannotWrite, InvalidArgument, InvalidDictionary
 from ..sae import Dictionary
 from ..sae.dictionary import _read_weights
 from . import gemma_scope
@@ -62,8 +64,9 @@ def _nodes(graph: Graph, node_mask: torch.Tensor, scores: torch.Tensor, decode: 
                     "activation": float(graph.activation_values[active])}
         elif index < errors_end:
             layer, pos = divmod(index - graph.n_features, graph.n_pos)
-            node = {"node_id": f"0_{layer}_{pos}", "feature": -1, "layer": str(layer), "ctx_idx": pos,
-                    "feature_type": "mlp reconstruction error", "jsNodeId": f"{layer}_{pos}-0"}
+            # (circuit-tracer's ids: feature -1 in them, so no feature's node_id or jsNodeId is an error's)
+            node = {"node_id": f"{layer}_-1_{pos}", "feature": -1, "layer": str(layer), "ctx_idx": pos,
+                    "feature_type": "mlp reconstruction error", "jsNodeId": f"{layer}_-1-{pos}"}
         elif index < tokens_end:
             pos = index - errors_end
             vocab = int(graph.input_tokens[pos])
@@ -109,19 +112,90 @@ def graph_json(graph: Graph, slug: str, tokenizer: Any, scan: str | list[str] | 
             "nodes": used, "links": links}
 
 
+#: The folder's list of graphs (circuit-tracer's frontend shows it), and the lock of a folder's writers.
+LISTING, LOCK = "graph-metadata.json", ".nncanon-graph.lock"
+
+#: Seconds a writer waits for another writing the same folder before `CannotWrite` names it.
+LOCK_WAIT = 30.0
+
+
+def check_slug(slug: str) -> None:
+    """`InvalidArgument` unless ``slug`` names a file in the folder (no separator, not hidden, not empty)."""
+    if (not isinstance(slug, str) or not slug or slug.startswith(".") or "/" in slug or os.sep in slug
+            or "\0" in slug):
+        raise InvalidArgument(f"the graph's slug {slug!r} must name a file in the folder: no '/', not empty, not "
+                              "starting with '.'")
+
+
+def read_listing(out_dir: str | os.PathLike) -> dict:
+    """The folder's ``graph-metadata.json`` (``{"graphs": [metadata, ...]}``; an empty list where there is none).
+
+    Raises:
+        CannotWrite: a listing that is not a regular file (a FIFO, a link), or not the JSON nncanon and
+            circuit-tracer write (cut or edited): a new graph cannot be added to it.
+    """
+    path = Path(out_dir) / LISTING
+    if not os.path.lexists(path):
+        return {"graphs": []}
+    data = files.read_regular(path, "the folder's list of graphs", CannotWrite)
+    try:
+        listing = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        listing = error
+    if not (isinstance(listing, dict) and isinstance(listing.get("graphs"), list)
+            and all(isinstance(g, dict) for g in listing["graphs"])):
+        what = f"not valid JSON ({listing})" if isinstance(listing, Exception) else 'not {"graphs": [...]}'
+        raise CannotWrite(f"{path} is not a list of graphs nncanon or circuit-tracer wrote: it is {what}; it was cut "
+                          "or edited. Move it away, or write into another folder")
+    return listing
+
+
+def graph_files(graph: Graph, out_dir: str | os.PathLike, slug: str, tokenizer: Any, **options: Any
+                ) -> dict[str, bytes]:
+    """The files `write_graph_json` writes: ``<slug>.json`` (`graph_json`) and the folder's listing with the graph's
+    entry (an entry of the same slug replaced), by name, the listing last."""
+    check_slug(slug)
+    record = graph_json(graph, slug, tokenizer, **options)
+    listing = read_listing(out_dir)
+    listing["graphs"] = [g for g in listing["graphs"] if g.get("slug") != slug] + [record["metadata"]]
+    return {f"{slug}.json": json.dumps(record, indent=2).encode("utf-8"),
+            LISTING: json.dumps(listing, indent=2).encode("utf-8")}
+
+
+def writing(out_dir: str | os.PathLike, wait: float | None = None) -> Any:
+    """A context holding ``out_dir``'s writers' lock (created, checked: `nncanon.files.folder_problem`), waiting up to
+    ``wait`` seconds (default `LOCK_WAIT`) for another writer; `CannotWrite` naming the path where it cannot."""
+    out = Path(out_dir)
+    problem = files.folder_problem(out)
+    if problem is not None:
+        raise CannotWrite(f"{os.fspath(out_dir)}: {problem}")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CannotWrite(f"{os.fspath(out_dir)} cannot be created ({error.strerror})") from None
+    return files.locked(out, LOCK, CannotWrite, "two writers of one graph folder would mix their listings; wait for "
+                        "the other to finish, or write into another folder", LOCK_WAIT if wait is None else wait)
+
+
 def write_graph_json(graph: Graph, out_dir: str | os.PathLike, slug: str, tokenizer: Any, **options: Any) -> Path:
     """Write ``<out_dir>/<slug>.json`` (`graph_json`) and add it to ``<out_dir>/graph-metadata.json`` (the list
-    the frontend shows); returns the graph file's path."""
+    the frontend shows: an entry of the same slug is replaced, the others kept); returns the graph file's path.
+
+    Each file is written whole or not at all (a temporary file renamed over its name, the listing last), one
+    writer of the folder at a time (`writing`).
+
+    Raises:
+        CannotWrite: ``out_dir`` is a symbolic link, a FIFO, a file or read-only; a listing there that is cut or
+            edited; a full disk; another writer holding the folder longer than `LOCK_WAIT`.
+        InvalidArgument: a slug that does not name a file in the folder.
+    """
+    check_slug(slug)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    record = graph_json(graph, slug, tokenizer, **options)
-    path = out / f"{slug}.json"
-    path.write_text(json.dumps(record, indent=2))
-    index = out / "graph-metadata.json"
-    listing = json.loads(index.read_text()) if index.exists() else {"graphs": []}
-    listing["graphs"] = [g for g in listing["graphs"] if g.get("slug") != slug] + [record["metadata"]]
-    index.write_text(json.dumps(listing, indent=2))
-    return path
+    if out.is_dir() and not out.is_symlink():
+        read_listing(out)  # (a listing that cannot take the graph refused before the folder's lock file is made)
+    with writing(out):
+        files.write_all(out, graph_files(graph, out, slug, tokenizer, **options), CannotWrite, "write_graph_json")
+    return out / f"{slug}.json"
 
 
 def load_transcoders(config: str | os.PathLike, *, device: str | torch.device = "cpu",

@@ -111,11 +111,15 @@ class Graph:
         torch.save(record, path)
 
     @classmethod
-    def from_pt(cls, path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Graph:
-        """A graph saved by `to_pt` (or circuit-tracer's ``to_pt``, whose ``cfg`` is read for ``n_layers``)."""
-        record = torch.load(path, map_location=map_location, weights_only=False)
+    def from_pt(cls, path: str | os.PathLike, map_location: str | torch.device = "cpu",
+                weights_only: bool = False) -> Graph:
+        """A graph saved by `to_pt` (or circuit-tracer's ``to_pt``, whose ``cfg`` is read for ``n_layers``).
+        ``weights_only``: unpickle tensors and plain data only (`to_pt`'s files; a file from elsewhere then runs no
+        code, and circuit-tracer's, holding its config object, is refused)."""
+        record = torch.load(path, map_location=map_location, weights_only=weights_only)
         if not isinstance(record, dict) or "adjacency_matrix" not in record:
-            raise InvalidInput(f"{os.fspath(path)} is not a saved attribution graph (no adjacency_matrix)")
+            name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "the file"
+            raise InvalidInput(f"{name} is not a saved attribution graph (no adjacency_matrix)")
         targets = record.get("logit_targets", record.get("logit_tokens"))
         if targets is not None and not isinstance(targets, torch.Tensor):  # circuit-tracer 0.5's LogitTarget list
             targets = torch.tensor([getattr(t, "vocab_idx", t) for t in targets])

@@ -1,6 +1,13 @@
 """`attribute`, on the models a graph can be built on: `support`, the structure's reasons and, where the structure
 allows one, the linearity proof on the model itself at first use (`nncanon.graphs.verify` on a graph of a short
-prompt over random transcoders), remembered per model.
+prompt over random transcoders reading where the graph's transcoders read), remembered per model and read sites.
+
+What is proved depends on where the transcoders read (`nncanon.graphs.coders.READS`): the frozen model computes a
+transcoder's input from the stream differently for ``mlp_input`` (the MLP module's input, through the frozen norm),
+``mlp_normalized`` (the stream centred over the clean run's scale), ``resid_mid`` and ``layer_input`` (sums of
+stream parts). So the proof runs on random transcoders reading the same site, block by block, as the transcoders of
+the graph asked for: a graph reading a site no earlier graph of the model read is proved before it is served (one
+small graph per model and read sites, cached).
 
 A block with a nonlinearity on the stream's path that is not a frozen value (a norm inside attention such as
 DeepSeek's compressed-KV norm or BitNet's sub-norms, a clamp of the values, a gate on attention's output) makes the
@@ -9,12 +16,15 @@ frozen model non-affine in the graph's sources: the proof measures it and the mo
 
 from __future__ import annotations
 
+import os
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import ValueNotAvailable
 from ..support import GRAPH_PROOF
 from .attribution import build
+from .coders import check_transcoders
 from .graph import Graph
 from .replacement import support as structural
 from .verify import random_transcoders, verify
@@ -25,39 +35,89 @@ PROMPT, RTOL = "The cat sat on the", 1e-4
 _PROVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def support(model: Any) -> str | None:
+def support(model: Any, reads: Sequence[str] | None = None) -> str | None:
     """Why no attribution graph of ``model`` can be built, or ``None`` (the structure allows it and the frozen
-    replacement model of a short prompt was proved affine in its sources, every edge its source's removal)."""
+    replacement model of a short prompt was proved affine in its sources, every edge its source's removal).
+
+    ``reads``: per block, the value of `nncanon.graphs.coders.READS` the transcoders read (default: the MLP's input,
+    `nncanon.graphs.random_transcoders`'s); each distinct ``reads`` is proved once per model."""
     reason = structural(model)
     if reason is not None:
         return reason
-    module = model._module
-    if module not in _PROVED:
-        _PROVED[module] = prove(model)
-    model.__dict__[GRAPH_PROOF] = _PROVED[module]  # (support()'s line on graphs)
-    return _PROVED[module]
+    default = _default_reads(model)
+    key = tuple(reads) if reads is not None else default
+    proved = _PROVED.setdefault(model._module, {})
+    if key not in proved:
+        proved[key] = prove(model, key)
+        _PROVED[model._module] = proved  # (a model loaded on meta has another module once the proof dispatched it)
+    if key == default:
+        model.__dict__[GRAPH_PROOF] = proved[key]  # (support()'s line on graphs: the default reads' proof)
+    return proved[key]
 
 
-def prove(model: Any) -> str | None:
-    """The linearity proof on ``model`` (a graph over random transcoders of `PROMPT`): ``None`` where it holds, the
-    reason with the numbers where not."""
-    transcoders = random_transcoders(model, n_features=8)
+def _default_reads(model: Any) -> tuple[str, ...]:
+    """The reads of `random_transcoders`' default set on ``model`` (per block)."""
+    cached = _DEFAULT.get(model._module)
+    if cached is None:
+        cached = _DEFAULT[model._module] = tuple(check_transcoders(model, random_transcoders(model, 1)).reads)
+    return cached
+
+
+_DEFAULT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def prove(model: Any, reads: Sequence[str] | None = None) -> str | None:
+    """The linearity proof on ``model`` (a graph over random transcoders of `PROMPT`, reading ``reads`` per block:
+    default the MLP's input): ``None`` where it holds, the reason with the numbers where not.
+
+    Each block's read must be a target of the proof's graph (a selected feature there), or the proof would not see
+    it: where the first graph (8 features per block, the 8 of most influence selected) leaves a block without one,
+    it is built again over 2 features per block firing wherever ``x · W_enc > 0`` (no encoder bias), every active
+    feature selected."""
+    sites = "" if reads is None else f" with transcoders reading {_sites(reads)}"
+    n_layers = len(model.layers)
     try:
+        transcoders = random_transcoders(model, n_features=8, reads=reads)
         graph = build(model, PROMPT, transcoders, max_n_logits=2, max_feature_nodes=8, zero_bos=False)
+        if _uncovered(graph, n_layers):
+            transcoders = random_transcoders(model, n_features=2, seed=1, reads=reads)
+            for transcoder in transcoders:
+                transcoder.b_enc.zero_()
+            graph = build(model, PROMPT, transcoders, max_n_logits=2, zero_bos=False)
     except Exception as error:  # any failure of the frozen model declines it, with what it was
-        return f"the frozen replacement model could not be run on it ({type(error).__name__}: {error})"
+        return f"the frozen replacement model{sites} could not be run on it ({type(error).__name__}: {error})"
+    unseen = _uncovered(graph, n_layers)
+    if unseen:
+        return (f"the linearity proof{sites} found no feature active at blocks {', '.join(map(str, unseen))} on its "
+                "prompt, so it could not check what the frozen model reads there")
     check = verify(model, graph, transcoders, samples=3, rtol=RTOL)
     if check.ok:
         return None
-    return (f"the frozen replacement model is not affine in the graph's sources on this model ({check}): a "
+    return (f"the frozen replacement model{sites} is not affine in the graph's sources on this model ({check}): a "
             "nonlinearity on the stream's path is not a frozen value (a norm inside attention, a clamp, a gate on "
             "a sublayer's output)")
+
+
+def _uncovered(graph: Graph, n_layers: int) -> list[int]:
+    """The blocks with no selected feature in ``graph`` (their transcoder's read is no target of it)."""
+    selected = graph.active_features[graph.selected_features][:, 0].tolist() if graph.n_features else []
+    return sorted(set(range(n_layers)) - set(selected))
+
+
+def _sites(reads: Sequence[str]) -> str:
+    """``reads`` in words: ``mlp_input`` (every block), or ``resid_mid`` at blocks 0, 2 and ``mlp_input`` at..."""
+    kinds = dict.fromkeys(reads)
+    if len(kinds) == 1:
+        return f"{reads[0]} (every block)"
+    return "; ".join(f"{kind} at blocks {', '.join(str(i) for i, r in enumerate(reads) if r == kind)}"
+                     for kind in kinds)
 
 
 def attribute(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
               max_feature_nodes: int | None = None, batch_size: int = 64, offload: str | None = None,
               update_interval: int = 4, zero_bos: bool | None = None, verbose: bool = False,
-              memory_limit: int | None = None, remote: Any = None) -> Graph:
+              memory_limit: int | None = None, remote: Any = None, offload_dir: str | os.PathLike | None = None
+              ) -> Graph:
     """An attribution graph of ``prompt`` (circuit-tracer's ``attribute``), unpruned.
 
     Args:
@@ -74,6 +134,8 @@ def attribute(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 
             fewer where they would not fit the memory available: `nncanon.graphs.memory`).
         offload: ``None`` or ``"cpu"``: finished rows kept in host memory; ``"disk"``: the rows and the adjacency
             matrix in memory-mapped temporary files (host memory no longer holds them). The model is not moved.
+        offload_dir: With ``offload="disk"``: the folder of those files (default: the temporary folder, ``TMPDIR``
+            honoured).
         update_interval: Batches between re-rankings of the features by influence.
         zero_bos: Zero position 0's features and errors (default: where the prompt starts with a special token).
         verbose: Print the memory estimate before the rows run.
@@ -81,21 +143,27 @@ def attribute(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 
             ``MemAvailable``).
         remote: Run the graph's traces remotely (``True``: NDIF; ``"local"``: nnsight's simulation), as
             ``model.trace(..., remote=...)`` does (docs/remote.md): the clean run, then one request per batch of
-            rows, each running the frozen forward and its backward on the server.
+            rows, each running the frozen forward and its backward on the server. The forward check runs there
+            too: the first request also returns batch row 0's transcoder inputs and head output, compared with the
+            clean run's before any row is kept.
 
     Returns:
         A `Graph` (rows of selected features and logits filled; node order in `nncanon.graphs.graph`).
 
     Raises:
         ValueNotAvailable: the model cannot be linearised (`nncanon.graphs.support`'s reason: its structure, or
-        the linearity proof's numbers); InvalidDictionary: a transcoder of another
-        width, one that names another point, NaN weights; InvalidInput: an empty prompt, NaN logits or features;
-        GraphTooLarge: the memory estimate exceeds what is available (the message gives both).
+            the linearity proof's numbers, proved for the sites these transcoders read).
+        InvalidDictionary: a transcoder of another width, one that names another point, NaN weights.
+        InvalidInput: an empty prompt, NaN logits or features.
+        GraphTooLarge: the memory estimate exceeds what is available (the message gives both), or the disk of
+            ``offload_dir`` cannot hold the rows.
+        CannotWrite: ``offload_dir`` missing, not a folder or read-only.
     """
-    reason = support(model)
+    reads = check_transcoders(model, transcoders).reads if structural(model) is None else None
+    reason = support(model, reads)
     if reason is not None:
         raise ValueNotAvailable(f"no attribution graph on this {model.config.model_type} model: {reason}")
     return build(model, prompt, transcoders, max_n_logits=max_n_logits, desired_logit_prob=desired_logit_prob,
                  max_feature_nodes=max_feature_nodes, batch_size=batch_size, offload=offload,
                  update_interval=update_interval, zero_bos=zero_bos, verbose=verbose, memory_limit=memory_limit,
-                 remote=remote)
+                 remote=remote, offload_dir=offload_dir)

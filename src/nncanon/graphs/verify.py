@@ -134,11 +134,12 @@ def _remove(s: Setup, leaves: list[torch.Tensor], graph: Graph, nodes: Any, row:
             leaves[0][row, node - n_features - n_layers * n_pos] = 0
 
 
-def random_transcoders(model: Any, n_features: int = 16, seed: int = 0, threshold: float | None = None
-                       ) -> list[Any]:
+def random_transcoders(model: Any, n_features: int = 16, seed: int = 0, threshold: float | None = None,
+                       reads: Any = None) -> list[Any]:
     """Random per-layer transcoders for ``model`` (one per block, reading its MLP's input, or where the block runs
-    its MLP inline the stream its norm reads, and writing its ``mlp_output``; ReLU, or JumpReLU with
-    ``threshold``), in the model's dtype: for checks and examples."""
+    its MLP inline the stream its norm reads, or per block the value of `nncanon.graphs.coders.READS` that ``reads``
+    names; writing its ``mlp_output``; ReLU, or JumpReLU with ``threshold``), in the model's dtype: for checks and
+    examples."""
     hidden = model.config.get_text_config().hidden_size
     dtype = next(model._module.parameters()).dtype
     generator = torch.Generator().manual_seed(seed)
@@ -151,7 +152,8 @@ def random_transcoders(model: Any, n_features: int = 16, seed: int = 0, threshol
             normal(hidden, n_features, std=hidden ** -0.5), normal(n_features, std=0.1) - 0.2,
             normal(n_features, hidden, std=0.05), normal(hidden, std=0.01),
             architecture="transcoder" if threshold is None else "jumprelu_transcoder",
-            hook_name=f"blocks.{layer}.{_default_read(model, layer)}", hook_name_out=f"blocks.{layer}.hook_mlp_out",
+            hook_name=(f"blocks.{layer}.{_default_read(model, layer)}" if reads is None
+                       else f"layers.{layer}.{reads[layer]}"), hook_name_out=f"blocks.{layer}.hook_mlp_out",
             name=f"random-{layer}", **extra))
     return out
 

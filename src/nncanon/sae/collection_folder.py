@@ -22,10 +22,6 @@ import contextlib
 import hashlib
 import json
 import os
-import socket
-import stat
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +30,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_bytes
 from safetensors.torch import save as save_bytes
 
+from .. import files
 from ..errors import InvalidCollection
 
 MANIFEST = "manifest.json"
@@ -41,9 +38,7 @@ LOCK = ".lock"
 #: The format this module writes; ``/1`` (no digests) is still read.
 FORMAT = "nncanon-activations/2"
 FORMATS = ("nncanon-activations/1", FORMAT)
-TEMPORARY_PREFIX = ".nncanon-tmp-"
-
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+TEMPORARY_PREFIX = files.TEMPORARY_PREFIX
 
 
 def shard_name(index: int) -> str:
@@ -51,107 +46,28 @@ def shard_name(index: int) -> str:
     return f"activations-{index:05d}.safetensors"
 
 
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
 def read_regular(path: Path, what: str) -> bytes:
     """The bytes of ``path``, refused (`InvalidCollection`) unless it is a regular file: never through a link,
-    never blocking on a FIFO."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        raise InvalidCollection(f"{path} is missing: the {what} of the collection") from None
-    except OSError as error:
-        raise InvalidCollection(f"{path} cannot be read ({error.strerror}): the {what} of the collection") from None
-    if not stat.S_ISREG(mode):
-        raise InvalidCollection(f"{path} is {_kind(mode)}, not a regular file: the {what} of a collection is a file "
-                                "nncanon wrote; move it away")
-    try:
-        descriptor = os.open(path, _OPEN_FLAGS)
-    except OSError as error:
-        raise InvalidCollection(f"{path} cannot be opened ({error.strerror}): the {what} of the collection") from None
-    try:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):  # replaced between the lstat and the open
-            raise InvalidCollection(f"{path} is not a regular file: the {what} of a collection is a file nncanon wrote")
-        with os.fdopen(descriptor, "rb", closefd=False) as handle:
-            return handle.read()
-    except OSError as error:
-        raise InvalidCollection(f"{path} cannot be read ({error.strerror}): the {what} of the collection") from None
-    finally:
-        os.close(descriptor)
+    never blocking on a FIFO (`nncanon.files.read_regular`)."""
+    return files.read_regular(path, f"the {what} of the collection", InvalidCollection)
 
 
 def write_new(folder: Path, name: str, data: bytes) -> None:
     """Write ``data`` as ``folder/name``: to a temporary file created exclusively in ``folder``, synced, then
     renamed over ``name`` (whatever was at ``name``, a planted link included, is replaced, never written through)."""
-    target = folder / name
-    try:
-        existing = os.lstat(target).st_mode
-    except FileNotFoundError:
-        existing = None
-    except OSError as error:
-        raise InvalidCollection(f"{target} cannot be written ({error.strerror})") from None
-    if existing is not None and not (stat.S_ISREG(existing) or stat.S_ISLNK(existing)):
-        raise InvalidCollection(f"{target} is {_kind(existing)}, not a regular file: move it away")
-    try:
-        descriptor, temporary = tempfile.mkstemp(prefix=TEMPORARY_PREFIX, dir=folder)
-    except OSError as error:
-        raise InvalidCollection(f"{folder} is not writable ({error.strerror}): the collection cannot write "
-                                f"{name} there") from None
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, target)
-    except OSError as error:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise InvalidCollection(f"{target} cannot be written ({error.strerror})") from None
+    files.write_new(folder, name, data, InvalidCollection, owner="the collection")
 
 
 def remove_temporaries(folder: Path) -> None:
     """Remove temporary files an interrupted collector left (only regular files this module names so)."""
-    for entry in os.scandir(folder):
-        if entry.name.startswith(TEMPORARY_PREFIX) and entry.is_file(follow_symlinks=False):
-            with contextlib.suppress(OSError):
-                os.unlink(entry.path)
+    files.remove_temporaries(folder)
 
 
-@contextlib.contextmanager
-def locked(folder: Path) -> Iterator[None]:
+def locked(folder: Path) -> contextlib.AbstractContextManager[None]:
     """Hold the folder's lock while the block runs; a folder another collector holds is `InvalidCollection` naming
     the holder (its pid and host)."""
-    import fcntl
-
-    path = folder / LOCK
-    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-    try:
-        descriptor = os.open(path, flags, 0o644)
-    except OSError as error:
-        raise InvalidCollection(f"{path} cannot be created ({error.strerror}): the folder is not writable, or its "
-                                "lock is not a regular file") from None
-    try:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            raise InvalidCollection(f"{path} is not a regular file: the collection's lock is; move it away")
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(descriptor, 200, 0).decode("utf-8", "replace").strip() or "another process"
-            raise InvalidCollection(f"{folder} is being written by another collector ({holder}): two collectors in "
-                                    "one folder would mix their rows. Wait for it to finish, or collect into "
-                                    "another folder") from None
-        os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
-        yield
-    finally:
-        os.close(descriptor)  # (drops the lock)
+    return files.locked(folder, LOCK, InvalidCollection, "two collectors in one folder would mix their rows (another "
+                        "collector holds it). Wait for it to finish, or collect into another folder")
 
 
 def sha256(data: bytes) -> str:

@@ -1,6 +1,7 @@
 """Pictures in the browser: each view one self-contained HTML page (no network), also shown inline in Jupyter.
 
-- `graph_page`, `write_graph_page` (``graph``): a pruned attribution graph (`nncanon.graphs.Graph`).
+- `graph_page`, `write_graph_page` (``graph``): a pruned attribution graph (`nncanon.graphs.Graph`);
+  `graph_json_page` (``graph_json``): a graph JSON (circuit-tracer's format, `nncanon.graphs.write_graph_json`).
 - `attention_page` (``attention``): every layer's and head's attention pattern, tokens on both axes.
 - `lens_page` (``lens``): the logit lens, layers x positions with the top token and its probability.
 - `feature_page` (``features``): a dictionary feature's dashboard (top contexts, histogram, promoted logits).
@@ -13,9 +14,10 @@
 from .attention import attention_data, attention_page
 from .features import feature_data, feature_page
 from .graph import bytes_per_node, graph_data, graph_page, write_graph_page
+from .graph_json import graph_json_page
 from .lens import lens_data, lens_page
 from .page import Page
 from .studies import study_page
 
 __all__ = ["Page", "attention_data", "attention_page", "bytes_per_node", "feature_data", "feature_page",
-           "graph_data", "graph_page", "lens_data", "lens_page", "study_page", "write_graph_page"]
+           "graph_data", "graph_json_page", "graph_page", "lens_data", "lens_page", "study_page", "write_graph_page"]

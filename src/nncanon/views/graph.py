@@ -136,23 +136,25 @@ def graph_data(graph: Graph, tokenizer: Any = None, node_threshold: float = 0.8,
 
 
 def graph_page(graph: Graph, tokenizer: Any = None, node_threshold: float = 0.8, edge_threshold: float = 0.98,
-               contexts: Contexts | None = None, title: str | None = None, pruned: PruneResult | None = None) -> Page:
+               contexts: Contexts | None = None, title: str | None = None, pruned: PruneResult | None = None,
+               notes: Sequence[str] = ()) -> Page:
     """The attribution graph page of ``graph`` pruned at ``node_threshold`` / ``edge_threshold`` (`graph_data`).
 
     ``tokenizer`` labels the tokens and logits (without it they show as ids); ``contexts`` gives features' top
-    activating contexts; ``pruned`` a `prune` result already computed. The page is the HTML (a ``str``).
+    activating contexts; ``pruned`` a `prune` result already computed; ``notes`` lines shown above the graph. The page
+    is the HTML (a ``str``).
 
     Raises:
         InvalidInput: a graph whose fields disagree or come from another model than ``tokenizer``'s, NaN values.
     """
     data = graph_data(graph, tokenizer, node_threshold, edge_threshold, contexts, pruned)
-    notes = []
+    notes = list(notes)
     if graph.n_pos == 0:
         notes.append("This graph is empty: it holds no token, so there is nothing to draw.")
     elif not any(kind == FEATURE for kind in data["nodes"]["kind"]):
         notes.append("No feature node survives pruning: the graph shows tokens, errors and logits only.")
-    if tokenizer is None and graph.n_pos:
-        notes.append("No tokenizer given: tokens and logits are shown by id.")
+    if tokenizer is None and graph.n_pos and not notes:
+        notes.append("No tokenizer given: tokens and logits are shown by id (nncanon view --tokenizer NAME).")
     if contexts is None and graph.n_pos:
         notes.append("No top activating contexts given: pass contexts= to show them beside a feature.")
     name = title if title is not None else f"Attribution graph: {graph.input_string!r}"
