@@ -45,6 +45,11 @@ from .coders import READS, WRITES
 FROZEN = ("attention_norm_scale", "attention_probabilities", "attention_gate", "attention_post_norm_scale",
           "mlp_norm_scale")
 
+#: What freezes a block's pattern under a kernel that computes no probabilities (sdpa): the kernel's query and key,
+#: the only values of the stream the pattern is a function of there (`nncanon.support.graph_reason`); they take
+#: ``attention_probabilities``'s place in `FROZEN`.
+PATTERN_INPUTS = ("query_states", "key_states")
+
 #: Marks where a block's transcoder input is read among its frozen values.
 INPUT = "<transcoder input>"
 
@@ -90,10 +95,12 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
     """The `Plan` of ``model`` for transcoders reading ``reads`` (per block; default ``mlp_input``);
     `ValueNotAvailable` with `support`'s reason where it cannot be linearised."""
     report = model.support()
-    reason = graph_reason(report, getattr(model.config, "_attn_implementation", "eager"))  # (`support`, one report)
+    implementation = getattr(model.config, "_attn_implementation", "eager")
+    reason = graph_reason(report, implementation)  # (`support`, one report)
     if reason is not None:
         raise ValueNotAvailable(f"no attribution graph on this {model.config.model_type} model: {reason}")
     reads = list(reads) if reads is not None else ["mlp_input"] * len(model.layers)
+    eager = (implementation or "eager") == "eager"
     steps, parts = [], []
     for layer, kind in enumerate(reads):
         assert kind in READS, kind
@@ -106,7 +113,7 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
         elif kind != "mlp_input":
             point = resolve(model, f"blocks.{layer}.hook_mlp_in")
             stream = point.parts if point.value == "resid_mid" else (point.value,)
-        names = [name for name in FROZEN if report.available(name, layer)] + [WRITES, *stream]
+        names = [name for name in frozen_names(eager) if report.available(name, layer)] + [WRITES, *stream]
         ordered = in_execution_order(model, layer, names)
         ordered.insert(ordered.index(WRITES), INPUT)
         steps.append(ordered)
@@ -122,12 +129,23 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
                 head=family.lm_head, tokens=tokens, scale=scale, points=points)
 
 
+def frozen_names(eager: bool) -> tuple[str, ...]:
+    """The values a block's frozen model writes with the clean run's (those it serves): `FROZEN` under eager
+    attention (the pattern frozen as its probabilities, circuit-tracer's convention); under a kernel that computes
+    none (sdpa), the kernel's query and key in the probabilities' place (`PATTERN_INPUTS`): the same pattern, and
+    the kernel keeps no ``[n, n]`` tensor for the backward."""
+    if eager:
+        return FROZEN
+    at = FROZEN.index("attention_probabilities")
+    return FROZEN[:at] + PATTERN_INPUTS + FROZEN[at + 1:]
+
+
 @dataclass
 class Clean:
     """The clean run's values (batch row 0), detached.
 
     Attributes:
-        frozen: Per block, the `FROZEN` values it serves, ``[1, ...]``.
+        frozen: Per block, the `frozen_names` values it serves, ``[1, ...]``.
         final_scale: ``model.final_norm_scale`` ``[1, n, 1]`` (``None``: no final norm).
         inputs: Per block, the transcoder's input ``[n, d]`` (the value of ``plan.reads`` as the surface serves it).
         outputs: Per block, ``mlp_output`` ``[n, d]``.
