@@ -61,7 +61,8 @@ def attribute(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 
     """An attribution graph of ``prompt`` (circuit-tracer's ``attribute``), unpruned.
 
     Args:
-        model: A `nncanon.StandardizedTransformer` (eager attention; `nncanon.graphs.support` says which can).
+        model: A `nncanon.StandardizedTransformer` (eager or sdpa attention: under sdpa no ``[n, n]`` pattern is
+            kept, memory linear in the positions; `nncanon.graphs.support` says which can).
         prompt: A string, a list of token ids or a ``[n]``/``[1, n]`` tensor.
         transcoders: One `nncanon.sae.Dictionary` per block (``None``: that block's MLP output is all error), or
             ``{layer: transcoder}``, or a `nncanon.graphs.CrossLayerTranscoder`

@@ -6,7 +6,11 @@ Frozen means written back: each norm's scale (``attention_norm_scale``, ``attent
 ``mlp_norm_scale``, ``model.final_norm_scale``), each block's ``attention_probabilities`` and ``attention_gate`` (an
 output-gated attention's multiplier: Qwen3-Next, Qwen3.5, AFMoE...) are written with the clean run's values,
 detached, so the forward's values are the clean run's while no gradient flows through a norm's denominator, a
-softmax or a gate. Each block's ``mlp_output`` is written with a leaf tensor (its clean value; less the transcoder's
+softmax or a gate. Under sdpa, whose kernel computes no probabilities, the pattern is frozen through the kernel's
+``query_states`` and ``key_states`` instead (`PATTERN_INPUTS`, `frozen_names`): the pattern is a function of them
+and constants (mask, ALiBi, sinks), so the kernel computes the clean pattern from them, and it keeps no ``[n, n]``
+tensor for the backward.
+Each block's ``mlp_output`` is written with a leaf tensor (its clean value; less the transcoder's
 skip connection, which is added back live), so nothing flows through an MLP's nonlinearity either. The token nodes
 are a leaf written to ``model.token_embeddings`` (the token embedding module's output, with the family's scale where
 the module applies it; absolute position embeddings, added after, are constants: part of every target's bias
@@ -86,7 +90,8 @@ class Plan:
 def support(model: Any) -> str | None:
     """Why an attribution graph of ``model`` cannot be built on the frozen replacement model, or ``None`` (it can):
     `nncanon.support.graph_reason` (every block's token mixer linear in the stream once its pattern, gate and
-    norms' scales are frozen: softmax attention with writable probabilities, ``attn_implementation="eager"``; each
+    norms' scales are frozen: softmax attention with writable probabilities under ``attn_implementation="eager"``,
+    with the kernel's writable query and key under ``"sdpa"``; each
     block's ``mlp_output`` served)."""
     return graph_reason(model.support(), getattr(model.config, "_attn_implementation", "eager"))
 
