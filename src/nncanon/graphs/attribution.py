@@ -26,6 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+import numpy
 import torch
 
 from ..errors import InvalidArgument, InvalidDictionary, InvalidInput, ValueNotAvailable
@@ -360,14 +361,16 @@ OFFLOAD = (None, "cpu", "disk")
 
 class _Store:
     """Where the rows and the adjacency matrix live: host memory, or (``"disk"``) memory-mapped temporary files
-    (deleted when the tensors are)."""
+    (deleted when the tensors are). Either way a page is taken only once written: the adjacency matrix's rows of
+    error and token nodes, ``(layers + 1) · n`` of its ``n_nodes`` rows, are zero and never written, so building a
+    graph holds its written rows (linear in the positions), not ``n_nodes²`` (quadratic) until it is read whole."""
 
     def __init__(self, offload: str | None) -> None:
         self.disk = offload == "disk"
 
     def zeros(self, rows: int, cols: int) -> torch.Tensor:
-        if not self.disk:
-            return torch.zeros(rows, cols)
+        if not self.disk:  # (calloc'd: pages never written, the adjacency's rows of errors and tokens, stay unmapped)
+            return torch.from_numpy(numpy.zeros((rows, cols), dtype=numpy.float32))
         with tempfile.NamedTemporaryFile(prefix="nncanon-graph-", suffix=".f32") as file:
             # (mapped before the name is removed: the mapping keeps the file's pages until the tensor is freed)
             return torch.from_file(file.name, shared=True, size=rows * cols, dtype=torch.float32).view(rows, cols)
