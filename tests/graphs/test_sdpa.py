@@ -6,7 +6,8 @@
   each edge its source's removal) under sdpa;
 - the frozen forward under sdpa keeps no ``[n, n]`` tensor for the backward (eager keeps the patterns), and the
   memory estimate per batch row is linear in the positions but for the masks' ``2 · n²`` bytes;
-- families whose pattern cannot be frozen through the kernel's inputs are declined with the reason.
+- families whose pattern cannot be frozen through the kernel's inputs are declined with the reason (by structure,
+  or by the proof's pattern check: Inkling's bias made from the stream).
 """
 
 from __future__ import annotations
@@ -85,6 +86,17 @@ def test_estimate_linear_under_sdpa():
         masks = 2 * n * n  # (booleans: a sliding window's or padding's mask, counted always)
         assert per_row_bytes(sdpa, 2 * n) - 4 * masks == 2 * (per_row_bytes(sdpa, n) - masks)
         assert per_row_bytes(sdpa, n) < per_row_bytes(eager, n)
+
+
+def test_pattern_made_from_the_stream_declined():
+    """Inkling adds relative-position logits projected from the block's input to the scores: with the kernel's
+    query and key frozen the pattern still moves with the stream, so the proof declines it under sdpa, with the
+    numbers (the verify check alone misses it by little: completeness 1.1e-4 against 1e-4 on the tiny model)."""
+    model = tiny_model("inkling_text_swa_heads", attn_implementation="sdpa")
+    reason = graphs.support(model)
+    assert reason is not None and "attention pattern moved by" in reason and 'attn_implementation="eager"' in reason
+    moved = float(reason.split("moved by ")[1].split()[0])
+    assert moved > 1e-4
 
 
 def test_declined_with_the_reason():

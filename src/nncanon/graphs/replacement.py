@@ -242,9 +242,12 @@ def frozen_run(model: Any, ids: torch.Tensor, plan: Plan, clean: Clean, embeddin
 
 
 def frozen_body(model: Any, plan: Plan, clean: Clean, embeddings: torch.Tensor, outputs: list[torch.Tensor],
-                coders: Any = None) -> tuple[list[torch.Tensor], torch.Tensor]:
+                coders: Any = None, patterns: list | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
     """`frozen_run`'s writes and reads, inside an open trace of ``B`` copies of the prompt (a remote one too: the
-    backward then runs in the same request, `nncanon.graphs.attribution`)."""
+    backward then runs in the same request, `nncanon.graphs.attribution`). ``patterns``: where the pattern is frozen
+    through the kernel's query and key, each such block's ``(layer, attention_probabilities)`` ``[B, H, n, n]``
+    (recomputed from the kernel call once both are written) is appended to it (the proof's check that the pattern
+    is a function of them alone: `nncanon.graphs.proof`)."""
     batch = embeddings.shape[0]
     inputs: list[torch.Tensor] = []
     owner, name = _token_site(model, plan)
@@ -264,9 +267,17 @@ def frozen_body(model: Any, plan: Plan, clean: Clean, embeddings: torch.Tensor, 
                 parts[step] = read(model, layer, step)
             else:
                 _freeze(host(model, layer, step), step, clean.frozen[layer][step], batch)
+                if patterns is not None and step == _last_pattern_input(steps):
+                    patterns.append((layer, read(model, layer, "attention_probabilities").save()))
     if plan.final_norm:
         _freeze(model, "final_norm_scale", clean.final_scale, batch)
     return inputs, _linear_steps(_envoy(model, plan.head).output, plan)
+
+
+def _last_pattern_input(steps: list[str]) -> str | None:
+    """The last of `PATTERN_INPUTS` a block's steps write, where they write both (else ``None``)."""
+    written = [step for step in steps if step in PATTERN_INPUTS]
+    return written[-1] if len(written) == len(PATTERN_INPUTS) else None
 
 
 def _frozen_input(model: Any, layer: int, plan: Plan, clean: Clean, parts: dict[str, torch.Tensor]
