@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from nncanon import graphs
+from nncanon.graphs.attribution import build
 from nncanon.graphs.memory import per_row_bytes
 from nncanon.graphs.replacement import clean_run, frozen_run, plan_of
 from nncanon.support import graph_reason
@@ -38,9 +39,12 @@ def test_sdpa_graph_is_the_eager_graph(variant):
         model = tiny_model(variant, attn_implementation=implementation)
         assert model.config._attn_implementation == implementation
         transcoders = graphs.random_transcoders(model, n_features=12, seed=1)
+        options = {"max_n_logits": 3, "max_feature_nodes": 20, "batch_size": 16}
+        if implementation == "eager":  # (eager's proof: tests/graphs/test_families.py)
+            built[implementation] = build(model, PROMPT, transcoders, **options)
+            continue
         assert graphs.support(model) is None, f"{variant.name} under {implementation}: {graphs.support(model)}"
-        graph = graphs.attribute(model, PROMPT, transcoders, max_n_logits=3, max_feature_nodes=20, batch_size=16)
-        built[implementation] = graph
+        built[implementation] = graph = graphs.attribute(model, PROMPT, transcoders, **options)
     check = graphs.verify(model, graph, transcoders, samples=3)  # (the sdpa model's graph)
     assert check.ok, f"{variant.name} under sdpa: {check}"
     eager, sdpa = built["eager"], built["sdpa"]
