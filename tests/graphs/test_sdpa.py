@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nncanon import graphs
+from nncanon import ValueNotAvailable, graphs
 from nncanon.graphs.attribution import build
 from nncanon.graphs.memory import per_row_bytes
 from nncanon.graphs.replacement import clean_run, frozen_run, plan_of
@@ -110,6 +110,8 @@ def test_declined_with_the_reason():
     reason = graphs.support(diff)
     assert reason is not None and "not served under 'sdpa'" in reason and "DiffLlama" in reason
     assert diff.support().graphs == f"no, {reason}"
+    with pytest.raises(ValueNotAvailable, match="no attribution graph on this diffllama model"):
+        graphs.attribute(diff, PROMPT, graphs.random_transcoders(diff))
     llama = tiny_model("llama", attn_implementation="sdpa")
     other = graph_reason(llama.support(), "flex_attention")
     assert other is not None and "'flex_attention'" in other and 'attn_implementation="eager" or "sdpa"' in other
