@@ -15,13 +15,15 @@ per-layer layout (``layer_<i>.safetensors``, ``config.yaml`` with its Transforme
 ``mlp.hook_out``, and ``ln2.hook_normalized`` / ``hook_mlp_out`` on Gemma-2, the only input its nnsight mapping has
 there). circuit-tracer builds its graph with its nnsight backend (``ReplacementModel.from_pretrained_and_transcoders
 (folder, backend="nnsight")``) and its TransformerLens backend where a local model loads into it; nncanon loads the
-same folder (`StandardizedTransformer`, eager attention) and set (`nncanon.graphs.load_transcoders`) and builds
+same folder (`StandardizedTransformer`, eager attention; and under sdpa, ``ours sdpa``, where transformers loads the
+family so: the pattern frozen through the kernel's query and key) and set (`nncanon.graphs.load_transcoders`) and builds
 `nncanon.graphs.attribute` on the same token ids. Compared: active features and their activations, logit targets
 and probabilities, selected features (with ``max_feature_nodes`` below the active count too: the influence-ranked
 selection), the adjacency matrix (target: within 1e-4 absolute). Timings: the median wall and process CPU seconds
 of ``--repeats`` graphs after one warm-up, each side in its own process, on the same machine and threads (CPU time
 is the steadier measure on a shared machine). ``--memory``: peak resident memory of one
-graph against prompt length on a 4-layer 256-wide Llama with 4,096-feature transcoders, each run in a fresh process.
+graph against prompt length on a 4-layer 256-wide Llama with 4,096-feature transcoders, each run in a fresh process
+(nncanon under sdpa and under eager: ``--attn``; circuit-tracer with ``--reference-memory``).
 Writes ``benchmarks/results-circuit-tracer-compare.json`` (and ``...-memory.json``); exits 1 where a graph differs.
 """
 
@@ -60,6 +62,8 @@ COMMON = {"vocab_size": 300, "max_position_embeddings": 4096, "bos_token_id": 1,
           "pad_token_id": 0}
 #: The transcoders' hooks per family, as circuit-tracer's nnsight mapping names them.
 HOOKS = {"gemma2": ("ln2.hook_normalized", "hook_mlp_out")}
+#: Families transformers does not load under sdpa (no ``ours sdpa`` side).
+EAGER_ONLY = ("gemma2",)
 #: A TransformerLens official name whose config branch reads the model's own config (the tiny one is handed in).
 TL_NAMES = {"llama": "01-ai/Yi-34B", "qwen3": "Qwen/Qwen3-0.6B"}
 PROMPT = "The Eiffel Tower is in the city of Paris. Berlin lies in"
@@ -174,7 +178,7 @@ def ours(spec: dict) -> dict:
     from nncanon import StandardizedTransformer, graphs
 
     torch.set_num_threads(spec["threads"])
-    model = StandardizedTransformer(spec["model"], attn_implementation="eager")
+    model = StandardizedTransformer(spec["model"], attn_implementation=spec.get("attn", "eager"))
     transcoders = graphs.load_transcoders(spec["transcoders"])
     options = {key: spec[key] for key in ("max_n_logits", "desired_logit_prob", "batch_size", "max_feature_nodes")}
     ids = torch.tensor([spec["ids"]])
@@ -290,12 +294,14 @@ def main_compare(args: argparse.Namespace) -> int:
             row = {"family": name, "graph": label, "n_pos": len(ids)}
             sides = {"ours": ("ours", sys.executable, {}), "circuit-tracer nnsight": ("reference", args.venv_python,
                                                                                       {"backend": "nnsight"})}
+            if "sdpa" in args.attn and family not in EAGER_ONLY:
+                sides["ours sdpa"] = ("ours", sys.executable, {"attn": "sdpa"})
             if family in TL_NAMES and overrides is None:
                 sides["circuit-tracer transformerlens"] = ("reference", args.venv_python,
                                                            {"backend": "transformerlens", "tl_name": TL_NAMES[family]})
             saved = {}
             for side_name, (side, python, extra) in sides.items():
-                out = str(root / name / f"{side}-{extra.get('backend', 'nncanon')}-{cap}.pt")
+                out = str(root / name / f"{side}-{extra.get('backend', 'nncanon')}-{extra.get('attn', '')}{cap}.pt")
                 record = run_side(python, side, {**spec, **extra, "out": out})
                 if "seconds" in record:
                     record["median_s"] = round(statistics.median(record["seconds"]), 4)
@@ -308,11 +314,13 @@ def main_compare(args: argparse.Namespace) -> int:
                     key = f"{side_name} vs circuit-tracer nnsight"
                     row[key] = compare(saved["circuit-tracer nnsight"], saved[side_name])
                     print("  ", key, row[key], flush=True)
-                    failed |= side_name == "ours" and not row[key]["equal"]
-            if "ours" in saved and "circuit-tracer nnsight" in saved:
-                for key in ("median_s", "median_cpu_s"):
-                    row[f"ratio_ours_over_nnsight_{key}"] = round(row["ours"][key]
-                                                                  / row["circuit-tracer nnsight"][key], 3)
+                    failed |= side_name.startswith("ours") and not row[key]["equal"]
+            for ours_side in ("ours", "ours sdpa"):
+                if ours_side in saved and "circuit-tracer nnsight" in saved:
+                    label_ = ours_side.replace(" ", "_")
+                    for key in ("median_s", "median_cpu_s"):
+                        row[f"ratio_{label_}_over_nnsight_{key}"] = round(row[ours_side][key]
+                                                                          / row["circuit-tracer nnsight"][key], 3)
             results.append(row)
             write(args.out, {"machine": machine(args.threads), "tolerance": TOLERANCE, "prompt": PROMPT,
                              "rows": results})  # after each graph: a long run keeps what it measured
@@ -328,12 +336,12 @@ def main_memory(args: argparse.Namespace) -> int:
                 "batch_size": args.batch_size, "max_feature_nodes": args.max_feature_nodes, "threads": args.threads,
                 "repeats": 0}
         row = {"n_pos": n_pos}
-        for name, side, python in (("ours", "ours", sys.executable),
-                                   ("circuit-tracer nnsight", "reference", args.venv_python)):
-            if name != "ours" and not args.reference_memory:
-                continue
-            out = str(root / f"{side}-{n_pos}.pt")
-            row[name] = run_side(python, side, {**spec, "backend": "nnsight", "out": out})
+        sides = [(f"ours {attn}", "ours", sys.executable, attn) for attn in args.attn]
+        if args.reference_memory:
+            sides.append(("circuit-tracer nnsight", "reference", args.venv_python, "eager"))
+        for name, side, python, attn in sides:
+            out = str(root / f"{side}-{attn}-{n_pos}.pt")
+            row[name] = run_side(python, side, {**spec, "backend": "nnsight", "attn": attn, "out": out})
             print(n_pos, name, {k: v for k, v in row[name].items() if k != "stderr_tail"}, flush=True)
         rows.append(row)
         write(args.out.replace(".json", "-memory.json"),
@@ -372,6 +380,9 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--max-feature-nodes", type=int, default=64)
     parser.add_argument("--reference-memory", action="store_true", help="measure circuit-tracer's memory too")
+    parser.add_argument("--attn", nargs="+", default=["eager", "sdpa"], choices=["eager", "sdpa"],
+                        help="nncanon's attention implementations (the comparison: 'ours' is eager, 'ours sdpa' "
+                             "beside it; --memory: one row each)")
     args = parser.parse_args()
     if args.side:
         spec = json.loads(args.spec)

@@ -167,9 +167,9 @@ GRAPH_PROOF, UNPROVED = "_nncanon_graph_proof", "<not yet run>"
 def graph_reason(report: SupportReport, attn_implementation: str | None) -> str | None:
     """Why the model's structure allows no attribution graph (`nncanon.graphs`), or ``None``: every block's token
     mixer must be linear in the stream once its pattern, gate and norms' scales are frozen values (softmax attention
-    with served probabilities, run eagerly; a linear mixer is not linear in the stream with its gates frozen, and
-    its inner products are not served values), and each block must serve ``mlp_output`` for a transcoder to
-    write."""
+    with served probabilities under eager, with the kernel's served query and key under sdpa: `_pattern_reason`; a
+    linear mixer is not linear in the stream with its gates frozen, and its inner products are not served values),
+    and each block must serve ``mlp_output`` for a transcoder to write."""
     for row in report.layers:
         layer = row.index
         if row.reasons["linear_attention_output"] is None:
@@ -180,15 +180,43 @@ def graph_reason(report: SupportReport, attn_implementation: str | None) -> str 
                     "these as writable values to freeze")
         if row.reasons["mlp_output"] is not None:
             return f"layers[{layer}] serves no mlp_output for a transcoder to write: {row.reasons['mlp_output']}"
-        if row.reasons["attention_output"] is None and row.reasons["attention_probabilities"] is not None:
-            return (f"layers[{layer}]'s attention probabilities are not served, so its pattern cannot be frozen: "
-                    f"{row.reasons['attention_probabilities']}")
+        pattern = _pattern_reason(row, attn_implementation) if row.reasons["attention_output"] is None else None
+        if pattern is not None:
+            return f"layers[{layer}]{pattern}"
     if report.model_declines.get("final_norm_scale"):
         return ("the final norm's scale is not served, so it cannot be frozen: "
                 f"{report.model_declines['final_norm_scale']}")
-    if (attn_implementation or "eager") != "eager" and report.layers_with("attention_output"):
-        return (f"attention runs {attn_implementation!r}, which never computes the probabilities, so a frozen "
-                "pattern cannot be written: load the model with attn_implementation=\"eager\"")
+    if (attn_implementation or "eager") not in PATTERN_KERNELS and report.layers_with("attention_output"):
+        return (f"attention runs {attn_implementation!r}, whose pattern is not proved a function of the kernel's "
+                "query and key alone, so freezing them would not freeze it: load the model with "
+                "attn_implementation=\"eager\" or \"sdpa\"")
+    return None
+
+
+#: The attention implementations a graph freezes the pattern under: eager (the probabilities written back) and
+#: sdpa (the kernel's query and key written back: `nncanon.graphs.replacement.PATTERN_INPUTS`).
+PATTERN_KERNELS = ("eager", "sdpa")
+
+
+def _pattern_reason(row: LayerSupport, attn_implementation: str | None) -> str | None:
+    """Why the attention pattern of ``row``'s block cannot be frozen (the text after ``layers[i]``), or ``None``.
+
+    Under eager the probabilities are written back: they must be served. Under sdpa the kernel's query and key are
+    (served writable, `query_states`/`key_states`), and the probabilities recomputed from the same call must be
+    served: their check proves, per config, that they multiply the values to the kernel's own output, so the
+    kernel's pattern is a function of its query and key and the call's mask and bias arguments (a mask made from
+    the stream, Doge's, is left to the linearity proof)."""
+    reason = row.reasons["attention_probabilities"]
+    if (attn_implementation or "eager") == "eager":
+        return None if reason is None else (
+            f"'s attention probabilities are not served, so its pattern cannot be frozen: {reason}")
+    if reason is not None:
+        return (f"'s attention probabilities are not served under {attn_implementation!r}, so its kernel's pattern "
+                f"is not proved a function of its query and key: {reason}")
+    for name in ("query_states", "key_states"):
+        if row.reasons[name] is not None:
+            return (f"'s attention kernel does not serve {name}, so its pattern cannot be frozen under "
+                    f"{attn_implementation!r} (load the model with attn_implementation=\"eager\"): {row.reasons[name]}")
     return None
 
 

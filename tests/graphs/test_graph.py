@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nncanon import InvalidArgument, InvalidDictionary, InvalidInput, ValueNotAvailable, graphs
+from nncanon import InvalidArgument, InvalidDictionary, InvalidInput, graphs
 from nncanon.sae import Dictionary
-from nncanon.testing import tiny_model
 
 from .conftest import PROMPT
 
@@ -115,14 +114,6 @@ def test_bad_input(model, transcoders):
         graphs.attribute(model, [], transcoders)
     with pytest.raises(InvalidArgument, match="offload"):
         graphs.attribute(model, PROMPT, transcoders, offload="gpu")
-
-
-def test_sdpa_is_declined():
-    model = tiny_model("llama", attn_implementation="sdpa")
-    reason = graphs.support(model)
-    assert reason is not None and 'attn_implementation="eager"' in reason
-    with pytest.raises(ValueNotAvailable, match="eager"):
-        graphs.attribute(model, PROMPT, graphs.random_transcoders(model))
 
 
 def test_feature_columns_blockwise_are_the_whole_products_bit_for_bit(model, transcoders, graph, monkeypatch):

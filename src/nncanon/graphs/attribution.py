@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy
 import torch
 
 from .. import files
@@ -398,15 +399,18 @@ class _Store:
     """Where the rows and the adjacency matrix live: host memory, or (``"disk"``) memory-mapped files in ``folder``
     (default: the temporary folder, ``TMPDIR`` honoured), deleted when the tensors are. Each file's blocks are
     allocated before it is mapped, so a full disk is `GraphTooLarge` naming the folder now, not a crash at a later
-    write into the mapping; a folder that is missing, not a folder or read-only is `CannotWrite`."""
+    write into the mapping; a folder that is missing, not a folder or read-only is `CannotWrite`. In host memory a
+    page is taken only once written: the adjacency matrix's rows of error and token nodes, ``(layers + 1) · n`` of
+    its ``n_nodes`` rows, are zero and never written, so building a graph holds its written rows (linear in the
+    positions), not ``n_nodes²`` (quadratic) until it is read whole."""
 
     def __init__(self, offload: str | None, folder: str | os.PathLike | None = None) -> None:
         self.disk = offload == "disk"
         self.folder = check_offload(offload, folder)
 
     def zeros(self, rows: int, cols: int) -> torch.Tensor:
-        if not self.disk:
-            return torch.zeros(rows, cols)
+        if not self.disk:  # (calloc'd: pages never written, the adjacency's rows of errors and tokens, stay unmapped)
+            return torch.from_numpy(numpy.zeros((rows, cols), dtype=numpy.float32))
         where = str(self.folder) if self.folder is not None else None
         try:
             descriptor, name = tempfile.mkstemp(prefix="nncanon-graph-", suffix=".f32", dir=where)

@@ -3,9 +3,12 @@
 What a graph holds (bytes):
 
 - the frozen forward, per batch row (a target of one backward pass), kept for the backward: per block the attention
-  scores, probabilities and the frozen pattern (``3 · heads · n²`` elements: eager attention computes them; the
-  one term above linear in the positions), the stream-sized tensors (``~16 · n · d``) and the MLP's
-  (``4 · n · d_ff``, times the experts each token uses), and the head's logits (``2 · n · vocab``);
+  scores, probabilities and the frozen pattern under eager attention (``3 · heads · n²`` elements: the one term
+  above linear in the positions); under sdpa none (the kernel keeps its output and log-sum-exp, the pattern is
+  frozen through its query and key: `nncanon.graphs.replacement.PATTERN_INPUTS`), but the frozen query and key
+  (``2 · n · d``) and, once per forward, the boolean masks transformers materialises where the mask is not plain
+  causal (a sliding window, padding: ``2 · n²`` bytes, counted always); the stream-sized tensors (``~16 · n · d``)
+  and the MLP's (``4 · n · d_ff``, times the experts each token uses), and the head's logits (``2 · n · vocab``);
 - the rows: ``(features + logits) × (active + (layers + 1) · n + logits)`` float32 (on the host, or in a file with
   ``offload="disk"``), and the adjacency matrix assembled from them (``n_nodes²``, ``n_nodes`` = selected features
   + (layers + 1) · n + logits; likewise).
@@ -73,15 +76,19 @@ def available(device: torch.device) -> int:
 
 
 def per_row_bytes(model: Any, n_pos: int) -> int:
-    """The frozen forward's activations of one batch row of ``n_pos`` positions (module docstring)."""
+    """The frozen forward's activations of one batch row of ``n_pos`` positions (module docstring): under eager
+    attention quadratic in ``n_pos``, under sdpa linear but for the masks' ``2 · n²`` bytes."""
     config = model.config.get_text_config()
     size = torch.finfo(next(model._module.parameters()).dtype).bits // 8
     d = config.hidden_size
     heads = _largest(config, ("num_attention_heads", "n_head")) or 1
     d_ff = _largest(config, ("intermediate_size", "n_inner", "ffn_dim")) or 4 * d
     experts = _largest(config, ("num_experts_per_tok",)) or 1
-    per_layer = 3 * heads * n_pos * n_pos + 16 * n_pos * d + 4 * n_pos * d_ff * experts
-    return size * (len(model.layers) * per_layer + 2 * n_pos * config.vocab_size)
+    eager = (getattr(model.config, "_attn_implementation", None) or "eager") == "eager"
+    pattern = 3 * heads * n_pos * n_pos if eager else 2 * n_pos * d  # (the probabilities, or the query and key)
+    per_layer = pattern + 16 * n_pos * d + 4 * n_pos * d_ff * experts
+    masks = 0 if eager else 2 * n_pos * n_pos  # (bytes: booleans, once per forward)
+    return size * (len(model.layers) * per_layer + 2 * n_pos * config.vocab_size) + masks
 
 
 def _largest(config: Any, names: tuple[str, ...]) -> int | None:

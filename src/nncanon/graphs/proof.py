@@ -12,6 +12,12 @@ small graph per model and read sites, cached).
 A block with a nonlinearity on the stream's path that is not a frozen value (a norm inside attention such as
 DeepSeek's compressed-KV norm or BitNet's sub-norms, a clamp of the values, a gate on attention's output) makes the
 frozen model non-affine in the graph's sources: the proof measures it and the model is declined with the numbers.
+
+Under sdpa the pattern is frozen through the kernel's query and key (`nncanon.graphs.replacement.PATTERN_INPUTS`),
+which holds only where nothing else of the stream reaches the pattern: the proof also runs the frozen model on the
+clean leaves and on random ones and requires every block's pattern (the probabilities recomputed from the kernel
+call) to be the clean one in both (`pattern_moves`). A bias made from the stream (Inkling's relative-position
+logits, projected from the block's input) moves it: declined with the numbers, under eager the probabilities frozen.
 """
 
 from __future__ import annotations
@@ -21,16 +27,21 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from ..errors import ValueNotAvailable
 from ..support import GRAPH_PROOF
-from .attribution import build
+from .attribution import build, setup
 from .coders import check_transcoders
 from .graph import Graph
+from .replacement import frozen_body
 from .replacement import support as structural
 from .verify import random_transcoders, verify
 
 #: The proof's prompt, and the tolerance of its checks (relative to each row's scale).
 PROMPT, RTOL = "The cat sat on the", 1e-4
+#: How far a block's frozen pattern may move when the stream does (absolute, probabilities).
+PATTERN_ATOL = 1e-6
 
 _PROVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -84,8 +95,11 @@ def prove(model: Any, reads: Sequence[str] | None = None) -> str | None:
             for transcoder in transcoders:
                 transcoder.b_enc.zero_()
             graph = build(model, PROMPT, transcoders, max_n_logits=2, zero_bos=False)
+        moved = pattern_moves(model, graph, transcoders)  # (the specific reason first, where it holds)
     except Exception as error:  # any failure of the frozen model declines it, with what it was
         return f"the frozen replacement model{sites} could not be run on it ({type(error).__name__}: {error})"
+    if moved is not None:
+        return moved
     unseen = _uncovered(graph, n_layers)
     if unseen:
         return (f"the linearity proof{sites} found no feature active at blocks {', '.join(map(str, unseen))} on its "
@@ -113,6 +127,35 @@ def _sites(reads: Sequence[str]) -> str:
                      for kind in kinds)
 
 
+def pattern_moves(model: Any, graph: Graph, transcoders: Any) -> str | None:
+    """Where the pattern is frozen through the kernel's query and key (under sdpa): why it is not a function of them
+    alone (a block's frozen pattern moved when the stream did: the largest move, with the layer), or ``None``.
+
+    One frozen run of two batch rows: row 0 every leaf clean, row 1 every leaf random (the clean leaf's scale);
+    each such block's probabilities, recomputed from the kernel call with its query and key written, must agree
+    within `PATTERN_ATOL`. ``None`` at once where no block freezes its pattern so (eager)."""
+    s = setup(model, graph.input_tokens, transcoders, max_n_logits=1, desired_logit_prob=1.0,
+              zero_bos=graph.cfg.get("zero_bos"))
+    if not any("key_states" in frozen for frozen in s.clean.frozen):
+        return None
+    generator = torch.Generator().manual_seed(0)
+    leaves = []
+    for leaf in (s.clean.embeddings, *s.leaves):
+        noise = torch.randn(leaf.shape, generator=generator).to(leaf) * leaf.float().std().to(leaf.dtype)
+        leaves.append(torch.stack([leaf, noise]))
+    patterns: list = []
+    with torch.no_grad(), model.trace(s.ids.expand(2, -1)):
+        frozen_body(model, s.plan, s.clean, leaves[0], leaves[1:], s.transcoders, patterns=patterns)
+    moves = [(float((p[0].float() - p[1].float()).abs().max()), layer) for layer, p in patterns]
+    move, layer = max(moves, default=(0.0, -1))
+    if move <= PATTERN_ATOL:
+        return None
+    return (f"layers[{layer}]'s attention pattern moved by {move:.2e} (tolerance {PATTERN_ATOL:.0e}) when the stream "
+            f"did with the kernel's query and key frozen under {model.config._attn_implementation!r}: a bias or mask "
+            "made from the stream reaches it (Inkling's relative-position logits), so it cannot be frozen there; load "
+            "the model with attn_implementation=\"eager\" (its probabilities frozen)")
+
+
 def attribute(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
               max_feature_nodes: int | None = None, batch_size: int = 64, offload: str | None = None,
               update_interval: int = 4, zero_bos: bool | None = None, verbose: bool = False,
@@ -121,7 +164,8 @@ def attribute(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 
     """An attribution graph of ``prompt`` (circuit-tracer's ``attribute``), unpruned.
 
     Args:
-        model: A `nncanon.StandardizedTransformer` (eager attention; `nncanon.graphs.support` says which can).
+        model: A `nncanon.StandardizedTransformer` (eager or sdpa attention: under sdpa no ``[n, n]`` pattern is
+            kept, memory linear in the positions; `nncanon.graphs.support` says which can).
         prompt: A string, a list of token ids or a ``[n]``/``[1, n]`` tensor.
         transcoders: One `nncanon.sae.Dictionary` per block (``None``: that block's MLP output is all error), or
             ``{layer: transcoder}``, or a `nncanon.graphs.CrossLayerTranscoder`

@@ -6,7 +6,11 @@ Frozen means written back: each norm's scale (``attention_norm_scale``, ``attent
 ``mlp_norm_scale``, ``model.final_norm_scale``), each block's ``attention_probabilities`` and ``attention_gate`` (an
 output-gated attention's multiplier: Qwen3-Next, Qwen3.5, AFMoE...) are written with the clean run's values,
 detached, so the forward's values are the clean run's while no gradient flows through a norm's denominator, a
-softmax or a gate. Each block's ``mlp_output`` is written with a leaf tensor (its clean value; less the transcoder's
+softmax or a gate. Under sdpa, whose kernel computes no probabilities, the pattern is frozen through the kernel's
+``query_states`` and ``key_states`` instead (`PATTERN_INPUTS`, `frozen_names`): the pattern is a function of them
+and constants (mask, ALiBi, sinks), so the kernel computes the clean pattern from them, and it keeps no ``[n, n]``
+tensor for the backward.
+Each block's ``mlp_output`` is written with a leaf tensor (its clean value; less the transcoder's
 skip connection, which is added back live), so nothing flows through an MLP's nonlinearity either. The token nodes
 are a leaf written to ``model.token_embeddings`` (the token embedding module's output, with the family's scale where
 the module applies it; absolute position embeddings, added after, are constants: part of every target's bias
@@ -45,6 +49,11 @@ from .coders import READS, WRITES
 FROZEN = ("attention_norm_scale", "attention_probabilities", "attention_gate", "attention_post_norm_scale",
           "mlp_norm_scale")
 
+#: What freezes a block's pattern under a kernel that computes no probabilities (sdpa): the kernel's query and key,
+#: the only values of the stream the pattern is a function of there (`nncanon.support.graph_reason`); they take
+#: ``attention_probabilities``'s place in `FROZEN`.
+PATTERN_INPUTS = ("query_states", "key_states")
+
 #: Marks where a block's transcoder input is read among its frozen values.
 INPUT = "<transcoder input>"
 
@@ -81,7 +90,8 @@ class Plan:
 def support(model: Any) -> str | None:
     """Why an attribution graph of ``model`` cannot be built on the frozen replacement model, or ``None`` (it can):
     `nncanon.support.graph_reason` (every block's token mixer linear in the stream once its pattern, gate and
-    norms' scales are frozen: softmax attention with writable probabilities, ``attn_implementation="eager"``; each
+    norms' scales are frozen: softmax attention with writable probabilities under ``attn_implementation="eager"``,
+    with the kernel's writable query and key under ``"sdpa"``; each
     block's ``mlp_output`` served)."""
     return graph_reason(model.support(), getattr(model.config, "_attn_implementation", "eager"))
 
@@ -90,10 +100,12 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
     """The `Plan` of ``model`` for transcoders reading ``reads`` (per block; default ``mlp_input``);
     `ValueNotAvailable` with `support`'s reason where it cannot be linearised."""
     report = model.support()
-    reason = graph_reason(report, getattr(model.config, "_attn_implementation", "eager"))  # (`support`, one report)
+    implementation = getattr(model.config, "_attn_implementation", "eager")
+    reason = graph_reason(report, implementation)  # (`support`, one report)
     if reason is not None:
         raise ValueNotAvailable(f"no attribution graph on this {model.config.model_type} model: {reason}")
     reads = list(reads) if reads is not None else ["mlp_input"] * len(model.layers)
+    eager = (implementation or "eager") == "eager"
     steps, parts = [], []
     for layer, kind in enumerate(reads):
         assert kind in READS, kind
@@ -106,7 +118,7 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
         elif kind != "mlp_input":
             point = resolve(model, f"blocks.{layer}.hook_mlp_in")
             stream = point.parts if point.value == "resid_mid" else (point.value,)
-        names = [name for name in FROZEN if report.available(name, layer)] + [WRITES, *stream]
+        names = [name for name in frozen_names(eager) if report.available(name, layer)] + [WRITES, *stream]
         ordered = in_execution_order(model, layer, names)
         ordered.insert(ordered.index(WRITES), INPUT)
         steps.append(ordered)
@@ -122,12 +134,23 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
                 head=family.lm_head, tokens=tokens, scale=scale, points=points)
 
 
+def frozen_names(eager: bool) -> tuple[str, ...]:
+    """The values a block's frozen model writes with the clean run's (those it serves): `FROZEN` under eager
+    attention (the pattern frozen as its probabilities, circuit-tracer's convention); under a kernel that computes
+    none (sdpa), the kernel's query and key in the probabilities' place (`PATTERN_INPUTS`): the same pattern, and
+    the kernel keeps no ``[n, n]`` tensor for the backward."""
+    if eager:
+        return FROZEN
+    at = FROZEN.index("attention_probabilities")
+    return FROZEN[:at] + PATTERN_INPUTS + FROZEN[at + 1:]
+
+
 @dataclass
 class Clean:
     """The clean run's values (batch row 0), detached.
 
     Attributes:
-        frozen: Per block, the `FROZEN` values it serves, ``[1, ...]``.
+        frozen: Per block, the `frozen_names` values it serves, ``[1, ...]``.
         final_scale: ``model.final_norm_scale`` ``[1, n, 1]`` (``None``: no final norm).
         inputs: Per block, the transcoder's input ``[n, d]`` (the value of ``plan.reads`` as the surface serves it).
         outputs: Per block, ``mlp_output`` ``[n, d]``.
@@ -219,9 +242,12 @@ def frozen_run(model: Any, ids: torch.Tensor, plan: Plan, clean: Clean, embeddin
 
 
 def frozen_body(model: Any, plan: Plan, clean: Clean, embeddings: torch.Tensor, outputs: list[torch.Tensor],
-                coders: Any = None) -> tuple[list[torch.Tensor], torch.Tensor]:
+                coders: Any = None, patterns: list | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
     """`frozen_run`'s writes and reads, inside an open trace of ``B`` copies of the prompt (a remote one too: the
-    backward then runs in the same request, `nncanon.graphs.attribution`)."""
+    backward then runs in the same request, `nncanon.graphs.attribution`). ``patterns``: where the pattern is frozen
+    through the kernel's query and key, each such block's ``(layer, attention_probabilities)`` ``[B, H, n, n]``
+    (recomputed from the kernel call once both are written) is appended to it (the proof's check that the pattern
+    is a function of them alone: `nncanon.graphs.proof`)."""
     batch = embeddings.shape[0]
     inputs: list[torch.Tensor] = []
     owner, name = _token_site(model, plan)
@@ -241,9 +267,17 @@ def frozen_body(model: Any, plan: Plan, clean: Clean, embeddings: torch.Tensor, 
                 parts[step] = read(model, layer, step)
             else:
                 _freeze(host(model, layer, step), step, clean.frozen[layer][step], batch)
+                if patterns is not None and step == _last_pattern_input(steps):
+                    patterns.append((layer, read(model, layer, "attention_probabilities").save()))
     if plan.final_norm:
         _freeze(model, "final_norm_scale", clean.final_scale, batch)
     return inputs, _linear_steps(_envoy(model, plan.head).output, plan)
+
+
+def _last_pattern_input(steps: list[str]) -> str | None:
+    """The last of `PATTERN_INPUTS` a block's steps write, where they write both (else ``None``)."""
+    written = [step for step in steps if step in PATTERN_INPUTS]
+    return written[-1] if len(written) == len(PATTERN_INPUTS) else None
 
 
 def _frozen_input(model: Any, layer: int, plan: Plan, clean: Clean, parts: dict[str, torch.Tensor]
