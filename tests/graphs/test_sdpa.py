@@ -22,7 +22,7 @@ from nncanon.graphs.replacement import clean_run, frozen_run, plan_of
 from nncanon.support import graph_reason
 from nncanon.testing import tiny_model
 
-from ..conftest import variant_params
+from ..conftest import upstream_issue, variant_params
 
 PROMPT = "The cat sat on the mat"
 #: Each a kind of attention transformers runs under sdpa: dense with GQA, GPT-2, a MoE, ALiBi folded into the mask
@@ -43,6 +43,9 @@ def test_sdpa_graph_is_the_eager_graph(variant):
         if implementation == "eager":  # (eager's proof: tests/graphs/test_families.py)
             built[implementation] = build(model, PROMPT, transcoders, **options)
             continue
+        if upstream_issue(variant):  # (Falcon's ALiBi before transformers 5.25: eager and sdpa attend differently)
+            assert "probabilities are not served under 'sdpa'" in (graphs.support(model) or "")
+            return
         assert graphs.support(model) is None, f"{variant.name} under {implementation}: {graphs.support(model)}"
         built[implementation] = graph = graphs.attribute(model, PROMPT, transcoders, **options)
     check = graphs.verify(model, graph, transcoders, samples=3)  # (the sdpa model's graph)
