@@ -2,8 +2,9 @@
 
 ``read`` reads every block's values in one trace, ``invokes`` writes every value in an invoke of its own of one
 trace, ``locality`` and ``probabilities`` write every block's values likewise, and ``gradients`` takes the operation
-sites' references in one plain run and measures each value's gradient against its largest: a value broken on purpose
-is declined, alone, with the check's numbers; the others still hold. (``ablation``: `tests/test_proof.py`, a broken
+sites' references in one plain run and measures each value's gradient against its largest, ``gradient_writes`` zeroes
+every value's gradient in a row of its own of one backward: a value broken on purpose is declined, alone, with the
+check's numbers; the others still hold. (``ablation``: `tests/test_proof.py`, a broken
 site and a missing scale.)
 """
 
@@ -11,12 +12,13 @@ from __future__ import annotations
 
 import torch
 
+from nncanon import gradients as gradient_module
 from nncanon import served as served_module
 from nncanon.components.anatomy import NEURON_VALUES
 from nncanon.components.attention import AttentionEnvoy
 from nncanon.proof.checks import gradients as gradient_checks
 from nncanon.proof.checks.base import HEAD_VALUES, INPUT_VALUES, KERNEL_INPUTS
-from nncanon.proof.checks.gradients import check_gradients
+from nncanon.proof.checks.gradients import check_gradient_writes, check_gradients
 from nncanon.proof.checks.heads import check_probabilities
 from nncanon.proof.checks.references import served, shared_copies
 from nncanon.proof.checks.stream import check_read
@@ -136,13 +138,39 @@ def test_probabilities_whose_write_does_not_reach_the_model_are_declined_alone(m
 
 
 def test_values_that_hold_are_proved_in_one_shared_trace():
-    """Nothing broken: every write of the invokes and every block write of the locality check held in one trace (the
-    notes say so), with the same values covered as one trace per write covers."""
+    """Nothing broken: every write of the invokes, every block write of the locality check and every gradient write
+    held in one trace (the notes say so), with the same values covered as one trace per write covers."""
     model = tiny_model("llama")
     invokes, locality = check_invokes(model), check_locality(model)
     assert invokes and all(r.passed and "in its own invoke of" in r.note for r in invokes)
+    writes = check_gradient_writes(model)
+    assert len(writes) >= 8 and all(r.passed and "in a row of its own of one batch of" in r.note for r in writes)
     blocks = [r for r in locality if r.layer is not None]
     assert blocks and all(r.passed and "in its own invoke of" in r.note for r in blocks)
     assert {(r.layer, r.values) for r in invokes} == {
         (index, (name,)) for index in range(model.num_layers) for name in served(model, index, WRITABLE)} | {
         (None, (name,)) for name in ("token_embeddings", "final_norm_output")}
+
+
+
+def test_a_gradient_write_that_does_not_land_is_declined_alone(monkeypatch):
+    """``mlp_output.grad = 0`` on the last block broken (its zeros land as 1e-3): in the shared backward every row whose
+    path to the logit runs through the MLP's output moves (the gradient written there is zero at every position but
+    the last), so those values are checked alone; exactly the broken one fails, with its numbers. The block's input
+    and the neurons, whose rows cut every path back from it, hold in the shared backward."""
+    model = tiny_model("llama")
+    last = model.num_layers - 1
+    original = gradient_module.check_gradient_write
+
+    def broken(value, tensor, name):
+        written = original(value, tensor, name)
+        return torch.where(written == 0, 1e-3, written) if name == f"layers[{last}].mlp.mlp_output.grad" else written
+
+    monkeypatch.setattr(gradient_module, "check_gradient_write", broken)
+    results = check_gradient_writes(model)
+    assert _failed(results) == {(last, "mlp_output")}
+    assert all(result.error is not None and result.error > 1e-4 for result in results if not result.passed)
+    held = {result.values[0]: result for result in results if result.passed}
+    assert len(held) == len(results) - 1 >= 7
+    assert {name for name, result in held.items() if "in a row of its own of one batch" in result.note} == {
+        "layer_input", "neurons"}
