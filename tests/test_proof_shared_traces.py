@@ -1,23 +1,28 @@
 """The checks that share one trace among many values still decline exactly a wrong one.
 
 ``read`` reads every block's values in one trace, ``invokes`` writes every value in an invoke of its own of one
-trace, ``locality`` and ``probabilities`` write every block's values likewise, and ``gradients`` takes the operation
-sites' references in one plain run and measures each value's gradient against its largest: a value broken on purpose
-is declined, alone, with the check's numbers; the others still hold. (``ablation``: `tests/test_proof.py`, a broken
-site and a missing scale.)
+trace, ``locality`` and ``probabilities`` write every block's values likewise, ``gradients`` takes the operation
+sites' references in one plain run and measures each value's gradient against its largest, ``gradient_writes``
+zeroes every value's gradient in a row of its own of one backward, and ``scores``, ``kernel`` and ``recomputed``
+read every block in one trace: a value broken on purpose is declined, alone, with the check's numbers; the others
+still hold. (``ablation``: `tests/test_proof.py`, a broken site and a missing scale.)
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from nncanon import gradients as gradient_module
 from nncanon import served as served_module
 from nncanon.components.anatomy import NEURON_VALUES
 from nncanon.components.attention import AttentionEnvoy
 from nncanon.proof.checks import gradients as gradient_checks
 from nncanon.proof.checks.base import HEAD_VALUES, INPUT_VALUES, KERNEL_INPUTS
-from nncanon.proof.checks.gradients import check_gradients
+from nncanon.proof.checks.gradients import check_gradient_writes, check_gradients
 from nncanon.proof.checks.heads import check_probabilities
+from nncanon.proof.checks.inside import check_scores
+from nncanon.proof.checks.kernel import check_kernel, check_recomputed
 from nncanon.proof.checks.references import served, shared_copies
 from nncanon.proof.checks.stream import check_read
 from nncanon.proof.checks.writes import check_invokes, check_locality
@@ -52,6 +57,28 @@ def test_a_read_wrong_by_one_part_in_a_thousand_is_declined_on_every_block_alone
     assert _failed(results) == {(index, "value_states") for index in range(model.num_layers)}
     assert {(index, "query_states") for index in range(model.num_layers)} <= _held(results)
     assert all("> 0e+00" in result.describe() for result in results if not result.passed)
+
+
+@pytest.mark.parametrize(("name", "check", "implementation"), [
+    ("attention_scores", check_scores, "eager"), ("query_states", check_kernel, "eager"),
+    ("attention_probabilities", check_recomputed, "sdpa")])
+def test_a_read_wrong_on_one_block_fails_there_alone_where_every_block_shares_a_trace(monkeypatch, name, check,
+                                                                                       implementation):
+    """``scores``, ``kernel`` and ``recomputed`` read every block in one trace: block 0's scores (its queries, its
+    probabilities recomputed under sdpa) 10 % off fail there alone, with the check's numbers; block 1's hold."""
+    model = tiny_model("llama", attn_implementation=implementation)
+    original = AttentionEnvoy.__dict__[name]
+
+    def scaled(self):
+        tensor = original.__get__(self, type(self))
+        return tensor * 1.1 if self._nncanon.where.startswith("layers[0]") else tensor
+
+    monkeypatch.setattr(AttentionEnvoy, name, property(scaled))
+    results = check(model)
+    assert {result.layer for result in results if not result.passed} == {0}
+    assert [result for result in results if result.layer == 1] and all(
+        result.passed for result in results if result.layer == 1)
+    assert any(result.error is not None and result.error > result.tolerance for result in results if not result.passed)
 
 
 def test_a_write_that_leaks_into_the_next_invoke_is_declined_alone():
@@ -136,13 +163,39 @@ def test_probabilities_whose_write_does_not_reach_the_model_are_declined_alone(m
 
 
 def test_values_that_hold_are_proved_in_one_shared_trace():
-    """Nothing broken: every write of the invokes and every block write of the locality check held in one trace (the
-    notes say so), with the same values covered as one trace per write covers."""
+    """Nothing broken: every write of the invokes, every block write of the locality check and every gradient write
+    held in one trace (the notes say so), with the same values covered as one trace per write covers."""
     model = tiny_model("llama")
     invokes, locality = check_invokes(model), check_locality(model)
     assert invokes and all(r.passed and "in its own invoke of" in r.note for r in invokes)
+    writes = check_gradient_writes(model)
+    assert len(writes) >= 8 and all(r.passed and "in a row of its own of one batch of" in r.note for r in writes)
     blocks = [r for r in locality if r.layer is not None]
     assert blocks and all(r.passed and "in its own invoke of" in r.note for r in blocks)
     assert {(r.layer, r.values) for r in invokes} == {
         (index, (name,)) for index in range(model.num_layers) for name in served(model, index, WRITABLE)} | {
         (None, (name,)) for name in ("token_embeddings", "final_norm_output")}
+
+
+
+def test_a_gradient_write_that_does_not_land_is_declined_alone(monkeypatch):
+    """``mlp_output.grad = 0`` on the last block broken (its zeros land as 1e-3): in the shared backward every row whose
+    path to the logit runs through the MLP's output moves (the gradient written there is zero at every position but
+    the last), so those values are checked alone; exactly the broken one fails, with its numbers. The block's input
+    and the neurons, whose rows cut every path back from it, hold in the shared backward."""
+    model = tiny_model("llama")
+    last = model.num_layers - 1
+    original = gradient_module.check_gradient_write
+
+    def broken(value, tensor, name):
+        written = original(value, tensor, name)
+        return torch.where(written == 0, 1e-3, written) if name == f"layers[{last}].mlp.mlp_output.grad" else written
+
+    monkeypatch.setattr(gradient_module, "check_gradient_write", broken)
+    results = check_gradient_writes(model)
+    assert _failed(results) == {(last, "mlp_output")}
+    assert all(result.error is not None and result.error > 1e-4 for result in results if not result.passed)
+    held = {result.values[0]: result for result in results if result.passed}
+    assert len(held) == len(results) - 1 >= 7
+    assert {name for name, result in held.items() if "in a row of its own of one batch" in result.note} == {
+        "layer_input", "neurons"}

@@ -170,6 +170,15 @@ def guarded(check: str, layer: int | None, values: Sequence[str], run: Callable[
         return [_failure(check, layer, values, error)]
 
 
+def shared_or_none(run: Callable[[], Any]) -> Any:
+    """``run()`` (a run shared by several blocks or values), or ``None`` where it raises: each then runs alone, so
+    that a failure is exactly its own."""
+    try:
+        return run()
+    except Exception:
+        return None
+
+
 def raised(model: Any, check: str, error: Exception) -> list[CheckResult]:
     """A check that raised outside its own guards (the model's forward itself fails, say): one failed
     result per layer over every value the layer serves, and one over the model-level values."""

@@ -2,7 +2,11 @@
 
 - ``gradients``: ``value.grad`` of every served value, inside ``with logit.backward():``, equals the gradient
   plain PyTorch computes at the value's site (tensor hooks, ``torch.autograd.grad``).
-- ``gradient_writes``: ``value.grad = 0`` equals the plain model with the value's site detached.
+- ``gradient_writes``: ``value.grad = 0`` equals the plain model with the value's site detached. Every value of
+  the last block in one traced backward and one plain one, on a batch of the first prompt with one row per value
+  (value ``i`` zeroed, its site detached, in row ``i`` only: the rows are independent, so each value's write is
+  compared on its own); a value whose row does not hold there (or every value, where the batch raises) is checked
+  alone, on the prompt alone, so that a failure is exactly its value's.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from .base import (
     guarded,
 )
 from .gradient_references import gradient_inputs, gradient_references, gradient_target, gradients_at
-from .references import kernel_copies, served, site_module, stream_as_served
+from .references import hooks_removed, kernel_copies, served, site_module, stream_as_served
 
 #: The values whose gradient is read at a site (the norms' are proved by `nncanon.proof.checks.norms`).
 SITE_GRADIENT_VALUES = tuple(v for v in GRADIENT_VALUES if v not in NORM_VALUES)
@@ -134,64 +138,111 @@ def check_gradient_writes(model: Any) -> list[CheckResult]:
     """``value.grad = 0`` on a value of the last block equals the plain model with the value's site detached:
     the gradient reaching the stream entering block 0 is the same."""
     layer = model.num_layers - 1
+    names = [name for name in with_gradient(model, layer) if _detachable(model, layer, name)]
+    try:  # every value in one backward, each on a row of its own; where that fails, each value alone
+        together = _gradient_writes(model, layer, names) if len(names) > 1 else {}
+    except Exception:
+        together = {}
     results = []
-    for name in with_gradient(model, layer):
-        binding = host(model, layer, name)._nncanon.bindings.get(name)
-        if binding is None or binding.site.op is not None or (layer == 0 and name == "layer_input"):
-            continue  # no module hook detaches an operation's tensor or the probabilities; the stream is block 0's
-        results += guarded("gradient_writes", layer, (name,), lambda name=name: [
-            _gradient_write(model, layer, name)])
+    for name in names:
+        shared = together.get(name)
+        if shared is not None and shared.passed:
+            results.append(shared)
+        else:  # (failed or not run in the batch: alone, so that a failure is exactly this value's, as before)
+            results += guarded("gradient_writes", layer, (name,), lambda name=name: list(
+                _gradient_writes(model, layer, [name]).values()))
     return results
 
 
-def _gradient_write(model: Any, layer: int, name: str) -> CheckResult:
+def _detachable(model: Any, layer: int, name: str) -> bool:
+    """Whether a module hook detaches ``name``'s site (no hook detaches an operation's tensor or the
+    probabilities; the stream of block 0 is what the check reads)."""
+    binding = host(model, layer, name)._nncanon.bindings.get(name)
+    return binding is not None and binding.site.op is None and not (layer == 0 and name == "layer_input")
+
+
+def _gradient_writes(model: Any, layer: int, names: Sequence[str]) -> dict[str, CheckResult]:
+    """`check_gradient_writes` of ``names`` (block ``layer``'s, in execution order) in one traced backward and one
+    plain one: the first prompt once per value, value ``i``'s gradient zeroed in row ``i`` only (``value.grad = 0``
+    where there is one value), against the plain model with value ``i``'s site detached in row ``i`` only. The
+    rows are independent computations: each value's write is compared alone, on its own row. Keyed by name."""
+    count = len(names)
     target = gradient_target(model)
-    with torch.enable_grad(), model.trace(PROMPTS[0], **NO_CACHE):
+    values: dict = {}  # bound outside the trace, filled inside
+    with torch.enable_grad(), model.trace([PROMPTS[0]] * count, **NO_CACHE):
         stream = model.layers[0].layer_input
-        value = getattr(host(model, layer, name), name)
-        logit = model.logits[target]
+        for name in names:
+            values[name] = getattr(host(model, layer, name), name)
+        logit = model.logits[:, target[1], target[2]].sum()
         with logit.backward():
-            value.grad = torch.zeros_like(value.grad)
+            for row in reversed(range(count)):
+                value = values[names[row]]
+                value.grad = _zeroed_row(value.grad, row, count)
             ours = stream.grad.save()
-    expected = _stream_gradient_with_site_detached(model, layer, name)
-    return compare("gradient_writes", layer, (name,), ours, expected, GRADIENT_TOLERANCE,
-                    "the stream's gradient against the plain model with the site detached", absolute=GRADIENT_ABSOLUTE)
+    expected = _stream_gradient_with_sites_detached(model, layer, names)
+    together = "" if count == 1 else f" (each value zeroed in a row of its own of one batch of {count})"
+    return {name: compare("gradient_writes", layer, (name,), ours.narrow(0, row, 1), expected.narrow(0, row, 1),
+                          GRADIENT_TOLERANCE, "the stream's gradient against the plain model with the site detached"
+                          + together, absolute=GRADIENT_ABSOLUTE)
+            for row, name in enumerate(names)}
 
 
-def _detached(tensor: torch.Tensor, site: Any) -> torch.Tensor:
-    """The site's tensor with the value's part detached (the whole tensor, but for a `Site.part`: that part)."""
-    if site.part is None:
+def _zeroed_row(grad: torch.Tensor, row: int, count: int) -> torch.Tensor:
+    """``grad`` (a served value's, batch first) with row ``row`` of ``count`` zero, the others as they are."""
+    if grad.shape[0] != count:
+        raise ValueError(f"a gradient of {grad.shape[0]} rows where the batch has {count}")
+    return grad.index_fill(0, torch.tensor([row], device=grad.device), 0)
+
+
+def _detached(tensor: torch.Tensor, site: Any, row: int = 0, count: int = 1) -> torch.Tensor:
+    """The site's tensor with the value's part detached (the whole tensor, but for a `Site.part`: that part), in
+    row ``row`` of a batch of ``count`` only: the ``row``-th of ``count`` equal chunks of the batch axis (the first,
+    or the second for `Site.stacked` streams; a `Site.flat` tensor's first axis is batch-major)."""
+    axis = 1 if site.stacked else 0
+    if tensor.shape[axis] % count:
+        raise ValueError(f"the site's tensor has {tensor.shape[axis]} rows, not a multiple of the batch's {count}")
+    if count == 1 and site.part is None:
         return tensor.detach()
+    width = tensor.shape[axis] // count
     whole = tensor.clone()
-    _part(whole, site.part).copy_(_part(tensor, site.part).detach())
+    into, kept = whole.narrow(axis, row * width, width), tensor.narrow(axis, row * width, width)
+    if site.part is not None:
+        into, kept = _part(into, site.part), _part(kept, site.part)
+    into.copy_(kept.detach())
     return whole
 
 
-def _stream_gradient_with_site_detached(model: Any, layer: int, name: str) -> torch.Tensor:
-    """d logit / d (block 0's input) in the plain model, with ``name``'s site tensor on ``layer`` detached."""
-    site = host(model, layer, name)._nncanon.bindings[name].site
-    module = site_module(model, layer, name)
+def _stream_gradient_with_sites_detached(model: Any, layer: int, names: Sequence[str]) -> torch.Tensor:
+    """d logit / d (block 0's input) in the plain model on the first prompt once per value of ``names``, with
+    ``names[i]``'s site tensor on ``layer`` detached in row ``i``; the sum of every row's logit is differentiated
+    (the rows are independent: row ``i``'s gradient is its own logit's)."""
+    count = len(names)
     seen: dict = {}
 
     def entering(mod: Any, args: Any, kwargs: Any) -> None:
         seen["x"] = first_input(args, kwargs)
 
-    if site.key == "input":
-        cut = module.register_forward_pre_hook(
-            lambda mod, args, kwargs: _put((args, kwargs), site, _detached(_pick((args, kwargs), site), site)),
-            with_kwargs=True)
-    else:
-        cut = module.register_forward_hook(
-            lambda mod, args, output: _put(output, site, _detached(_pick(output, site), site)))
-    watch = site_module(model, 0, "layer_input").register_forward_pre_hook(entering, with_kwargs=True)
-    try:
-        with torch.enable_grad():
-            output = model._module(**gradient_inputs(model))
-            if seen["x"].requires_grad:
-                seen["grad"] = gradients_at(output, lambda logits: logits[gradient_target(model)], [seen["x"]])[0]
-    finally:
-        cut.remove()
-        watch.remove()
+    handles = []
+    for row, name in enumerate(names):
+        site = host(model, layer, name)._nncanon.bindings[name].site
+        module = site_module(model, layer, name)
+        if site.key == "input":
+            handles.append(module.register_forward_pre_hook(
+                lambda mod, args, kwargs, site=site, row=row: _put(
+                    (args, kwargs), site, _detached(_pick((args, kwargs), site), site, row, count)),
+                with_kwargs=True))
+        else:
+            handles.append(module.register_forward_hook(
+                lambda mod, args, output, site=site, row=row: _put(
+                    output, site, _detached(_pick(output, site), site, row, count))))
+    handles.append(site_module(model, 0, "layer_input").register_forward_pre_hook(entering, with_kwargs=True))
+    target = gradient_target(model)
+    inputs = {key: torch.cat([value] * count) if isinstance(value, torch.Tensor) else value
+              for key, value in gradient_inputs(model).items()}
+    with hooks_removed(handles), torch.enable_grad():
+        output = model._module(**inputs)
+        if seen["x"].requires_grad:
+            seen["grad"] = gradients_at(output, lambda logits: logits[:, target[1], target[2]].sum(), [seen["x"]])[0]
     grad = seen.get("grad")
     grad = torch.zeros_like(seen["x"]) if grad is None else grad  # (no path left from the stream to the logit)
     return stream_as_served(model, grad)  # laid out as layer_input is served

@@ -17,7 +17,7 @@ import torch
 from ...components.inside import BEFORE_NORM
 from ...components.kernel import has_sinks, scores_operation
 from ..prompts import PROMPTS
-from .base import TOLERANCE, CheckResult, compare, guarded
+from .base import TOLERANCE, CheckResult, compare, guarded, shared_or_none
 from .kernel import _interface, _kernel
 from .references import encode, hf_block, hooks_removed, plain_copy
 
@@ -26,15 +26,51 @@ def check_scores(model: Any) -> list[CheckResult]:
     """``softmax(attention_scores) == attention_probabilities`` (with the sink column where the attention's sinks
     are a column of the softmax); under eager, a write to the scores is the same edit at the softmax of a plain
     copy."""
-    results = []
     report = model.support()
-    for index in report.layers_with("attention_scores"):
-        if not report.available("attention_probabilities", layer=index):
-            continue
-        results += guarded("scores", index, ("attention_scores",), lambda index=index: [_softmax(model, index)])
-        if model.layers[index].self_attn._eager():
-            results += guarded("scores", index, ("attention_scores",), lambda index=index: [_write(model, index)])
+    layers = [index for index in report.layers_with("attention_scores")
+              if report.available("attention_probabilities", layer=index)]
+    eager = [index for index in layers if model.layers[index].self_attn._eager()]
+    # every block's scores and probabilities read in one trace (two where they are recomputed beside the kernel), and
+    # every eager block's clean run in one; where that raises, each block reads alone, so a failure is exactly its own
+    read = shared_or_none(lambda: _read_scores(model, layers)) or {}
+    clean = shared_or_none(lambda: _clean_runs(model, eager)) or {}
+    results = []
+    for index in layers:
+        results += guarded("scores", index, ("attention_scores",), lambda index=index: [
+            _softmax(model, index, read.get(index))])
+        if index in eager:
+            results += guarded("scores", index, ("attention_scores",), lambda index=index: [
+                _write(model, index, clean.get(index))])
     return results
+
+
+def _read_scores(model: Any, layers: list[int]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """``(scores, probabilities)`` of each block of ``layers`` on `PROMPTS`: one trace (two where any block
+    recomputes them beside the kernel: both are served at the kernel's output)."""
+    scores: dict = {}  # bound outside the traces, filled inside
+    probabilities: dict = {}
+    apart = any(not model.layers[index].self_attn._eager() for index in layers)
+    with torch.no_grad(), model.trace(PROMPTS):
+        for index in layers:
+            scores[index] = model.layers[index].self_attn.attention_scores.save()
+            if not apart:
+                probabilities[index] = model.layers[index].self_attn.attention_probabilities.save()
+    if apart:
+        with torch.no_grad(), model.trace(PROMPTS):
+            for index in layers:
+                probabilities[index] = model.layers[index].self_attn.attention_probabilities.save()
+    return {index: (scores[index], probabilities[index]) for index in layers}
+
+
+def _clean_runs(model: Any, layers: list[int]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """``(probabilities, logits)`` of each block of ``layers`` on the first prompt, with nothing written: one
+    trace."""
+    saved: dict = {}  # bound outside the trace, filled inside
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        for index in layers:
+            saved[index] = model.layers[index].self_attn.attention_probabilities.save()
+        saved["logits"] = model.logits.save()
+    return {index: (saved[index], saved["logits"]) for index in layers}
 
 
 def with_sinks(scores: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
@@ -61,17 +97,10 @@ def probabilities_of(scores: torch.Tensor, module: torch.nn.Module, like: torch.
     return min((sunk, plain), key=lambda each: float((each.double() - like.double()).abs().max()))
 
 
-def _softmax(model: Any, index: int) -> CheckResult:
+def _softmax(model: Any, index: int, read: tuple[torch.Tensor, torch.Tensor] | None = None) -> CheckResult:
+    """``softmax(scores) == probabilities`` on block ``index``, from ``read`` (`_read_scores`; ``None``: read now)."""
     attention = model.layers[index].self_attn
-    if attention._eager():
-        with torch.no_grad(), model.trace(PROMPTS):
-            scores = attention.attention_scores.save()
-            probabilities = attention.attention_probabilities.save()
-    else:  # recomputed beside the kernel: each in its own trace (both are served at the kernel's output)
-        with torch.no_grad(), model.trace(PROMPTS):
-            scores = attention.attention_scores.save()
-        with torch.no_grad(), model.trace(PROMPTS):
-            probabilities = attention.attention_probabilities.save()
+    scores, probabilities = read if read is not None else _read_scores(model, [index])[index]
     return compare("scores", index, ("attention_scores",), probabilities_of(scores, attention._module, probabilities),
                    probabilities, TOLERANCE, "softmax(scores) (with its sink column, where the sinks are one) against "
                    "attention_probabilities")
@@ -87,11 +116,11 @@ def write_position(probabilities: torch.Tensor) -> tuple[int, int]:
     return flat // last.shape[-1], flat % last.shape[-1]
 
 
-def _write(model: Any, index: int) -> CheckResult:
+def _write(model: Any, index: int, clean_run: tuple[torch.Tensor, torch.Tensor] | None = None) -> CheckResult:
+    """A write to block ``index``'s scores against the same edit at a plain copy's softmax; ``clean_run``: the
+    block's probabilities and the logits with nothing written (`_clean_runs`; ``None``: run now)."""
     attention = model.layers[index].self_attn
-    with torch.no_grad(), model.trace(PROMPTS[0]):
-        probabilities = attention.attention_probabilities.save()
-        clean = model.logits.save()
+    probabilities, clean = clean_run if clean_run is not None else _clean_runs(model, [index])[index]
     head, key = write_position(probabilities)
 
     def _edit(scores: torch.Tensor) -> None:  # the write both sides make, in place

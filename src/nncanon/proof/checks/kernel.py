@@ -17,7 +17,7 @@ from ...components.kernel import RECOMPUTED, Kernel, _additive_mask
 from ...components.kernel import implementation as kernel_implementation
 from ...served import operation_name
 from ..prompts import PROMPTS
-from .base import KERNEL_INPUTS, TOLERANCE, CheckResult, compare, guarded, raised_or
+from .base import KERNEL_INPUTS, TOLERANCE, CheckResult, compare, guarded, raised_or, shared_or_none
 from .references import encode, encode_batch, implementation_copy, kernel_copies, site_references
 
 
@@ -32,15 +32,22 @@ def check_kernel(model: Any) -> list[CheckResult]:
     ``softmax(q·kᵀ·scale + mask) · v`` against the kernel's own output."""
     results = []
     report = model.support()
+    attends = {index: ("query_states", *(("key_states",) if report.available("key_states", layer=index) else ()),
+                       "attention_probabilities")
+               for index in report.layers_with("query_states")
+               if report.available("attention_probabilities", layer=index) and _runs_eager(model)}
+    reaches = [index for index in report.layers_with("query_states") if report.available("value_states", layer=index)]
+    # every block's reads in one trace, and every block's clean run of the values' reach in one; where that raises,
+    # each block alone, so that a failure is exactly its own
+    read = shared_or_none(lambda: _attends_read(model, attends))
+    clean = shared_or_none(lambda: _clean_outputs(model, reaches))
     for index in report.layers_with("query_states"):
-        if report.available("attention_probabilities", layer=index) and _runs_eager(model):
-            values = ("query_states", *(("key_states",) if report.available("key_states", layer=index) else ()),
-                      "attention_probabilities")
-            results += guarded("kernel", index, values, lambda index=index, values=values: [
-                _attends(model, index, values)])
-        if report.available("value_states", layer=index):
+        if index in attends:
+            results += guarded("kernel", index, attends[index], lambda index=index: [
+                _attends(model, index, attends[index], None if read is None else read[index])])
+        if index in reaches:
             results += guarded("kernel", index, ("value_states",), lambda index=index: [
-                _values_reach(model, index)])
+                _values_reach(model, index, None if clean is None else clean[index])])
     return results + _kernel_elsewhere(model)
 
 
@@ -112,26 +119,35 @@ def _bias(module: torch.nn.Module, kernel: Kernel, inputs: tuple, kwargs: dict, 
     return bias * kwargs.get("beta", 1.0)
 
 
-def _attends(model: Any, index: int, values: tuple[str, ...]) -> CheckResult:
+def _attends_read(model: Any, attends: dict[int, tuple[str, ...]]) -> dict[int, dict]:
+    """What `_attends` reads on each block of ``attends`` (its values by block), on `PROMPTS`, in one trace."""
+    saved: dict = {index: {} for index in attends}  # bound outside the trace, filled inside
+    with torch.no_grad(), model.trace(PROMPTS):
+        for index, values in attends.items():
+            attention = model.layers[index].self_attn
+            if _kernel(model, index).bias is not None:
+                saved[index]["module"] = attention.inputs.save()
+            for name in values:
+                if name in KERNEL_INPUTS:
+                    saved[index][name] = getattr(attention, name).save()
+            saved[index]["call"] = _interface(model, index).inputs.save()
+            if attention._eager():
+                saved[index]["probabilities"] = attention.attention_probabilities.save()
+            else:
+                saved[index]["output"] = _interface(model, index, output=True).output.save()
+    return saved
+
+
+def _attends(model: Any, index: int, values: tuple[str, ...], read: dict | None = None) -> CheckResult:
     """``values``: the kernel inputs served on the block (where ``key_states`` is declined, the keys are the
     call's own argument, and likewise the values), held to the eager probabilities; where the model runs a
-    kernel that computes none, the probabilities times the values are held to the kernel's own output."""
+    kernel that computes none, the probabilities times the values are held to the kernel's own output. ``read``:
+    what `_attends_read` read (``None``: read now)."""
 
     attention = model.layers[index].self_attn
     kernel = _kernel(model, index)
     eager = attention._eager()
-    saved: dict = {}  # bound outside the trace, filled inside
-    with torch.no_grad(), model.trace(PROMPTS):
-        if kernel.bias is not None:
-            saved["module"] = attention.inputs.save()
-        for name in values:
-            if name in KERNEL_INPUTS:
-                saved[name] = getattr(attention, name).save()
-        saved["call"] = _interface(model, index).inputs.save()
-        if eager:
-            saved["probabilities"] = attention.attention_probabilities.save()
-        else:
-            saved["output"] = _interface(model, index, output=True).output.save()
+    saved = read if read is not None else _attends_read(model, {index: values})[index]
     args, kwargs = saved["call"]
     called = kernel.inputs(args, kwargs)
     q = saved["query_states"].transpose(1, 2)  # [b, H, s, d]
@@ -176,13 +192,23 @@ def _attends(model: Any, index: int, values: tuple[str, ...]) -> CheckResult:
     return next((result for result in results if result.passed), results[0])
 
 
-def _values_reach(model: Any, index: int) -> CheckResult:
+def _clean_outputs(model: Any, layers: list[int]) -> dict[int, tuple[int, torch.Tensor]]:
+    """``(value groups, kernel output)`` of each block of ``layers`` on the first prompt, nothing written: one
+    trace."""
+    saved: dict = {}  # bound outside the trace, filled inside
+    with torch.no_grad(), model.trace(PROMPTS[0]):
+        for index in layers:
+            saved[index] = (model.layers[index].self_attn.value_states.save(),
+                            _interface(model, index, output=True).output.save())
+    return {index: (groups.shape[-2], output) for index, (groups, output) in saved.items()}
+
+
+def _values_reach(model: Any, index: int, clean_run: tuple[int, torch.Tensor] | None = None) -> CheckResult:
+    """Zeroing the last group of block ``index``'s values zeroes exactly its heads' kernel output; ``clean_run``:
+    the groups and the kernel output with nothing written (`_clean_outputs`; ``None``: run now)."""
     attention = model.layers[index].self_attn
     kernel = _kernel(model, index)
-    with torch.no_grad(), model.trace(PROMPTS[0]):
-        groups = attention.value_states.save()
-        clean = _interface(model, index, output=True).output.save()
-    groups = groups.shape[-2]
+    groups, clean = clean_run if clean_run is not None else _clean_outputs(model, [index])[index]
     with torch.no_grad(), model.trace(PROMPTS[0]):
         attention.value_states[..., -1, :] = 0
         written = _interface(model, index, output=True).output.save()
@@ -210,10 +236,13 @@ def check_recomputed(model: Any) -> list[CheckResult]:
     if sdpa is None:  # the model class has no sdpa path: nothing runs without eager
         return []
     eager = model if _runs_eager(model) else implementation_copy(model, "eager")
-    results = []
+    shared = shared_or_none(lambda: _recomputed(eager, sdpa, layers))  # every block in one trace of each copy
+    if shared is not None:
+        return shared
+    results = []  # (the shared traces raised: each block alone says which one)
     for index in layers:
         results += guarded("recomputed", index, (RECOMPUTED,), lambda index=index: _recomputed(
-            eager, sdpa, index))
+            eager, sdpa, [index]))
     return results
 
 
@@ -222,23 +251,30 @@ def _recomputable(kernel: Any) -> bool:
     return isinstance(kernel, Kernel) and kernel.recompute is not None and kernel.runs_under("sdpa")
 
 
-def _recomputed(eager: Any, sdpa: Any, index: int) -> list[CheckResult]:
+def _recomputed(eager: Any, sdpa: Any, layers: list[int]) -> list[CheckResult]:
+    """`check_recomputed` of blocks ``layers``, read in one trace of each copy."""
+    references: dict = {}  # bound outside the traces, filled inside
+    saved: dict = {}
     with torch.no_grad(), eager.trace(PROMPTS):
-        reference = eager.layers[index].self_attn.attention_probabilities.save()
-    attention = sdpa.layers[index].self_attn
-    kernel = _kernel(sdpa, index)
+        for index in layers:
+            references[index] = eager.layers[index].self_attn.attention_probabilities.save()
     with torch.no_grad(), sdpa.trace(PROMPTS):
-        call = _interface(sdpa, index).inputs.save()
-        probabilities = attention.attention_probabilities.save()
-        output = _interface(sdpa, index, output=True).output.save()
-    output = kernel.attention_output(output, probabilities.shape[0])
+        for index in layers:
+            saved[index] = (_interface(sdpa, index).inputs.save(),
+                            sdpa.layers[index].self_attn.attention_probabilities.save(),
+                            _interface(sdpa, index, output=True).output.save())
     real = encode_batch(sdpa)["attention_mask"].bool()  # the query rows that are tokens, not padding
-    v = kernel.inputs(*call)[2]  # the values the kernel received, [b, KV, k, d]
-    v = v.repeat_interleave(probabilities.shape[1] // v.shape[1], dim=1)
-    mixed = (probabilities @ v).transpose(1, 2)  # [b, q, H, d]
-    return [
-        compare("recomputed", index, (RECOMPUTED,), probabilities, reference, TOLERANCE,
-                 "recomputed under sdpa against eager's probabilities"),
-        compare("recomputed", index, (RECOMPUTED,), mixed[real], output[real], TOLERANCE,
-                 "recomputed probabilities · values against sdpa's output"),
-    ]
+    results = []
+    for index in layers:
+        call, probabilities, output = saved[index]
+        output = _kernel(sdpa, index).attention_output(output, probabilities.shape[0])
+        v = _kernel(sdpa, index).inputs(*call)[2]  # the values the kernel received, [b, KV, k, d]
+        v = v.repeat_interleave(probabilities.shape[1] // v.shape[1], dim=1)
+        mixed = (probabilities @ v).transpose(1, 2)  # [b, q, H, d]
+        results += [
+            compare("recomputed", index, (RECOMPUTED,), probabilities, references[index], TOLERANCE,
+                     "recomputed under sdpa against eager's probabilities"),
+            compare("recomputed", index, (RECOMPUTED,), mixed[real], output[real], TOLERANCE,
+                     "recomputed probabilities · values against sdpa's output"),
+        ]
+    return results
