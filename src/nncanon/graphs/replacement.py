@@ -39,14 +39,17 @@ from ..errors import ValueNotAvailable
 from ..reading import host, in_execution_order, read
 from ..sae import resolve, value_at
 from ..support import graph_reason
+from . import mixers
 from .coders import READS, WRITES
 
 #: The values written back with the clean run's, in a block (those the block serves).
 FROZEN = ("attention_norm_scale", "attention_probabilities", "attention_gate", "attention_post_norm_scale",
-          "mlp_norm_scale")
+          "linear_attention_norm_scale", "linear_attention_post_norm_scale", "mlp_norm_scale")
 
 #: Marks where a block's transcoder input is read among its frozen values.
 INPUT = "<transcoder input>"
+#: Marks where a block's linear mixer runs: its gates read, or written back (`nncanon.graphs.mixers`).
+MIXER = "<linear mixer gates>"
 
 
 @dataclass
@@ -106,9 +109,11 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
         elif kind != "mlp_input":
             point = resolve(model, f"blocks.{layer}.hook_mlp_in")
             stream = point.parts if point.value == "resid_mid" else (point.value,)
-        names = [name for name in FROZEN if report.available(name, layer)] + [WRITES, *stream]
+        mixer = ["linear_attention_input"] if report.available("linear_attention_output", layer) else []
+        names = [name for name in FROZEN if report.available(name, layer)] + [*mixer, WRITES, *stream]
         ordered = in_execution_order(model, layer, names)
         ordered.insert(ordered.index(WRITES), INPUT)
+        ordered = [MIXER if name == "linear_attention_input" else name for name in ordered]
         steps.append(ordered)
         parts.append(stream)
     family = model._family
@@ -127,7 +132,8 @@ class Clean:
     """The clean run's values (batch row 0), detached.
 
     Attributes:
-        frozen: Per block, the `FROZEN` values it serves, ``[1, ...]``.
+        frozen: Per block, the `FROZEN` values it serves, ``[1, ...]``, and its linear mixer's gates (tuples, keyed
+            as `nncanon.graphs.mixers.read` keys them).
         final_scale: ``model.final_norm_scale`` ``[1, n, 1]`` (``None``: no final norm).
         inputs: Per block, the transcoder's input ``[n, d]`` (the value of ``plan.reads`` as the surface serves it).
         outputs: Per block, ``mlp_output`` ``[n, d]``.
@@ -157,6 +163,7 @@ def clean_run(model: Any, ids: torch.Tensor, plan: Plan, remote: Any = None) -> 
     inputs: list[torch.Tensor] = []
     outputs: list[torch.Tensor] = []
     saved: dict[str, Any] = {}
+    gates: dict[int, dict[str, Any]] = {}
     head = _envoy(model, plan.head)
     owner, name = _token_site(model, plan)
     with torch.no_grad(), model.trace(ids, remote=remote or False):
@@ -168,6 +175,8 @@ def clean_run(model: Any, ids: torch.Tensor, plan: Plan, remote: Any = None) -> 
                     inputs.append(_clean_input(model, layer, plan, parts).save())
                 elif step == WRITES:
                     outputs.append(read(model, layer, WRITES).save())
+                elif step == MIXER:
+                    gates[layer] = mixers.read(model, layer)
                 elif step in plan.parts[layer] and step not in FROZEN:
                     parts[step] = read(model, layer, step)
                 else:
@@ -178,7 +187,10 @@ def clean_run(model: Any, ids: torch.Tensor, plan: Plan, remote: Any = None) -> 
             saved["final"] = model.final_norm_scale.save()
         saved["head"] = head.output.save()
         saved["logits"] = model.logits.save()
-    return Clean(frozen=[{k: v.detach() for k, v in d.items()} for d in frozen], final_scale=saved.get("final"),
+    frozen = [{k: v.detach() for k, v in d.items()} for d in frozen]
+    for layer, values in gates.items():
+        frozen[layer].update(mixers.detached(values))
+    return Clean(frozen=frozen, final_scale=saved.get("final"),
                  inputs=[x[0].detach() for x in inputs], outputs=[x[0].detach() for x in outputs],
                  embeddings=saved["embeddings"][0].detach(), logits=saved["logits"][0].detach(),
                  head=_linear_steps(saved["head"], plan)[0].detach())
@@ -239,6 +251,8 @@ def frozen_body(model: Any, plan: Plan, clean: Clean, embeddings: torch.Tensor, 
                 model.layers[layer].mlp.mlp_output = written
             elif step in plan.parts[layer] and step not in FROZEN:
                 parts[step] = read(model, layer, step)
+            elif step == MIXER:
+                mixers.freeze(model, layer, clean.frozen[layer])
             else:
                 _freeze(host(model, layer, step), step, clean.frozen[layer][step], batch)
     if plan.final_norm:
