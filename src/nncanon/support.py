@@ -172,10 +172,10 @@ def graph_reason(report: SupportReport, attn_implementation: str | None) -> str 
     `nncanon.components.mixer_gates`), and each block must serve ``mlp_output`` for a transcoder to write."""
     for row in report.layers:
         layer = row.index
-        if row.reasons["linear_attention_output"] is None and mixer_reason(row.mixer or "") is not None:
-            return f"layers[{layer}]: {mixer_reason(row.mixer or '')}"
         if row.reasons["mlp_output"] is not None:
             return f"layers[{layer}] serves no mlp_output for a transcoder to write: {row.reasons['mlp_output']}"
+        if row.reasons["linear_attention_output"] is None and mixer_reason(row.mixer or "") is not None:
+            return f"layers[{layer}]: {mixer_reason(row.mixer or '')}"
         if row.reasons["attention_output"] is None and row.reasons["attention_probabilities"] is not None:
             return (f"layers[{layer}]'s attention probabilities are not served, so its pattern cannot be frozen: "
                     f"{row.reasons['attention_probabilities']}")

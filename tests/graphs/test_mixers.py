@@ -1,0 +1,54 @@
+"""Attribution graphs through linear mixers: each kind of mixer linearised by freezing its data-dependent gates
+(`nncanon.components.mixer_gates`) builds a graph on its tiny registry variant that `nncanon.graphs.verify` proves:
+the frozen forward is the clean run's, each target is its row sum plus its bias term (the frozen model is affine in
+the sources), removing a sampled source moves every target by minus its column. A gate left live makes the same
+proof fail (so the proof sees what the gates do), and a mixer whose gates are not frozen is declined by name.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from nncanon import ValueNotAvailable, graphs
+from nncanon.components import mixer_gates
+from nncanon.graphs.proof import prove
+from nncanon.testing import tiny_model
+
+from ..conftest import variant_params
+
+#: One registry variant per kind of mixer linearised (`mixer_gates.KINDS`).
+KINDS = {"lfm2": "short convolution", "jamba": "Mamba", "bamba": "Mamba-2", "qwen3_5_text": "gated DeltaNet"}
+
+PROMPT = "The cat sat on the mat"
+
+
+@pytest.mark.parametrize("variant", variant_params(KINDS))
+def test_mixer_graph_is_exact(variant):
+    model = tiny_model(variant)
+    mixers = [layer.__dict__["linear_attn"]._module for layer in model.layers if layer.__dict__.get("linear_attn")]
+    assert mixers and {mixer_gates.GATES[type(m).__name__][1] for m in mixers} == {KINDS[variant.name]}
+    assert graphs.support(model) is None
+    transcoders = graphs.random_transcoders(model, n_features=12, seed=1)
+    graph = graphs.attribute(model, PROMPT, transcoders, max_n_logits=3, max_feature_nodes=20, batch_size=16)
+    check = graphs.verify(model, graph, transcoders, samples=4)
+    assert check.ok, f"{variant.name}: {check}"
+    assert check.forward < 1e-5  # the SiLU's frozen slope leaves the forward's value the clean run's
+
+
+@pytest.mark.parametrize("variant", variant_params(["lfm2"]))
+def test_a_live_gate_is_caught_by_the_proof(variant, monkeypatch):
+    """Without B and C frozen, the short convolution is quadratic in the stream: the proof declines it."""
+    monkeypatch.setitem(mixer_gates.GATES, "Lfm2ShortConv", ((), "short convolution"))
+    reason = prove(tiny_model(variant))
+    assert reason is not None and "not affine" in reason
+
+
+@pytest.mark.parametrize("variant", variant_params(["xlstm", "mamba"]))
+def test_mixers_not_linearised_are_declined_with_the_reason(variant):
+    model = tiny_model(variant)
+    reason = graphs.support(model)
+    expected = {"xlstm": "its linear mixer (xLSTMLayer) is not one whose data-dependent gates nncanon freezes",
+                "mamba": "serves no mlp_output"}[variant.name]
+    assert reason is not None and expected in reason
+    with pytest.raises(ValueNotAvailable, match="no attribution graph"):
+        graphs.attribute(model, PROMPT, graphs.random_transcoders(model, n_features=4) if expected[0] == "s" else None)
