@@ -51,6 +51,19 @@ def _convolved(args: tuple, kwargs: dict) -> torch.Tensor:
     return out[..., :n]
 
 
+def check(model: Any, layer: int) -> None:
+    """Raise `ValueNotAvailable` where block ``layer``'s mixer forward lacks a call its gates name (another
+    transformers version may spell its forward otherwise): checked before any trace, outside one."""
+    mixer = _mixer(model, layer)
+    for gate in gates_of(mixer._module):
+        owner = mixer if gate.module is None else getattr(mixer, gate.module, None)
+        if owner is None or (gate.op is not None and gate.op not in owner.source.names):
+            where = f"{type(mixer._module).__name__}" + (f".{gate.module}" if gate.module else "")
+            raise ValueNotAvailable(f"layers[{layer}]'s linear mixer: {where}'s forward makes no call "
+                                    f"{gate.op or gate.module!r} in this transformers version, so its gate cannot be "
+                                    "frozen")
+
+
 def read(model: Any, layer: int) -> dict[str, Any]:
     """The clean run's gates of block ``layer``'s mixer, saved (inside the clean run's trace): per gate key, the
     tuple of its frozen values (``[1, ...]`` or the batch folded in the first dimension), for ``"slope"`` the

@@ -1,6 +1,7 @@
 """The local replacement model: the model with every norm's scale, every attention pattern and every attention gate
-frozen at the clean run's values and each MLP's output a fixed leaf, read and written through the standard surface
-only.
+frozen at the clean run's values, every linear mixer's data-dependent gates too (`nncanon.graphs.mixers`), and each
+MLP's output a fixed leaf, read and written through the standard surface (the mixers' gates through nnsight's
+``.source``) only.
 
 Frozen means written back: each norm's scale (``attention_norm_scale``, ``attention_post_norm_scale``,
 ``mlp_norm_scale``, ``model.final_norm_scale``), each block's ``attention_probabilities`` and ``attention_gate`` (an
@@ -84,8 +85,8 @@ class Plan:
 def support(model: Any) -> str | None:
     """Why an attribution graph of ``model`` cannot be built on the frozen replacement model, or ``None`` (it can):
     `nncanon.support.graph_reason` (every block's token mixer linear in the stream once its pattern, gate and
-    norms' scales are frozen: softmax attention with writable probabilities, ``attn_implementation="eager"``; each
-    block's ``mlp_output`` served)."""
+    norms' scales are frozen: softmax attention with writable probabilities, ``attn_implementation="eager"``, or a
+    linear mixer whose gates `nncanon.components.mixer_gates` names; each block's ``mlp_output`` served)."""
     return graph_reason(model.support(), getattr(model.config, "_attn_implementation", "eager"))
 
 
@@ -110,6 +111,8 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
             point = resolve(model, f"blocks.{layer}.hook_mlp_in")
             stream = point.parts if point.value == "resid_mid" else (point.value,)
         mixer = ["linear_attention_input"] if report.available("linear_attention_output", layer) else []
+        if mixer:
+            mixers.check(model, layer)
         names = [name for name in FROZEN if report.available(name, layer)] + [*mixer, WRITES, *stream]
         ordered = in_execution_order(model, layer, names)
         ordered.insert(ordered.index(WRITES), INPUT)
