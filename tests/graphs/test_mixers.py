@@ -20,7 +20,8 @@ from nncanon.testing import tiny_model
 from ..conftest import variant_params
 
 #: One registry variant per kind of mixer linearised (`mixer_gates.KINDS`).
-KINDS = {"lfm2": "short convolution", "jamba": "Mamba", "bamba": "Mamba-2", "qwen3_5_text": "gated DeltaNet"}
+KINDS = {"lfm2": "short convolution", "jamba": "Mamba", "bamba": "Mamba-2", "qwen3_5_text": "gated DeltaNet",
+         "recurrent_gemma": "RG-LRU"}
 
 PROMPT = "The cat sat on the mat"
 

@@ -3,10 +3,11 @@ stream (`nncanon.graphs.mixers` reads and writes them through nnsight's ``.sourc
 
 A linear mixer multiplies what it carries along the sequence by values it computes from the stream itself: a short
 convolution's ``B`` and ``C`` (LFM2), Mamba's ``dt``, ``B``, ``C`` and output gate, a gated DeltaNet's queries, keys,
-``beta`` and decay. With those written back at the clean run's values (detached), what is left is linear in the
-carried input, except the SiLU after the causal convolution and the gated norm on the output: the SiLU is frozen as
-its own slope (``silu(u) = u · sigmoid(u)`` with ``sigmoid(u)`` the clean run's: its gate, frozen as a pattern or an
-output gate is; the forward value is unchanged), the gated norm's gate and its ``rsqrt`` scale as clean values.
+``beta`` and decay, the RG-LRU's input and recurrent gates and its GELU output branch (RecurrentGemma). With those
+written back at the clean run's values (detached), what is left is linear in the carried input, except the SiLU
+after the causal convolution and the gated norm on the output: the SiLU is frozen as its own slope
+(``silu(u) = u · sigmoid(u)`` with ``sigmoid(u)`` the clean run's: its gate, frozen as a pattern or an output gate
+is; the forward value is unchanged), the gated norm's gate and its ``rsqrt`` scale as clean values.
 
 Each `Gate` names one operation of the mixer's forward (nnsight's ``.source`` name) or one child module's call, and
 which of its values are frozen. `GATES` maps a mixer class to its gates; `gates_of` gives them for a module (some
@@ -27,6 +28,8 @@ KINDS = {
     "Mamba-2": "dt, B and C at the scan's call, the convolution's SiLU as its slope, the gated norm's gate and scale",
     "gated DeltaNet": "queries, keys (before the kernel's L2 norm), beta and the decay at the kernel's call, the "
                       "convolution's SiLU as its slope, the gated output norm's gate and scale",
+    "RG-LRU": "the output branch's GELU, the input and recurrent gates (sigmoids: the decay and its normaliser then "
+              "frozen with them)",
 }
 
 
@@ -72,6 +75,10 @@ KIMI_DELTA = (CONV_SLOPE, Gate("chunk_kimi_delta_attention_0", "inputs", (0, 1, 
               *_gated_norm("o_norm"))
 
 
+RG_LRU = (Gate("self_act_fn_0", "output"), Gate("torch_sigmoid_0", "output", module="rg_lru"),
+          Gate("torch_sigmoid_1", "output", module="rg_lru"))
+
+
 def _falcon_h1(module: nn.Module) -> tuple[Gate, ...]:
     """Falcon-H1's Mamba-2: the gated norm where ``mamba_rms_norm``, else ``scan · silu(gate)`` with the SiLU
     frozen."""
@@ -99,6 +106,7 @@ GATES: dict[str, tuple[tuple[Gate, ...] | Callable[[nn.Module], tuple[Gate, ...]
     "OlmoHybridGatedDeltaNet": ((*DELTA, *_gated_norm("o_norm")), "gated DeltaNet"),
     "KimiLinearDeltaAttention": (KIMI_DELTA, "gated DeltaNet"),
     "BailingHybridDeltaAttention": (KIMI_DELTA, "gated DeltaNet"),
+    "RecurrentGemmaRecurrentBlock": (RG_LRU, "RG-LRU"),
 }
 
 
