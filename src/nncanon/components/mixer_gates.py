@@ -28,6 +28,8 @@ KINDS = {
     "Mamba-2": "dt, B and C at the scan's call, the convolution's SiLU as its slope, the gated norm's gate and scale",
     "gated DeltaNet": "queries, keys (before the kernel's L2 norm), beta and the decay at the kernel's call, the "
                       "convolution's SiLU as its slope, the gated output norm's gate and scale",
+    "mLSTM": "queries, keys, the input and forget gates at the cell's call (its normaliser and stabiliser then "
+             "frozen with them), the per-head norm's scale and the output gate",
     "RG-LRU": "the output branch's GELU, the input and recurrent gates (sigmoids: the decay and its normaliser then "
               "frozen with them)",
 }
@@ -38,7 +40,8 @@ class Gate:
     """Values of one call in a linear mixer's forward, frozen at the clean run's.
 
     Attributes:
-        op: The operation's name in the forward's ``.source`` (``None``: the call of child module ``module``).
+        op: The operation's name in the forward's ``.source`` (``None``: the call of child module ``module``);
+            ``"call.op"``: operation ``op`` inside the function that call ``call`` runs.
         part: ``"output"`` (elements ``items`` of its output, a tuple; ``()``: the whole output), ``"inputs"`` (its
             arguments ``items``: positions or keywords), or ``"slope"``: a causal depthwise convolution call
             ``(conv1d, x, ..., activation=...)`` whose output ``silu(u)`` is written as ``u · sigmoid(u_clean)``,
@@ -79,6 +82,11 @@ RG_LRU = (Gate("self_act_fn_0", "output"), Gate("torch_sigmoid_0", "output", mod
           Gate("torch_sigmoid_1", "output", module="rg_lru"))
 
 
+MLSTM = (Gate(None, "inputs", ("query", "key", "igate", "fgate"), module="mlstm_backend"),
+         Gate("self__layer_normalize_0.torch_rsqrt_0", "output", module="multihead_norm"),
+         Gate(None, "output", module="ogate_act_fn"))
+
+
 def _falcon_h1(module: nn.Module) -> tuple[Gate, ...]:
     """Falcon-H1's Mamba-2: the gated norm where ``mamba_rms_norm``, else ``scan · silu(gate)`` with the SiLU
     frozen."""
@@ -107,6 +115,7 @@ GATES: dict[str, tuple[tuple[Gate, ...] | Callable[[nn.Module], tuple[Gate, ...]
     "KimiLinearDeltaAttention": (KIMI_DELTA, "gated DeltaNet"),
     "BailingHybridDeltaAttention": (KIMI_DELTA, "gated DeltaNet"),
     "RecurrentGemmaRecurrentBlock": (RG_LRU, "RG-LRU"),
+    "xLSTMLayer": (MLSTM, "mLSTM"),
 }
 
 

@@ -31,7 +31,13 @@ def _mixer(model: Any, layer: int) -> Any:
 def _site(mixer: Any, gate: Gate) -> Any:
     """The nnsight handle of ``gate``'s call: a ``.source`` operation, or a child module's envoy."""
     owner = mixer if gate.module is None else getattr(mixer, gate.module)
-    return owner if gate.op is None else getattr(owner.source, gate.op)
+    if gate.op is None:
+        return owner
+    *calls, op = gate.op.split(".")
+    source = owner.source
+    for call in calls:  # (drilled into inside the trace: a call's own operations)
+        source = getattr(source, call).source
+    return getattr(source, op)
 
 
 def _pick(args: tuple, kwargs: dict, item: int | str) -> Any:
@@ -57,7 +63,7 @@ def check(model: Any, layer: int) -> None:
     mixer = _mixer(model, layer)
     for gate in gates_of(mixer._module):
         owner = mixer if gate.module is None else getattr(mixer, gate.module, None)
-        if owner is None or (gate.op is not None and gate.op not in owner.source.names):
+        if owner is None or (gate.op is not None and gate.op.split(".")[0] not in owner.source.names):
             where = f"{type(mixer._module).__name__}" + (f".{gate.module}" if gate.module else "")
             raise ValueNotAvailable(f"layers[{layer}]'s linear mixer: {where}'s forward makes no call "
                                     f"{gate.op or gate.module!r} in this transformers version, so its gate cannot be "
