@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .components.layer import layer_index
+from .components.mixer_gates import mixer_reason
 from .components.norms import NORM_VALUES  # noqa: F401 - every norm value of a block, for the tables' readers
 
 #: Every standard value of a layer, in the order ``support()`` reports them.
@@ -168,18 +169,14 @@ def graph_reason(report: SupportReport, attn_implementation: str | None) -> str 
     """Why the model's structure allows no attribution graph (`nncanon.graphs`), or ``None``: every block's token
     mixer must be linear in the stream once its pattern, gate and norms' scales are frozen values (softmax attention
     with served probabilities under eager, with the kernel's served query and key under sdpa: `_pattern_reason`; a
-    linear mixer is not linear in the stream with its gates frozen, and its inner products are not served values),
-    and each block must serve ``mlp_output`` for a transcoder to write."""
+    linear mixer whose data-dependent gates are frozen, `nncanon.components.mixer_gates`), and each block must serve
+    ``mlp_output`` for a transcoder to write."""
     for row in report.layers:
         layer = row.index
-        if row.reasons["linear_attention_output"] is None:
-            return (f"layers[{layer}] has a linear mixer (linear_attn), whose output is not linear in the stream even "
-                    "with its gates frozen: a gated DeltaNet's state multiplies keys, values and queries that are "
-                    "each computed from the stream (convolution, SiLU, L2 norm), Mamba's selective scan multiplies "
-                    "its input by dt, B and C computed from it and gates it by SiLU(z); the surface serves none of "
-                    "these as writable values to freeze")
         if row.reasons["mlp_output"] is not None:
             return f"layers[{layer}] serves no mlp_output for a transcoder to write: {row.reasons['mlp_output']}"
+        if row.reasons["linear_attention_output"] is None and mixer_reason(row.mixer or "") is not None:
+            return f"layers[{layer}]: {mixer_reason(row.mixer or '')}"
         pattern = _pattern_reason(row, attn_implementation) if row.reasons["attention_output"] is None else None
         if pattern is not None:
             return f"layers[{layer}]{pattern}"
@@ -249,6 +246,7 @@ class LayerSupport:
     reasons: dict
     absent: frozenset = frozenset()
     gradient_reasons: dict = field(default_factory=dict)
+    mixer: str | None = None  # the linear mixer's class, where the block has one
 
 
 class SupportReport:
@@ -307,7 +305,9 @@ class SupportReport:
                 if refused is not None:
                     gradients[value] = refused
             absent = frozenset(name for state in states.values() if state is not None for name in state.absent)
-            rows.append(LayerSupport(index, type(layer._module).__name__, reasons, absent, gradients))
+            mixer = layer.__dict__.get("linear_attn") if states.get("linear_attn") is not None else None
+            rows.append(LayerSupport(index, type(layer._module).__name__, reasons, absent, gradients,
+                                     type(mixer._module).__name__ if mixer is not None else None))
         provenance = model.__dict__.get("_provenance")
         report = cls(rows, model._text_config.model_type, model.family.name,
                      provenance.text if provenance is not None else "", model.__dict__.get("_model_declines"),

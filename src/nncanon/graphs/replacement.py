@@ -1,6 +1,7 @@
 """The local replacement model: the model with every norm's scale, every attention pattern and every attention gate
-frozen at the clean run's values and each MLP's output a fixed leaf, read and written through the standard surface
-only.
+frozen at the clean run's values, every linear mixer's data-dependent gates too (`nncanon.graphs.mixers`), and each
+MLP's output a fixed leaf, read and written through the standard surface (the mixers' gates through nnsight's
+``.source``) only.
 
 Frozen means written back: each norm's scale (``attention_norm_scale``, ``attention_post_norm_scale``,
 ``mlp_norm_scale``, ``model.final_norm_scale``), each block's ``attention_probabilities`` and ``attention_gate`` (an
@@ -43,11 +44,12 @@ from ..errors import ValueNotAvailable
 from ..reading import host, in_execution_order, read
 from ..sae import resolve, value_at
 from ..support import graph_reason
+from . import mixers
 from .coders import READS, WRITES
 
 #: The values written back with the clean run's, in a block (those the block serves).
 FROZEN = ("attention_norm_scale", "attention_probabilities", "attention_gate", "attention_post_norm_scale",
-          "mlp_norm_scale")
+          "linear_attention_norm_scale", "linear_attention_post_norm_scale", "mlp_norm_scale")
 
 #: What freezes a block's pattern under a kernel that computes no probabilities (sdpa): the kernel's query and key,
 #: the only values of the stream the pattern is a function of there (`nncanon.support.graph_reason`); they take
@@ -56,6 +58,8 @@ PATTERN_INPUTS = ("query_states", "key_states")
 
 #: Marks where a block's transcoder input is read among its frozen values.
 INPUT = "<transcoder input>"
+#: Marks where a block's linear mixer runs: its gates read, or written back (`nncanon.graphs.mixers`).
+MIXER = "<linear mixer gates>"
 
 
 @dataclass
@@ -91,8 +95,8 @@ def support(model: Any) -> str | None:
     """Why an attribution graph of ``model`` cannot be built on the frozen replacement model, or ``None`` (it can):
     `nncanon.support.graph_reason` (every block's token mixer linear in the stream once its pattern, gate and
     norms' scales are frozen: softmax attention with writable probabilities under ``attn_implementation="eager"``,
-    with the kernel's writable query and key under ``"sdpa"``; each
-    block's ``mlp_output`` served)."""
+    with the kernel's writable query and key under ``"sdpa"``, or a linear mixer whose gates
+    `nncanon.components.mixer_gates` names; each block's ``mlp_output`` served)."""
     return graph_reason(model.support(), getattr(model.config, "_attn_implementation", "eager"))
 
 
@@ -118,9 +122,13 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
         elif kind != "mlp_input":
             point = resolve(model, f"blocks.{layer}.hook_mlp_in")
             stream = point.parts if point.value == "resid_mid" else (point.value,)
-        names = [name for name in frozen_names(eager) if report.available(name, layer)] + [WRITES, *stream]
+        mixer = ["linear_attention_input"] if report.available("linear_attention_output", layer) else []
+        if mixer:
+            mixers.check(model, layer)
+        names = [name for name in frozen_names(eager) if report.available(name, layer)] + [*mixer, WRITES, *stream]
         ordered = in_execution_order(model, layer, names)
         ordered.insert(ordered.index(WRITES), INPUT)
+        ordered = [MIXER if name == "linear_attention_input" else name for name in ordered]
         steps.append(ordered)
         parts.append(stream)
     family = model._family
@@ -150,7 +158,8 @@ class Clean:
     """The clean run's values (batch row 0), detached.
 
     Attributes:
-        frozen: Per block, the `frozen_names` values it serves, ``[1, ...]``.
+        frozen: Per block, the `frozen_names` values it serves, ``[1, ...]``, and its linear mixer's gates (tuples,
+            keyed as `nncanon.graphs.mixers.read` keys them).
         final_scale: ``model.final_norm_scale`` ``[1, n, 1]`` (``None``: no final norm).
         inputs: Per block, the transcoder's input ``[n, d]`` (the value of ``plan.reads`` as the surface serves it).
         outputs: Per block, ``mlp_output`` ``[n, d]``.
@@ -180,6 +189,7 @@ def clean_run(model: Any, ids: torch.Tensor, plan: Plan, remote: Any = None) -> 
     inputs: list[torch.Tensor] = []
     outputs: list[torch.Tensor] = []
     saved: dict[str, Any] = {}
+    gates: dict[int, dict[str, Any]] = {}
     head = _envoy(model, plan.head)
     owner, name = _token_site(model, plan)
     with torch.no_grad(), model.trace(ids, remote=remote or False):
@@ -191,6 +201,8 @@ def clean_run(model: Any, ids: torch.Tensor, plan: Plan, remote: Any = None) -> 
                     inputs.append(_clean_input(model, layer, plan, parts).save())
                 elif step == WRITES:
                     outputs.append(read(model, layer, WRITES).save())
+                elif step == MIXER:
+                    gates[layer] = mixers.read(model, layer)
                 elif step in plan.parts[layer] and step not in FROZEN:
                     parts[step] = read(model, layer, step)
                 else:
@@ -201,7 +213,10 @@ def clean_run(model: Any, ids: torch.Tensor, plan: Plan, remote: Any = None) -> 
             saved["final"] = model.final_norm_scale.save()
         saved["head"] = head.output.save()
         saved["logits"] = model.logits.save()
-    return Clean(frozen=[{k: v.detach() for k, v in d.items()} for d in frozen], final_scale=saved.get("final"),
+    frozen = [{k: v.detach() for k, v in d.items()} for d in frozen]
+    for layer, values in gates.items():
+        frozen[layer].update(mixers.detached(values))
+    return Clean(frozen=frozen, final_scale=saved.get("final"),
                  inputs=[x[0].detach() for x in inputs], outputs=[x[0].detach() for x in outputs],
                  embeddings=saved["embeddings"][0].detach(), logits=saved["logits"][0].detach(),
                  head=_linear_steps(saved["head"], plan)[0].detach())
@@ -265,6 +280,8 @@ def frozen_body(model: Any, plan: Plan, clean: Clean, embeddings: torch.Tensor, 
                 model.layers[layer].mlp.mlp_output = written
             elif step in plan.parts[layer] and step not in FROZEN:
                 parts[step] = read(model, layer, step)
+            elif step == MIXER:
+                mixers.freeze(model, layer, clean.frozen[layer])
             else:
                 _freeze(host(model, layer, step), step, clean.frozen[layer][step], batch)
                 if patterns is not None and step == _last_pattern_input(steps):

@@ -1,0 +1,135 @@
+"""A linear mixer's gates on the frozen replacement model: read on the clean run, written back on the frozen one.
+
+`nncanon.components.mixer_gates` says which values of a mixer's forward are its data-dependent gates
+(`nncanon.components.mixer_gates.Gate`). `read` saves them inside the clean run's trace; `freeze` writes them back,
+detached and repeated over the frozen run's batch, inside the frozen run's trace, through nnsight's ``.source``
+(an operation's output or arguments) and a child module's call arguments: the wrapper changes no module's forward.
+The causal convolution's SiLU is frozen as its slope: the call's output ``silu(u)`` is written as
+``u · sigmoid(u_clean)``, ``u`` the depthwise causal convolution of the call's live input with the convolution
+module's own weights (as transformers' PyTorch path computes it), so the frozen forward's value is the clean run's
+and the gradient flows through ``u`` only. Both are called at the mixer's place in the block's execution order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..components.mixer_gates import Gate, gates_of
+from ..errors import ValueNotAvailable
+
+#: The activations whose slope is frozen (SiLU under its two names).
+SILU = ("silu", "swish")
+
+
+def _mixer(model: Any, layer: int) -> Any:
+    return model.layers[layer].linear_attn
+
+
+def _site(mixer: Any, gate: Gate) -> Any:
+    """The nnsight handle of ``gate``'s call: a ``.source`` operation, or a child module's envoy."""
+    owner = mixer if gate.module is None else getattr(mixer, gate.module)
+    if gate.op is None:
+        return owner
+    *calls, op = gate.op.split(".")
+    source = owner.source
+    for call in calls:  # (drilled into inside the trace: a call's own operations)
+        source = getattr(source, call).source
+    return getattr(source, op)
+
+
+def _pick(args: tuple, kwargs: dict, item: int | str) -> Any:
+    return kwargs[item] if isinstance(item, str) else args[item]
+
+
+def _convolved(args: tuple, kwargs: dict) -> torch.Tensor:
+    """The causal depthwise convolution of a ``causal_conv1d_forward(conv1d, x, ...)`` call's input, before its
+    activation: ``[b, channels, n]``."""
+    conv, x = args[0], args[1]
+    activation = kwargs.get("activation")
+    if activation not in SILU:
+        raise ValueNotAvailable(f"the mixer's convolution applies {activation!r}, not a SiLU whose slope is frozen")
+    n = x.shape[-1]
+    weight = conv.weight
+    out = F.conv1d(x.to(weight.dtype), weight, conv.bias, padding=weight.shape[-1] - 1, groups=x.shape[1])
+    return out[..., :n]
+
+
+def check(model: Any, layer: int) -> None:
+    """Raise `ValueNotAvailable` where block ``layer``'s mixer forward lacks a call its gates name (another
+    transformers version may spell its forward otherwise): checked before any trace, outside one."""
+    mixer = _mixer(model, layer)
+    for gate in gates_of(mixer._module):
+        owner = mixer if gate.module is None else getattr(mixer, gate.module, None)
+        if owner is None or (gate.op is not None and gate.op.split(".")[0] not in owner.source.names):
+            where = f"{type(mixer._module).__name__}" + (f".{gate.module}" if gate.module else "")
+            raise ValueNotAvailable(f"layers[{layer}]'s linear mixer: {where}'s forward makes no call "
+                                    f"{gate.op or gate.module!r} in this transformers version, so its gate cannot be "
+                                    "frozen")
+
+
+def read(model: Any, layer: int) -> dict[str, Any]:
+    """The clean run's gates of block ``layer``'s mixer, saved (inside the clean run's trace): per gate key, the
+    tuple of its frozen values (``[1, ...]`` or the batch folded in the first dimension), for ``"slope"`` the
+    clean ``sigmoid(u)``."""
+    mixer = _mixer(model, layer)
+    saved: dict[str, Any] = {}
+    for gate in gates_of(mixer._module):
+        site = _site(mixer, gate)
+        if gate.part == "output":
+            output = site.output
+            values = [output[i] for i in gate.items] if gate.items else [output]
+        elif gate.part == "inputs":
+            args, kwargs = site.inputs
+            values = [_pick(args, kwargs, item) for item in gate.items]
+        else:
+            args, kwargs = site.inputs
+            values = [torch.sigmoid(_convolved(args, kwargs))]
+        saved[gate.key] = [value.save() for value in values]
+    return saved
+
+
+def detached(saved: dict[str, Any]) -> dict[str, tuple[torch.Tensor, ...]]:
+    """`read`'s values after the trace, detached."""
+    return {key: tuple(value.detach() for value in values) for key, values in saved.items()}
+
+
+def _like(clean: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+    """``clean`` (batch 1) repeated over ``live``'s batch (its first dimension, the batch or the batch folded in)."""
+    if clean.shape[1:] != live.shape[1:] or live.shape[0] % clean.shape[0]:
+        raise ValueNotAvailable(f"a mixer gate of shape {tuple(live.shape)} on the frozen run does not match its clean "
+                                f"value's {tuple(clean.shape)}")
+    return clean.repeat(live.shape[0] // clean.shape[0], *[1] * (clean.dim() - 1))
+
+
+def freeze(model: Any, layer: int, clean: dict[str, tuple[torch.Tensor, ...]]) -> None:
+    """Write block ``layer``'s mixer gates back with ``clean`` (`detached` of `read`), inside the frozen run's
+    trace."""
+    mixer = _mixer(model, layer)
+    for gate in gates_of(mixer._module):
+        site = _site(mixer, gate)
+        values = clean[gate.key]
+        if gate.part == "output":
+            output = site.output
+            if not gate.items:
+                site.output = _like(values[0], output)
+                continue
+            parts = list(output)
+            for item, value in zip(gate.items, values, strict=True):
+                parts[item] = _like(value, parts[item])
+            site.output = type(output)(parts)
+        elif gate.part == "inputs":
+            args, kwargs = site.inputs
+            args, kwargs = list(args), dict(kwargs)
+            for item, value in zip(gate.items, values, strict=True):
+                if isinstance(item, str):
+                    kwargs[item] = _like(value, kwargs[item])
+                else:
+                    args[item] = _like(value, args[item])
+            site.inputs = (tuple(args), kwargs)
+        else:
+            args, kwargs = site.inputs
+            slope = values[0]
+            site.output = (_convolved(args, kwargs) * slope).to(args[1].dtype)
