@@ -67,7 +67,8 @@ def check(model: Any, layer: int) -> None:
             where = f"{type(mixer._module).__name__}" + (f".{gate.module}" if gate.module else "")
             raise ValueNotAvailable(f"layers[{layer}]'s linear mixer: {where}'s forward makes no call "
                                     f"{gate.op or gate.module!r} in this transformers version, so its gate cannot be "
-                                    "frozen")
+                                    "frozen (nncanon.components.mixer_gates names transformers 5.25's calls: load "
+                                    "with transformers 5.25 for this mixer's graphs)")
 
 
 def read(model: Any, layer: int) -> dict[str, Any]:
