@@ -265,7 +265,7 @@ def _graph(args: argparse.Namespace) -> int:
     from .graphs.cli import run
     from .views.graph import graph_page
 
-    return run(args, _load, graph_page)
+    return run(args, lambda model: _load(model, args.attn), graph_page)
 
 
 def _matrix(args: argparse.Namespace) -> int:
@@ -413,6 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="where finished rows live: host memory (cpu) or memory-mapped files (disk) (default: host)")
     graph.add_argument("--offload-dir", default=None,
                        help="with --offload disk: the folder of the rows' files (default: TMPDIR, else /tmp)")
+    graph.add_argument("--attn", choices=["eager", "sdpa"], default="eager",
+                       help="attention to load with: eager (the probabilities frozen, circuit-tracer's convention) or "
+                            "sdpa (the kernel's query and key frozen: memory linear in the prompt's length)")
     graph.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     graph.set_defaults(run=_graph)
 

@@ -26,9 +26,10 @@ def gpt2():
 @pytest.fixture(autouse=True)
 def loaded_once(gpt2, monkeypatch):
     """The command's loader gives the module's demo GPT-2 for ``gpt2`` (one load and one linearity proof for all the
-    tests here); any other name goes to the CLI's own loader."""
+    tests here, under eager); any other name or attention goes to the CLI's own loader."""
     load = cli._load
-    monkeypatch.setattr(cli, "_load", lambda name, attn="eager": gpt2 if name == "gpt2" else load(name, attn))
+    monkeypatch.setattr(cli, "_load", lambda name, attn="eager": gpt2 if (name, attn) == ("gpt2", "eager")
+                        else load(name, attn))
 
 
 def test_graph_command_writes_the_librarys_graph(gpt2, tmp_path, capsys):
@@ -113,3 +114,19 @@ def test_a_folder_of_earlier_graphs_keeps_them_and_a_slug_is_replaced_whole(tmp_
     assert record["metadata"]["prompt"] == saved.input_string and listing["graphs"][1] == record["metadata"]
     assert 'data-view="graph"' in (tmp_path / "graph.html").read_text()  # the latest graph's page
     assert _no_temporaries(tmp_path)
+
+
+def test_attn_sdpa_builds_the_eager_graph(tmp_path, capsys):
+    """``--attn sdpa`` loads the model under sdpa (the pattern frozen through the kernel's query and key) and writes
+    the graph ``--attn eager`` writes, within rounding."""
+    saved = {}
+    for attn in ("eager", "sdpa"):
+        code = main(["graph", "--model", "gpt2", PROMPT, "--out", str(tmp_path / attn), "--slug", "g", "--attn", attn,
+                     "--max-feature-nodes", "8", "--max-n-logits", "2", "-q"])
+        assert code == EXIT_OK, capsys.readouterr().err
+        saved[attn] = graphs.Graph.from_pt(tmp_path / attn / "g.pt")
+        assert saved[attn].cfg["attn_implementation"] == attn
+    assert torch.equal(saved["eager"].active_features, saved["sdpa"].active_features)
+    assert torch.equal(saved["eager"].selected_features, saved["sdpa"].selected_features)
+    torch.testing.assert_close(saved["sdpa"].adjacency_matrix, saved["eager"].adjacency_matrix, rtol=0, atol=1e-5)
+    assert saved["eager"].adjacency_matrix.abs().max() > 1e-2
