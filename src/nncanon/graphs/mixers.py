@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..components import attention_gates
 from ..components.mixer_gates import Gate, gates_of
 from ..errors import ValueNotAvailable
 
@@ -24,8 +25,14 @@ from ..errors import ValueNotAvailable
 SILU = ("silu", "swish")
 
 
-def _mixer(model: Any, layer: int) -> Any:
-    return model.layers[layer].linear_attn
+def _mixer(model: Any, layer: int, attention: bool = False) -> tuple[Any, tuple[Gate, ...]]:
+    """Block ``layer``'s linear mixer (or, ``attention``, its attention: the inner norms of
+    `nncanon.components.attention_gates`) and its gates."""
+    if attention:
+        envoy = model.layers[layer].self_attn
+        return envoy, attention_gates.gates_of(envoy._module)
+    envoy = model.layers[layer].linear_attn
+    return envoy, gates_of(envoy._module)
 
 
 def _site(mixer: Any, gate: Gate) -> Any:
@@ -57,27 +64,28 @@ def _convolved(args: tuple, kwargs: dict) -> torch.Tensor:
     return out[..., :n]
 
 
-def check(model: Any, layer: int) -> None:
+def check(model: Any, layer: int, attention: bool = False) -> None:
     """Raise `ValueNotAvailable` where block ``layer``'s mixer forward lacks a call its gates name (another
     transformers version may spell its forward otherwise): checked before any trace, outside one."""
-    mixer = _mixer(model, layer)
-    for gate in gates_of(mixer._module):
+    mixer, gates = _mixer(model, layer, attention)
+    for gate in gates:
         owner = mixer if gate.module is None else getattr(mixer, gate.module, None)
         if owner is None or (gate.op is not None and gate.op.split(".")[0] not in owner.source.names):
             where = f"{type(mixer._module).__name__}" + (f".{gate.module}" if gate.module else "")
-            raise ValueNotAvailable(f"layers[{layer}]'s linear mixer: {where}'s forward makes no call "
+            kind = "attention" if attention else "linear mixer"
+            raise ValueNotAvailable(f"layers[{layer}]'s {kind}: {where}'s forward makes no call "
                                     f"{gate.op or gate.module!r} in this transformers version, so its gate cannot be "
                                     "frozen (nncanon.components.mixer_gates names transformers 5.25's calls: load "
                                     "with transformers 5.25 for this mixer's graphs)")
 
 
-def read(model: Any, layer: int) -> dict[str, Any]:
+def read(model: Any, layer: int, attention: bool = False) -> dict[str, Any]:
     """The clean run's gates of block ``layer``'s mixer, saved (inside the clean run's trace): per gate key, the
     tuple of its frozen values (``[1, ...]`` or the batch folded in the first dimension), for ``"slope"`` the
     clean ``sigmoid(u)``."""
-    mixer = _mixer(model, layer)
+    mixer, gates = _mixer(model, layer, attention)
     saved: dict[str, Any] = {}
-    for gate in gates_of(mixer._module):
+    for gate in gates:
         site = _site(mixer, gate)
         if gate.part == "output":
             output = site.output
@@ -105,11 +113,11 @@ def _like(clean: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
     return clean.repeat(live.shape[0] // clean.shape[0], *[1] * (clean.dim() - 1))
 
 
-def freeze(model: Any, layer: int, clean: dict[str, tuple[torch.Tensor, ...]]) -> None:
+def freeze(model: Any, layer: int, clean: dict[str, tuple[torch.Tensor, ...]], attention: bool = False) -> None:
     """Write block ``layer``'s mixer gates back with ``clean`` (`detached` of `read`), inside the frozen run's
     trace."""
-    mixer = _mixer(model, layer)
-    for gate in gates_of(mixer._module):
+    mixer, gates = _mixer(model, layer, attention)
+    for gate in gates:
         site = _site(mixer, gate)
         values = clean[gate.key]
         if gate.part == "output":
