@@ -157,8 +157,8 @@ def _place_inner_norms(model: Any, layer: int, ordered: list[str]) -> None:
     if not pattern:
         return
     mixers.check(model, layer, attention=True)
-    attention.source.names  # (both forwards' sources made outside a trace: made inside one, nnsight finds the
-    # attention's calls already run past when the norm's operation is read first)
+    _ = attention.source.names  # (both forwards' sources made outside a trace: made inside one, nnsight finds
+    # the attention's calls already run past when the norm's operation is read first)
     at = pattern[0] if attention_gates.place_of(attention._module) == "before" else pattern[-1] + 1
     ordered.insert(at, ATTENTION)
 
