@@ -8,6 +8,8 @@ The causal convolution's SiLU is frozen as its slope: the call's output ``silu(u
 ``u · sigmoid(u_clean)``, ``u`` the depthwise causal convolution of the call's live input with the convolution
 module's own weights (as transformers' PyTorch path computes it), so the frozen forward's value is the clean run's
 and the gradient flows through ``u`` only. Both are called at the mixer's place in the block's execution order.
+With ``attention=True`` they read and write an attention block's inner norms' scales instead
+(`nncanon.components.attention_gates`), at the attention's step.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """The local replacement model: the model with every norm's scale, every attention pattern and every attention gate
-frozen at the clean run's values, every linear mixer's data-dependent gates too (`nncanon.graphs.mixers`), and each
-MLP's output a fixed leaf, read and written through the standard surface (the mixers' gates through nnsight's
-``.source``) only.
+frozen at the clean run's values, every linear mixer's data-dependent gates too (`nncanon.graphs.mixers`), the scale
+of every norm inside an attention block (`nncanon.components.attention_gates`: multi-head latent attention's
+compressed-KV norm, BitNet's sub-norm, written through `nncanon.graphs.mixers` at the `ATTENTION` step), and each MLP's
+output a fixed leaf, read and written through the standard surface (the mixers' gates and the attention's inner norms
+through nnsight's ``.source``) only.
 
 Frozen means written back: each norm's scale (``attention_norm_scale``, ``attention_post_norm_scale``,
 ``mlp_norm_scale``, ``model.final_norm_scale``), each block's ``attention_probabilities`` and ``attention_gate`` (an
@@ -180,7 +182,8 @@ class Clean:
 
     Attributes:
         frozen: Per block, the `frozen_names` values it serves, ``[1, ...]``, and its linear mixer's gates (tuples,
-            keyed as `nncanon.graphs.mixers.read` keys them).
+            keyed as `nncanon.graphs.mixers.read` keys them); under `ATTENTION`, its attention's inner norms' scales
+            (keyed the same way).
         final_scale: ``model.final_norm_scale`` ``[1, n, 1]`` (``None``: no final norm).
         inputs: Per block, the transcoder's input ``[n, d]`` (the value of ``plan.reads`` as the surface serves it).
         outputs: Per block, ``mlp_output`` ``[n, d]``.
