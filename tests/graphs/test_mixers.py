@@ -3,7 +3,9 @@
 the frozen forward is the clean run's, each target is its row sum plus its bias term (the frozen model is affine in
 the sources), removing a sampled source moves every target by minus its column. A gate left live makes the same
 proof fail, and each gate left live makes the frozen model non-affine along a direction of the token nodes (so every
-gate frozen is needed); a mixer whose gates are not frozen is declined by name.
+gate frozen is needed); a mixer whose gates are not frozen is declined by name. Both hold on transformers 5.21-5.24,
+whose Mamba, Mamba-2 and gated DeltaNet forwards spell their calls otherwise (the older spelling is used there), and
+a mixer whose forward makes no spelling's calls is declined naming them.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import torch
 
 from nncanon import ValueNotAvailable, graphs
 from nncanon.components import mixer_gates
+from nncanon.components.mixer_gates import Gate
+from nncanon.graphs import mixers as graph_mixers
 from nncanon.graphs import replacement
 from nncanon.graphs.proof import prove
 from nncanon.testing import tiny_model
@@ -25,21 +29,27 @@ KINDS = {"lfm2": "short convolution", "jamba": "Mamba", "bamba": "Mamba-2", "qwe
          "recurrent_gemma": "RG-LRU", "xlstm": "mLSTM"}
 
 PROMPT = "The cat sat on the mat"
-#: The mixer kinds whose gates name transformers 5.25's calls (``causal_conv1d_forward``, ``mamba_scan_forward``,
-#: ``mamba2_scan_forward``, ``torch_chunk_gated_delta_rule``...); before 5.25 their forwards call the convolution and
-#: the scan otherwise, and the mixer is declined with that reason.
-SPELT_IN_5_25 = ("jamba", "bamba", "qwen3_5_text")
+#: The mixer kinds whose forwards spell their calls otherwise before transformers 5.25 (``causal_conv1d_fn``,
+#: ``mamba_selective_scan``, ``mamba2_chunk_scan`` for 5.25's ``causal_conv1d_forward``, ``mamba_scan_forward``,
+#: ``mamba2_scan_forward``): `mixer_gates.GATES`' second spelling is used there.
+RESPELT = ("jamba", "bamba", "qwen3_5_text")
 
 
-def _declined_by_version(variant, model) -> bool:
-    """Before transformers 5.25 a mixer of `SPELT_IN_5_25` is declined, naming the call its forward lacks
-    (asserted); ``True`` there, ``False`` where its graph is built."""
-    if variant.name not in SPELT_IN_5_25 or transformers_minor() >= (5, 25):
-        return False
-    with pytest.raises(ValueNotAvailable, match=r"makes no call .* in this transformers version"):
-        replacement.plan_of(model)
-    assert "in this transformers version" in (graphs.support(model) or "")
-    return True
+def _mixer_layer(model) -> tuple[int, str]:
+    """The first block with a linear mixer, and the mixer's class name."""
+    return next((i, type(layer.__dict__["linear_attn"]._module).__name__) for i, layer in enumerate(model.layers)
+                if layer.__dict__.get("linear_attn"))
+
+
+def _gates_in_use(variant, model) -> tuple[Gate, ...]:
+    """The spelling of the mixer's gates used on this transformers version (asserted: 5.25's where its forward
+    makes 5.25's calls, else the older one)."""
+    layer, name = _mixer_layer(model)
+    spellings, _ = mixer_gates.GATES[name]
+    older = variant.name in RESPELT and transformers_minor() < (5, 25)
+    gates = graph_mixers._gates(model, layer)
+    assert gates == spellings[1 if older else 0], f"{name}: {gates}"
+    return gates
 
 
 @pytest.mark.parametrize("variant", variant_params(KINDS))
@@ -47,8 +57,7 @@ def test_mixer_graph_is_exact(variant):
     model = tiny_model(variant)
     mixers = [layer.__dict__["linear_attn"]._module for layer in model.layers if layer.__dict__.get("linear_attn")]
     assert mixers and {mixer_gates.GATES[type(m).__name__][1] for m in mixers} == {KINDS[variant.name]}
-    if _declined_by_version(variant, model):
-        return
+    _gates_in_use(variant, model)
     assert graphs.support(model) is None
     transcoders = graphs.random_transcoders(model, n_features=12, seed=1)
     graph = graphs.attribute(model, PROMPT, transcoders, max_n_logits=3, max_feature_nodes=20, batch_size=16)
@@ -81,21 +90,33 @@ def test_every_gate_is_needed(variant, monkeypatch):
     ~1e-7); with any one gate left live it is not (measured 5e-4 to 2.5 on the tiny models: Jamba's convolution SiLU,
     the weakest, is 5e-4, under the graph proof's sampled 1e-4 on the proof's small prompt, hence this check too)."""
     model = tiny_model(variant)
-    name = next(type(layer.__dict__["linear_attn"]._module).__name__ for layer in model.layers
-                if layer.__dict__.get("linear_attn"))
-    gates, kind = mixer_gates.GATES[name]
-    if _declined_by_version(variant, model):
-        return
+    _, name = _mixer_layer(model)
+    gates, kind = _gates_in_use(variant, model), mixer_gates.GATES[name][1]
     assert _second_difference(model) < 1e-5
     for left in gates:
-        monkeypatch.setitem(mixer_gates.GATES, name, (tuple(gate for gate in gates if gate != left), kind))
+        monkeypatch.setitem(mixer_gates.GATES, name, ((tuple(gate for gate in gates if gate != left),), kind))
         assert _second_difference(model) > 1e-4, f"{name}: {left} left live"
+
+
+@pytest.mark.parametrize("variant", variant_params(["bamba"]))
+def test_a_forward_making_no_spelling_s_calls_is_declined(variant, monkeypatch):
+    """With only the other transformers versions' spelling of its gates, a mixer is declined naming the call its
+    forward lacks (5.25's ``causal_conv1d_forward`` before 5.25, ``causal_conv1d_fn`` on 5.25)."""
+    model = tiny_model(variant)
+    _, name = _mixer_layer(model)
+    spellings, kind = mixer_gates.GATES[name]
+    other, lacking = ((spellings[1], "causal_conv1d_fn_0") if transformers_minor() >= (5, 25)
+                      else (spellings[0], "causal_conv1d_forward_0"))
+    monkeypatch.setitem(mixer_gates.GATES, name, ((other,), kind))
+    with pytest.raises(ValueNotAvailable, match=f"makes no call '{lacking}' in this transformers version"):
+        replacement.plan_of(model)
+    assert f"makes no call '{lacking}' in this transformers version" in (graphs.support(model) or "")
 
 
 @pytest.mark.parametrize("variant", variant_params(["lfm2"]))
 def test_a_live_gate_is_caught_by_the_proof(variant, monkeypatch):
     """Without B and C frozen, the short convolution is quadratic in the stream: the graph proof declines it."""
-    monkeypatch.setitem(mixer_gates.GATES, "Lfm2ShortConv", ((), "short convolution"))
+    monkeypatch.setitem(mixer_gates.GATES, "Lfm2ShortConv", (((),), "short convolution"))
     reason = prove(tiny_model(variant))
     assert reason is not None and "not affine" in reason
 

@@ -10,8 +10,10 @@ after the causal convolution and the gated norm on the output: the SiLU is froze
 is; the forward value is unchanged), the gated norm's gate and its ``rsqrt`` scale as clean values.
 
 Each `Gate` names one operation of the mixer's forward (nnsight's ``.source`` name) or one child module's call, and
-which of its values are frozen. `GATES` maps a mixer class to its gates; `gates_of` gives them for a module (some
-depend on its config: Falcon-H1's optional norm), `mixer_reason` why a class is not linearised.
+which of its values are frozen. `GATES` maps a mixer class to its spellings, transformers 5.25's first, then the
+older forwards' (5.21-5.24 call ``causal_conv1d_fn``, ``mamba_selective_scan`` and ``mamba2_chunk_scan``):
+`nncanon.graphs.mixers` uses the first whose calls the loaded forward makes. `spellings_of` gives them for a module
+(some depend on its config: Falcon-H1's optional norm), `mixer_reason` why a class is not linearised.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ class Gate:
             arguments ``items``: positions or keywords), or ``"slope"``: a causal depthwise convolution call
             ``(conv1d, x, ..., activation=...)`` whose output ``silu(u)`` is written as ``u · sigmoid(u_clean)``,
             ``u`` the convolution of its live input ``x`` ``[b, channels, n]`` with the module's weights.
-        items: Which elements or arguments.
+        items: Which elements or arguments; for ``"slope"``, ``()`` (the call is ``(conv1d, x, ...)``) or where
+            its input ``x``, weight ``[channels, k]`` and bias are among its arguments (``causal_conv1d_fn``).
         module: The child module whose forward holds ``op`` (or whose call it is); ``None``: the mixer's own.
     """
 
@@ -61,8 +64,11 @@ class Gate:
         return f"mixer:{self.module or ''}:{self.op or 'call'}:{self.part}"
 
 
-#: The SiLU after the causal convolution, frozen as its slope.
+#: The SiLU after the causal convolution, frozen as its slope (transformers 5.25's call; before 5.25,
+#: ``causal_conv1d_fn(x, weight, bias, activation=...)``, the weight and bias positional or keywords).
 CONV_SLOPE = Gate("causal_conv1d_forward_0", "slope")
+CONV_FN_SLOPE = Gate("causal_conv1d_fn_0", "slope", (0, 1, 2))
+CONV_FN_SLOPE_KW = Gate("causal_conv1d_fn_0", "slope", (0, "weight", "bias"))
 
 
 def _gated_norm(name: str) -> tuple[Gate, ...]:
@@ -71,11 +77,21 @@ def _gated_norm(name: str) -> tuple[Gate, ...]:
 
 
 SHORT_CONV = (Gate("BCx_chunk_0", "output", (0, 1)),)
+#: Mamba: ``mamba_scan_forward(self, x, dt, B, C, gate, ...)`` (5.25); ``mamba_selective_scan(x, dt, A, B, C, ...,
+#: z=gate)`` (5.21-5.24).
 MAMBA = (CONV_SLOPE, Gate("mamba_scan_forward_0", "inputs", (2, 3, 4, 5)))
+MAMBA_OLD = (CONV_FN_SLOPE, Gate("mamba_selective_scan_0", "inputs", (1, 3, 4, "z")))
+#: Mamba-2: ``mamba2_scan_forward(self, x, B, C, dt, ...)`` (5.25); ``mamba2_chunk_scan(x, dt, A, B, C, ...)``
+#: (5.21-5.24).
 MAMBA2 = (CONV_SLOPE, Gate("mamba2_scan_forward_0", "inputs", (2, 3, 4)), *_gated_norm("norm"))
-DELTA = (CONV_SLOPE, Gate("torch_chunk_gated_delta_rule_0", "inputs", (0, 1, "g", "beta")))
-KIMI_DELTA = (CONV_SLOPE, Gate("chunk_kimi_delta_attention_0", "inputs", (0, 1, "g", "beta")),
-              *_gated_norm("o_norm"))
+MAMBA2_OLD = (CONV_FN_SLOPE, Gate("mamba2_chunk_scan_0", "inputs", (1, 3, 4)), *_gated_norm("norm"))
+#: Gated DeltaNets: the kernel's call is spelt alike in 5.21-5.25, the convolution's is not.
+_DELTA_RULE = Gate("torch_chunk_gated_delta_rule_0", "inputs", (0, 1, "g", "beta"))
+_KIMI_RULE = Gate("chunk_kimi_delta_attention_0", "inputs", (0, 1, "g", "beta"))
+DELTA = (CONV_SLOPE, _DELTA_RULE)
+DELTA_OLD = (CONV_FN_SLOPE, _DELTA_RULE)
+KIMI_DELTA = (CONV_SLOPE, _KIMI_RULE, *_gated_norm("o_norm"))
+KIMI_DELTA_OLD = (CONV_FN_SLOPE_KW, _KIMI_RULE, *_gated_norm("o_norm"))
 
 
 RG_LRU = (Gate("self_act_fn_0", "output"), Gate("torch_sigmoid_0", "output", module="rg_lru"),
@@ -87,42 +103,52 @@ MLSTM = (Gate(None, "inputs", ("query", "key", "igate", "fgate"), module="mlstm_
          Gate(None, "output", module="ogate_act_fn"))
 
 
-def _falcon_h1(module: nn.Module) -> tuple[Gate, ...]:
-    """Falcon-H1's Mamba-2: the gated norm where ``mamba_rms_norm``, else ``scan · silu(gate)`` with the SiLU
-    frozen."""
-    if getattr(module, "mamba_rms_norm", False):
-        return MAMBA2
-    return (*MAMBA2[:2], Gate("torch_nn_functional_silu_0", "output"))
+def _falcon_h1(mamba2: tuple[Gate, ...]) -> Callable[[nn.Module], tuple[Gate, ...]]:
+    """Falcon-H1's Mamba-2 spelt as ``mamba2``: the gated norm where ``mamba_rms_norm``, else ``scan · silu(gate)``
+    with the SiLU frozen."""
+    def gates(module: nn.Module) -> tuple[Gate, ...]:
+        if getattr(module, "mamba_rms_norm", False):
+            return mamba2
+        return (*mamba2[:2], Gate("torch_nn_functional_silu_0", "output"))
+    return gates
 
 
-#: Per mixer class: its gates (or a function of the module giving them), and its kind (`KINDS`).
-GATES: dict[str, tuple[tuple[Gate, ...] | Callable[[nn.Module], tuple[Gate, ...]], str]] = {
-    "Lfm2ShortConv": (SHORT_CONV, "short convolution"),
-    "Lfm2MoeShortConv": (SHORT_CONV, "short convolution"),
-    "Lfm3ShortConv": (SHORT_CONV, "short convolution"),
-    "JambaMambaMixer": (MAMBA, "Mamba"),
-    "BambaMixer": (MAMBA2, "Mamba-2"),
-    "NemotronHMamba2Mixer": (MAMBA2, "Mamba-2"),
-    "Zamba2MambaMixer": (MAMBA2, "Mamba-2"),
-    "GraniteMoeHybridMambaLayer": (MAMBA2, "Mamba-2"),
-    "FalconH1Mixer": (_falcon_h1, "Mamba-2"),
-    "Qwen3NextGatedDeltaNet": ((*DELTA, *_gated_norm("norm")), "gated DeltaNet"),
-    "Qwen3_5GatedDeltaNet": ((*DELTA, *_gated_norm("norm")), "gated DeltaNet"),
-    "Qwen3_5MoeGatedDeltaNet": ((*DELTA, *_gated_norm("norm")), "gated DeltaNet"),
-    "Qwen4ExpTextGatedDeltaNet": ((*DELTA, *_gated_norm("norm")), "gated DeltaNet"),
-    "LaraMiniGatedDeltaNet": ((*DELTA, *_gated_norm("norm")), "gated DeltaNet"),
-    "OlmoHybridGatedDeltaNet": ((*DELTA, *_gated_norm("o_norm")), "gated DeltaNet"),
-    "KimiLinearDeltaAttention": (KIMI_DELTA, "gated DeltaNet"),
-    "BailingHybridDeltaAttention": (KIMI_DELTA, "gated DeltaNet"),
-    "RecurrentGemmaRecurrentBlock": (RG_LRU, "RG-LRU"),
-    "xLSTMLayer": (MLSTM, "mLSTM"),
+#: One spelling of a mixer's gates: the gates, or a function of the module giving them.
+Spelling = tuple[Gate, ...] | Callable[[nn.Module], tuple[Gate, ...]]
+
+_QWEN_DELTA = ((*DELTA, *_gated_norm("norm")), (*DELTA_OLD, *_gated_norm("norm")))
+
+#: Per mixer class: its spellings (transformers 5.25's first, then 5.21-5.24's where they differ), and its kind
+#: (`KINDS`).
+GATES: dict[str, tuple[tuple[Spelling, ...], str]] = {
+    "Lfm2ShortConv": ((SHORT_CONV,), "short convolution"),
+    "Lfm2MoeShortConv": ((SHORT_CONV,), "short convolution"),
+    "Lfm3ShortConv": ((SHORT_CONV,), "short convolution"),
+    "JambaMambaMixer": ((MAMBA, MAMBA_OLD), "Mamba"),
+    "BambaMixer": ((MAMBA2, MAMBA2_OLD), "Mamba-2"),
+    "NemotronHMamba2Mixer": ((MAMBA2, MAMBA2_OLD), "Mamba-2"),
+    "Zamba2MambaMixer": ((MAMBA2, MAMBA2_OLD), "Mamba-2"),
+    "GraniteMoeHybridMambaLayer": ((MAMBA2, MAMBA2_OLD), "Mamba-2"),
+    "FalconH1Mixer": ((_falcon_h1(MAMBA2), _falcon_h1(MAMBA2_OLD)), "Mamba-2"),
+    "Qwen3NextGatedDeltaNet": (_QWEN_DELTA, "gated DeltaNet"),
+    "Qwen3_5GatedDeltaNet": (_QWEN_DELTA, "gated DeltaNet"),
+    "Qwen3_5MoeGatedDeltaNet": (_QWEN_DELTA, "gated DeltaNet"),
+    "Qwen4ExpTextGatedDeltaNet": (_QWEN_DELTA, "gated DeltaNet"),
+    "LaraMiniGatedDeltaNet": (_QWEN_DELTA, "gated DeltaNet"),
+    "OlmoHybridGatedDeltaNet": (((*DELTA, *_gated_norm("o_norm")),
+                                 (CONV_FN_SLOPE_KW, _DELTA_RULE, *_gated_norm("o_norm"))), "gated DeltaNet"),
+    "KimiLinearDeltaAttention": ((KIMI_DELTA, KIMI_DELTA_OLD), "gated DeltaNet"),
+    "BailingHybridDeltaAttention": ((KIMI_DELTA, KIMI_DELTA_OLD), "gated DeltaNet"),
+    "RecurrentGemmaRecurrentBlock": ((RG_LRU,), "RG-LRU"),
+    "xLSTMLayer": ((MLSTM,), "mLSTM"),
 }
 
 
-def gates_of(module: nn.Module) -> tuple[Gate, ...]:
-    """The gates of mixer ``module`` (its class in `GATES`), in the order its forward computes them."""
-    gates, _ = GATES[type(module).__name__]
-    return gates(module) if callable(gates) else gates
+def spellings_of(module: nn.Module) -> tuple[tuple[Gate, ...], ...]:
+    """The gates of mixer ``module`` (its class in `GATES`) per spelling, each in the order its forward computes
+    them: `nncanon.graphs.mixers` freezes the first whose calls the loaded forward makes."""
+    spellings, _ = GATES[type(module).__name__]
+    return tuple(gates(module) if callable(gates) else gates for gates in spellings)
 
 
 def mixer_reason(name: str) -> str | None:

@@ -8,8 +8,10 @@ The causal convolution's SiLU is frozen as its slope: the call's output ``silu(u
 ``u · sigmoid(u_clean)``, ``u`` the depthwise causal convolution of the call's live input with the convolution
 module's own weights (as transformers' PyTorch path computes it), so the frozen forward's value is the clean run's
 and the gradient flows through ``u`` only. Both are called at the mixer's place in the block's execution order.
-With ``attention=True`` they read and write an attention block's inner norms' scales instead
-(`nncanon.components.attention_gates`), at the attention's step.
+A mixer's gates are spelt per transformers version (`nncanon.components.mixer_gates.GATES`): the first spelling whose
+calls the loaded forward makes is used, and `check` declines the mixer where none is. With ``attention=True`` they
+read and write an attention block's inner norms' scales instead (`nncanon.components.attention_gates`), at the
+attention's step.
 """
 
 from __future__ import annotations
@@ -20,21 +22,17 @@ import torch
 import torch.nn.functional as F
 
 from ..components import attention_gates
-from ..components.mixer_gates import Gate, gates_of
+from ..components.mixer_gates import Gate, spellings_of
 from ..errors import ValueNotAvailable
 
 #: The activations whose slope is frozen (SiLU under its two names).
 SILU = ("silu", "swish")
 
 
-def _mixer(model: Any, layer: int, attention: bool = False) -> tuple[Any, tuple[Gate, ...]]:
-    """Block ``layer``'s linear mixer (or, ``attention``, its attention: the inner norms of
-    `nncanon.components.attention_gates`) and its gates."""
-    if attention:
-        envoy = model.layers[layer].self_attn
-        return envoy, attention_gates.gates_of(envoy._module)
-    envoy = model.layers[layer].linear_attn
-    return envoy, gates_of(envoy._module)
+def _mixer(model: Any, layer: int, attention: bool = False) -> Any:
+    """Block ``layer``'s linear mixer, or (``attention``) its attention, whose inner norms'
+    scales are frozen the same way (`nncanon.components.attention_gates`)."""
+    return model.layers[layer].self_attn if attention else model.layers[layer].linear_attn
 
 
 def _site(mixer: Any, gate: Gate) -> Any:
@@ -53,41 +51,64 @@ def _pick(args: tuple, kwargs: dict, item: int | str) -> Any:
     return kwargs[item] if isinstance(item, str) else args[item]
 
 
-def _convolved(args: tuple, kwargs: dict) -> torch.Tensor:
-    """The causal depthwise convolution of a ``causal_conv1d_forward(conv1d, x, ...)`` call's input, before its
-    activation: ``[b, channels, n]``."""
-    conv, x = args[0], args[1]
+def _convolved(args: tuple, kwargs: dict, where: tuple[int | str, ...] = ()) -> torch.Tensor:
+    """The causal depthwise convolution of a convolution call's input, before its activation: ``[b, channels, n]``.
+    The call is ``causal_conv1d_forward(conv1d, x, ...)`` (``where`` empty) or has its input ``x``, weight
+    ``[channels, k]`` and bias at ``where`` among its arguments (``causal_conv1d_fn``)."""
     activation = kwargs.get("activation")
     if activation not in SILU:
         raise ValueNotAvailable(f"the mixer's convolution applies {activation!r}, not a SiLU whose slope is frozen")
+    if where:
+        x, weight, bias = (_pick(args, kwargs, item) for item in where)
+        weight = weight.unsqueeze(1) if weight.dim() == 2 else weight
+    else:
+        conv, x = args[0], args[1]
+        weight, bias = conv.weight, conv.bias
     n = x.shape[-1]
-    weight = conv.weight
-    out = F.conv1d(x.to(weight.dtype), weight, conv.bias, padding=weight.shape[-1] - 1, groups=x.shape[1])
+    out = F.conv1d(x.to(weight.dtype), weight, bias, padding=weight.shape[-1] - 1, groups=x.shape[1])
     return out[..., :n]
 
 
-def check(model: Any, layer: int, attention: bool = False) -> None:
-    """Raise `ValueNotAvailable` where block ``layer``'s mixer forward lacks a call its gates name (another
-    transformers version may spell its forward otherwise): checked before any trace, outside one."""
-    mixer, gates = _mixer(model, layer, attention)
+def _missing(mixer: Any, gates: tuple[Gate, ...]) -> str | None:
+    """The first call of ``gates`` that ``mixer``'s forward (or its child's) does not make, as ``Class[.child]'s
+    forward makes no call 'op'``; ``None`` where it makes them all."""
     for gate in gates:
         owner = mixer if gate.module is None else getattr(mixer, gate.module, None)
         if owner is None or (gate.op is not None and gate.op.split(".")[0] not in owner.source.names):
             where = f"{type(mixer._module).__name__}" + (f".{gate.module}" if gate.module else "")
-            kind = "attention" if attention else "linear mixer"
-            raise ValueNotAvailable(f"layers[{layer}]'s {kind}: {where}'s forward makes no call "
-                                    f"{gate.op or gate.module!r} in this transformers version, so its gate cannot be "
-                                    "frozen (nncanon.components.mixer_gates names transformers 5.25's calls: load "
-                                    "with transformers 5.25 for this mixer's graphs)")
+            return f"{where}'s forward makes no call {gate.op or gate.module!r}"
+    return None
+
+
+def _gates(model: Any, layer: int, attention: bool = False) -> tuple[Gate, ...]:
+    """The gates of block ``layer``'s mixer in the first spelling whose calls its forward makes; raise
+    `ValueNotAvailable` naming each spelling's first missing call where there is none (this transformers version
+    spells its forward otherwise)."""
+    mixer = _mixer(model, layer, attention)
+    spellings = (attention_gates.gates_of(mixer._module),) if attention else spellings_of(mixer._module)
+    missing = [_missing(mixer, gates) for gates in spellings]
+    for gates, lacks in zip(spellings, missing, strict=True):
+        if lacks is None:
+            return gates
+    kind = "attention" if attention else "linear mixer"
+    raise ValueNotAvailable(f"layers[{layer}]'s {kind}: {'; '.join(dict.fromkeys(missing))} in this "
+                            "transformers version, so its gates cannot be frozen (nncanon.components.mixer_gates "
+                            "spells transformers 5.21 to 5.25's calls)")
+
+
+def check(model: Any, layer: int, attention: bool = False) -> None:
+    """Raise `ValueNotAvailable` where block ``layer``'s mixer forward lacks a call of each spelling of its gates:
+    checked before any trace, outside one."""
+    _gates(model, layer, attention)
 
 
 def read(model: Any, layer: int, attention: bool = False) -> dict[str, Any]:
     """The clean run's gates of block ``layer``'s mixer, saved (inside the clean run's trace): per gate key, the
     tuple of its frozen values (``[1, ...]`` or the batch folded in the first dimension), for ``"slope"`` the
     clean ``sigmoid(u)``."""
-    mixer, gates = _mixer(model, layer, attention)
+    mixer = _mixer(model, layer, attention)
     saved: dict[str, Any] = {}
-    for gate in gates:
+    for gate in _gates(model, layer, attention):
         site = _site(mixer, gate)
         if gate.part == "output":
             output = site.output
@@ -97,7 +118,7 @@ def read(model: Any, layer: int, attention: bool = False) -> dict[str, Any]:
             values = [_pick(args, kwargs, item) for item in gate.items]
         else:
             args, kwargs = site.inputs
-            values = [torch.sigmoid(_convolved(args, kwargs))]
+            values = [torch.sigmoid(_convolved(args, kwargs, gate.items))]
         saved[gate.key] = [value.save() for value in values]
     return saved
 
@@ -118,8 +139,8 @@ def _like(clean: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
 def freeze(model: Any, layer: int, clean: dict[str, tuple[torch.Tensor, ...]], attention: bool = False) -> None:
     """Write block ``layer``'s mixer gates back with ``clean`` (`detached` of `read`), inside the frozen run's
     trace."""
-    mixer, gates = _mixer(model, layer, attention)
-    for gate in gates:
+    mixer = _mixer(model, layer, attention)
+    for gate in _gates(model, layer, attention):
         site = _site(mixer, gate)
         values = clean[gate.key]
         if gate.part == "output":
@@ -143,4 +164,5 @@ def freeze(model: Any, layer: int, clean: dict[str, tuple[torch.Tensor, ...]], a
         else:
             args, kwargs = site.inputs
             slope = values[0]
-            site.output = (_convolved(args, kwargs) * slope).to(args[1].dtype)
+            x = args[1] if not gate.items else _pick(args, kwargs, gate.items[0])
+            site.output = (_convolved(args, kwargs, gate.items) * slope).to(x.dtype)
