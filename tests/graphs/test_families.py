@@ -28,10 +28,11 @@ from ..conftest import VARIANT_IDS, variant_params
 #: Families that build (each kind of block once; granitemoe: an assignment to a scaled site takes the gradient).
 BUILT = ("llama", "gpt2", "gemma2", "qwen3", "gpt_neox_parallel", "mixtral", "olmo2", "granite", "granitemoe", "cohere",
          "bloom", "afmoe", "biogpt")
-#: Families declined: by structure (Mamba: a block without an MLP) and by the proof (a norm inside attention,
-#: DeepSeek's compressed-KV norm). (AFMoE's output gate is frozen; BioGPT's inline MLP is read where its
-#: norm reads; the linear mixers whose gates are frozen: tests/graphs/test_mixers.py.)
-DECLINED = {"mamba": "serves no mlp_output", "deepseek_v2": "not affine"}
+#: Families declined: by structure (Mamba: a block without an MLP) and by the proof (OLMo's clamp of the query, key
+#: and value projections). (AFMoE's output gate is frozen; BioGPT's inline MLP is read where its norm reads; the
+#: linear mixers whose gates are frozen: tests/graphs/test_mixers.py; the norms inside attention whose scales are
+#: frozen, DeepSeek's compressed-KV norm and BitNet's sub-norm: tests/graphs/test_attention_norms.py.)
+DECLINED = {"mamba": "serves no mlp_output", "olmo_clipqkv": "not affine"}
 
 CHOSEN = VARIANT_IDS if os.environ.get("NNCANON_GRAPHS_ALL") else (*BUILT, *DECLINED)
 

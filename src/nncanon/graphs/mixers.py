@@ -9,7 +9,9 @@ The causal convolution's SiLU is frozen as its slope: the call's output ``silu(u
 module's own weights (as transformers' PyTorch path computes it), so the frozen forward's value is the clean run's
 and the gradient flows through ``u`` only. Both are called at the mixer's place in the block's execution order.
 A mixer's gates are spelt per transformers version (`nncanon.components.mixer_gates.GATES`): the first spelling whose
-calls the loaded forward makes is used, and `check` declines the mixer where none is.
+calls the loaded forward makes is used, and `check` declines the mixer where none is. With ``attention=True`` they
+read and write an attention block's inner norms' scales instead (`nncanon.components.attention_gates`), at the
+attention's step.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..components import attention_gates
 from ..components.mixer_gates import Gate, spellings_of
 from ..errors import ValueNotAvailable
 
@@ -26,8 +29,10 @@ from ..errors import ValueNotAvailable
 SILU = ("silu", "swish")
 
 
-def _mixer(model: Any, layer: int) -> Any:
-    return model.layers[layer].linear_attn
+def _mixer(model: Any, layer: int, attention: bool = False) -> Any:
+    """Block ``layer``'s linear mixer, or (``attention``) its attention, whose inner norms'
+    scales are frozen the same way (`nncanon.components.attention_gates`)."""
+    return model.layers[layer].self_attn if attention else model.layers[layer].linear_attn
 
 
 def _site(mixer: Any, gate: Gate) -> Any:
@@ -75,34 +80,35 @@ def _missing(mixer: Any, gates: tuple[Gate, ...]) -> str | None:
     return None
 
 
-def _gates(model: Any, layer: int) -> tuple[Gate, ...]:
+def _gates(model: Any, layer: int, attention: bool = False) -> tuple[Gate, ...]:
     """The gates of block ``layer``'s mixer in the first spelling whose calls its forward makes; raise
     `ValueNotAvailable` naming each spelling's first missing call where there is none (this transformers version
     spells its forward otherwise)."""
-    mixer = _mixer(model, layer)
-    spellings = spellings_of(mixer._module)
+    mixer = _mixer(model, layer, attention)
+    spellings = (attention_gates.gates_of(mixer._module),) if attention else spellings_of(mixer._module)
     missing = [_missing(mixer, gates) for gates in spellings]
     for gates, lacks in zip(spellings, missing, strict=True):
         if lacks is None:
             return gates
-    raise ValueNotAvailable(f"layers[{layer}]'s linear mixer: {'; '.join(dict.fromkeys(missing))} in this "
+    kind = "attention" if attention else "linear mixer"
+    raise ValueNotAvailable(f"layers[{layer}]'s {kind}: {'; '.join(dict.fromkeys(missing))} in this "
                             "transformers version, so its gates cannot be frozen (nncanon.components.mixer_gates "
                             "spells transformers 5.21 to 5.25's calls)")
 
 
-def check(model: Any, layer: int) -> None:
+def check(model: Any, layer: int, attention: bool = False) -> None:
     """Raise `ValueNotAvailable` where block ``layer``'s mixer forward lacks a call of each spelling of its gates:
     checked before any trace, outside one."""
-    _gates(model, layer)
+    _gates(model, layer, attention)
 
 
-def read(model: Any, layer: int) -> dict[str, Any]:
+def read(model: Any, layer: int, attention: bool = False) -> dict[str, Any]:
     """The clean run's gates of block ``layer``'s mixer, saved (inside the clean run's trace): per gate key, the
     tuple of its frozen values (``[1, ...]`` or the batch folded in the first dimension), for ``"slope"`` the
     clean ``sigmoid(u)``."""
-    mixer = _mixer(model, layer)
+    mixer = _mixer(model, layer, attention)
     saved: dict[str, Any] = {}
-    for gate in _gates(model, layer):
+    for gate in _gates(model, layer, attention):
         site = _site(mixer, gate)
         if gate.part == "output":
             output = site.output
@@ -130,11 +136,11 @@ def _like(clean: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
     return clean.repeat(live.shape[0] // clean.shape[0], *[1] * (clean.dim() - 1))
 
 
-def freeze(model: Any, layer: int, clean: dict[str, tuple[torch.Tensor, ...]]) -> None:
+def freeze(model: Any, layer: int, clean: dict[str, tuple[torch.Tensor, ...]], attention: bool = False) -> None:
     """Write block ``layer``'s mixer gates back with ``clean`` (`detached` of `read`), inside the frozen run's
     trace."""
-    mixer = _mixer(model, layer)
-    for gate in _gates(model, layer):
+    mixer = _mixer(model, layer, attention)
+    for gate in _gates(model, layer, attention):
         site = _site(mixer, gate)
         values = clean[gate.key]
         if gate.part == "output":

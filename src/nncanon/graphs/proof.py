@@ -9,9 +9,10 @@ stream parts). So the proof runs on random transcoders reading the same site, bl
 the graph asked for: a graph reading a site no earlier graph of the model read is proved before it is served (one
 small graph per model and read sites, cached).
 
-A block with a nonlinearity on the stream's path that is not a frozen value (a norm inside attention such as
-DeepSeek's compressed-KV norm or BitNet's sub-norms, a clamp of the values, a gate on attention's output) makes the
-frozen model non-affine in the graph's sources: the proof measures it and the model is declined with the numbers.
+A block with a nonlinearity on the stream's path that is not a frozen value (a norm inside attention that
+`nncanon.components.attention_gates` does not name, a norm whose scale is not served, a clamp of the values, a gate on
+attention's output) makes the frozen model non-affine in the graph's sources: the proof measures it and the model is
+declined with the numbers.
 
 Under sdpa the pattern is frozen through the kernel's query and key (`nncanon.graphs.replacement.PATTERN_INPUTS`),
 which holds only where nothing else of the stream reaches the pattern: the proof also runs the frozen model on the

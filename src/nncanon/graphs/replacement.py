@@ -1,7 +1,9 @@
 """The local replacement model: the model with every norm's scale, every attention pattern and every attention gate
-frozen at the clean run's values, every linear mixer's data-dependent gates too (`nncanon.graphs.mixers`), and each
-MLP's output a fixed leaf, read and written through the standard surface (the mixers' gates through nnsight's
-``.source``) only.
+frozen at the clean run's values, every linear mixer's data-dependent gates too (`nncanon.graphs.mixers`), the scale
+of every norm inside an attention block (`nncanon.components.attention_gates`: multi-head latent attention's
+compressed-KV norm, BitNet's sub-norm, written through `nncanon.graphs.mixers` at the `ATTENTION` step), and each MLP's
+output a fixed leaf, read and written through the standard surface (the mixers' gates and the attention's inner norms
+through nnsight's ``.source``) only.
 
 Frozen means written back: each norm's scale (``attention_norm_scale``, ``attention_post_norm_scale``,
 ``mlp_norm_scale``, ``model.final_norm_scale``), each block's ``attention_probabilities`` and ``attention_gate`` (an
@@ -39,6 +41,7 @@ from typing import Any
 
 import torch
 
+from ..components import attention_gates
 from ..components.norms import statistics
 from ..errors import ValueNotAvailable
 from ..reading import host, in_execution_order, read
@@ -60,6 +63,9 @@ PATTERN_INPUTS = ("query_states", "key_states")
 INPUT = "<transcoder input>"
 #: Marks where a block's linear mixer runs: its gates read, or written back (`nncanon.graphs.mixers`).
 MIXER = "<linear mixer gates>"
+#: Marks where a block's attention runs its inner norms (`nncanon.components.attention_gates`): their scales read, or
+#: written back (`nncanon.graphs.mixers`, ``attention=True``); the clean values are kept under this key.
+ATTENTION = "<attention inner norms>"
 
 
 @dataclass
@@ -129,6 +135,7 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
         ordered = in_execution_order(model, layer, names)
         ordered.insert(ordered.index(WRITES), INPUT)
         ordered = [MIXER if name == "linear_attention_input" else name for name in ordered]
+        _place_inner_norms(model, layer, ordered)
         steps.append(ordered)
         parts.append(stream)
     family = model._family
@@ -140,6 +147,22 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
               for layer, kind in enumerate(reads)]
     return Plan(steps=steps, reads=reads, parts=parts, final_norm=report.available("final_norm_scale"),
                 head=family.lm_head, tokens=tokens, scale=scale, points=points)
+
+
+def _place_inner_norms(model: Any, layer: int, ordered: list[str]) -> None:
+    """Insert `ATTENTION` in block ``layer``'s steps where its attention has inner norms to freeze: before the
+    pattern's first frozen value (the compressed-KV norm) or after its last (a sub-norm on the kernel's output)."""
+    attention = model.layers[layer].__dict__.get("self_attn")
+    if attention is None or not attention_gates.gates_of(attention._module):
+        return
+    pattern = [i for i, name in enumerate(ordered) if name in ("attention_probabilities", *PATTERN_INPUTS)]
+    if not pattern:
+        return
+    mixers.check(model, layer, attention=True)
+    _ = attention.source.names  # (both forwards' sources made outside a trace: made inside one, nnsight finds
+    # the attention's calls already run past when the norm's operation is read first)
+    at = pattern[0] if attention_gates.place_of(attention._module) == "before" else pattern[-1] + 1
+    ordered.insert(at, ATTENTION)
 
 
 def frozen_names(eager: bool) -> tuple[str, ...]:
@@ -159,7 +182,8 @@ class Clean:
 
     Attributes:
         frozen: Per block, the `frozen_names` values it serves, ``[1, ...]``, and its linear mixer's gates (tuples,
-            keyed as `nncanon.graphs.mixers.read` keys them).
+            keyed as `nncanon.graphs.mixers.read` keys them); under `ATTENTION`, its attention's inner norms' scales
+            (keyed the same way).
         final_scale: ``model.final_norm_scale`` ``[1, n, 1]`` (``None``: no final norm).
         inputs: Per block, the transcoder's input ``[n, d]`` (the value of ``plan.reads`` as the surface serves it).
         outputs: Per block, ``mlp_output`` ``[n, d]``.
@@ -190,6 +214,7 @@ def clean_run(model: Any, ids: torch.Tensor, plan: Plan, remote: Any = None) -> 
     outputs: list[torch.Tensor] = []
     saved: dict[str, Any] = {}
     gates: dict[int, dict[str, Any]] = {}
+    inner: dict[int, dict[str, Any]] = {}
     head = _envoy(model, plan.head)
     owner, name = _token_site(model, plan)
     with torch.no_grad(), model.trace(ids, remote=remote or False):
@@ -203,6 +228,8 @@ def clean_run(model: Any, ids: torch.Tensor, plan: Plan, remote: Any = None) -> 
                     outputs.append(read(model, layer, WRITES).save())
                 elif step == MIXER:
                     gates[layer] = mixers.read(model, layer)
+                elif step == ATTENTION:
+                    inner[layer] = mixers.read(model, layer, attention=True)
                 elif step in plan.parts[layer] and step not in FROZEN:
                     parts[step] = read(model, layer, step)
                 else:
@@ -216,6 +243,8 @@ def clean_run(model: Any, ids: torch.Tensor, plan: Plan, remote: Any = None) -> 
     frozen = [{k: v.detach() for k, v in d.items()} for d in frozen]
     for layer, values in gates.items():
         frozen[layer].update(mixers.detached(values))
+    for layer, values in inner.items():
+        frozen[layer][ATTENTION] = mixers.detached(values)
     return Clean(frozen=frozen, final_scale=saved.get("final"),
                  inputs=[x[0].detach() for x in inputs], outputs=[x[0].detach() for x in outputs],
                  embeddings=saved["embeddings"][0].detach(), logits=saved["logits"][0].detach(),
@@ -282,6 +311,8 @@ def frozen_body(model: Any, plan: Plan, clean: Clean, embeddings: torch.Tensor, 
                 parts[step] = read(model, layer, step)
             elif step == MIXER:
                 mixers.freeze(model, layer, clean.frozen[layer])
+            elif step == ATTENTION:
+                mixers.freeze(model, layer, clean.frozen[layer][ATTENTION], attention=True)
             else:
                 _freeze(host(model, layer, step), step, clean.frozen[layer][step], batch)
                 if patterns is not None and step == _last_pattern_input(steps):
