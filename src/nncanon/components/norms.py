@@ -184,14 +184,15 @@ def formula(anatomy: NormAnatomy, module: torch.nn.Module, x: torch.Tensor, scal
 # -- where the norms are ---------------------------------------------------------------------------
 
 
-def _calls(source: str, names: list[str]) -> dict[str, int]:
-    """Where ``self.<name>(...)`` first closes in ``source``, per name found: the order calls finish in (an inner
-    call, ``self.attention(self.ln1(x))``, finishes first)."""
+def _calls(source: str, names: list[str], last: tuple[str, ...] = ()) -> dict[str, int]:
+    """Where ``self.<name>(...)`` first closes in ``source`` (for the names in ``last``, where its last call closes),
+    per name found: the order calls finish in (an inner call, ``self.attention(self.ln1(x))``, finishes first)."""
     found = {}
     for name in names:
-        match = re.search(rf"self\.{re.escape(name)}\s*\(", source)
-        if match is None:
+        matches = list(re.finditer(rf"self\.{re.escape(name)}\s*\(", source))
+        if not matches:
             continue
+        match = matches[-1] if name in last else matches[0]
         depth, position = 0, match.end() - 1
         for position in range(match.end() - 1, len(source)):
             depth += {"(": 1, ")": -1}.get(source[position], 0)
@@ -216,7 +217,11 @@ def norm_roles(block: torch.nn.Module, spec: Any) -> dict[str, str]:
     mixer_role = "attention_norm" if spec.attention is not None else "linear_attention_norm"
     mixer = spec.attention if spec.attention is not None else spec.mixer
     norms = [name for name, child in block.named_children() if is_norm(child)]
-    order = _calls(_source(type(block)), [*norms, *(p.split(".")[0] for p in (mixer, spec.mlp) if p)])
+    # (the MLP's last call: a block calling its MLP in two branches, StableLM's parallel one first and its sequential
+    # one after the post-attention norm, has that norm between the mixer and the MLP where the block has it at all)
+    mlp_name = spec.mlp.split(".")[0] if spec.mlp else None
+    order = _calls(_source(type(block)), [*norms, *(p.split(".")[0] for p in (mixer, spec.mlp) if p)],
+                   last=(mlp_name,) if mlp_name else ())
     if not order or any(name not in order for name in norms):  # no source: the order of registration
         order = {name: i for i, name in enumerate(norms)}
         for i, path in enumerate((mixer, spec.mlp)):
