@@ -84,8 +84,9 @@ def prove(model: Any, reads: Sequence[str] | None = None) -> str | None:
 
     Each block's read must be a target of the proof's graph (a selected feature there), or the proof would not see
     it: where the first graph (8 features per block, the 8 of most influence selected) leaves a block without one,
-    it is built again over 2 features per block firing wherever ``x · W_enc > 0`` (no encoder bias), every active
-    feature selected."""
+    it is built again over 2 features per block with opposite encoder directions ``w`` and ``-w`` and no encoder
+    bias (one of them fires at every position whose input is not orthogonal to ``w``), every active feature
+    selected."""
     sites = "" if reads is None else f" with transcoders reading {_sites(reads)}"
     n_layers = len(model.layers)
     try:
@@ -93,8 +94,9 @@ def prove(model: Any, reads: Sequence[str] | None = None) -> str | None:
         graph = build(model, PROMPT, transcoders, max_n_logits=2, max_feature_nodes=8, zero_bos=False)
         if _uncovered(graph, n_layers):
             transcoders = random_transcoders(model, n_features=2, seed=1, reads=reads)
-            for transcoder in transcoders:
+            for transcoder in transcoders:  # (w and -w: one of them fires wherever the input is not orthogonal to w)
                 transcoder.b_enc.zero_()
+                transcoder.W_enc[:, 1] = -transcoder.W_enc[:, 0]
             graph = build(model, PROMPT, transcoders, max_n_logits=2, zero_bos=False)
         moved = pattern_moves(model, graph, transcoders)  # (the specific reason first, where it holds)
     except Exception as error:  # any failure of the frozen model declines it, with what it was
