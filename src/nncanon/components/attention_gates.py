@@ -1,29 +1,61 @@
-"""The norms inside an attention block that an attribution graph freezes besides its pattern: an RMS norm on the
-value path (multi-head latent attention's compressed-KV norm ``kv_a_layernorm`` on the latent ``c_kv``, BitNet's
-``attn_sub_norm`` on the heads' output before ``o_proj``). Its ``rsqrt`` scale is a function of the stream, so with
-only the pattern frozen the block's output is not linear in the stream; written back at the clean run's value
-(detached, through nnsight's ``.source`` as `nncanon.graphs.mixers` writes a mixer's gates), it is.
+"""What an attribution graph freezes inside an attention block besides its pattern: the values of its forward that
+are a nonlinear function of the stream on the way to the kernel or after it.
 
-`ATTENTION_GATES` maps an attention class to the child norms frozen and where they run relative to the pattern
-(``"before"``: on the latent, before the kernel; ``"after"``: on the kernel's output); `gates_of` gives the
-`nncanon.components.mixer_gates.Gate` of each (a norm a config leaves out, Mistral-Large-4's shared-KV layers, is
-skipped), `place_of` where they run. Every norm named computes its scale as ``torch.rsqrt(...)`` (its forward's
-``torch_rsqrt_0`` in transformers 5.25; `nncanon.graphs.mixers.check` declines a forward without it).
+- An RMS norm on the value path: multi-head latent attention's compressed-KV norm ``kv_a_layernorm`` on the latent
+  ``c_kv`` (before the kernel), BitNet's ``attn_sub_norm`` on the heads' output before ``o_proj`` (after it). Its
+  ``rsqrt`` scale (``torch_rsqrt_0`` of the norm's forward) is frozen.
+- A clamp of the projections (OLMo's and OLMoE's ``clip_qkv``, in place on the query, key and value; DBRX's and MPT's
+  on the fused ``Wqkv`` output): a clamp is linear where it does not bite and constant where it does, so it is
+  frozen as its bounds (`nncanon.components.mixer_gates.Gate` part ``"bounds"``): an element the clean run left
+  inside them gets no bounds, one it clipped gets its clipped value as both.
+- A mixture of attention experts' routing (JetMoE's ``experts.router``: the query and output projections of the
+  experts each position is routed to, weighted by the router's softmax): the router's logits are frozen, so every
+  copy of the prompt takes the clean run's experts and weights.
+
+Written back at the clean run's values (detached, through nnsight's ``.source`` and child modules' calls as
+`nncanon.graphs.mixers` writes a linear mixer's gates), the block's output is linear in the stream once its pattern
+is frozen too. `ATTENTION_GATES` maps an attention class to its gates (or a function of the module giving them: a
+config may leave the norm or the clamp out) and where they run relative to the pattern (``"before"``: on the way to
+the kernel; ``"after"``: on its output); `gates_of` gives a module's, `place_of` where they run.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from torch import nn
 
 from .mixer_gates import Gate
 
-#: The compressed-KV norm of multi-head latent attention (runs before the kernel: keys and values).
-LATENT = (("kv_a_layernorm",), "before")
-#: BitNet's sub-norm on the attention's output (runs after the kernel).
-SUB_NORM = (("attn_sub_norm",), "after")
+#: One attention class's gates, or a function of the module giving them (``()``: none on this module).
+Gates = tuple[Gate, ...] | Callable[[nn.Module], tuple[Gate, ...]]
 
-#: Per attention class: the child norms whose scale is frozen, and whether they run before or after the kernel.
-ATTENTION_GATES: dict[str, tuple[tuple[str, ...], str]] = {
+
+def _norm(name: str) -> Callable[[nn.Module], tuple[Gate, ...]]:
+    """The ``rsqrt`` scale of child norm ``name`` (none where the config leaves it out: Mistral-Large-4's shared-KV
+    layers)."""
+    def gates(module: nn.Module) -> tuple[Gate, ...]:
+        return (Gate("torch_rsqrt_0", "output", module=name),) if getattr(module, name, None) is not None else ()
+    return gates
+
+
+def _clip(ops: tuple[str, ...], clipped: Callable[[nn.Module], bool]) -> Callable[[nn.Module], tuple[Gate, ...]]:
+    """The clamps ``ops`` frozen as their bounds, where ``clipped(module)`` (the forward runs them)."""
+    def gates(module: nn.Module) -> tuple[Gate, ...]:
+        return tuple(Gate(op, "bounds") for op in ops) if clipped(module) else ()
+    return gates
+
+
+#: The compressed-KV norm of multi-head latent attention (runs before the kernel: keys and values).
+LATENT = (_norm("kv_a_layernorm"), "before")
+#: BitNet's sub-norm on the attention's output (runs after the kernel).
+SUB_NORM = (_norm("attn_sub_norm"), "after")
+#: OLMo's in-place clamps of the query, key and value projections (where ``config.clip_qkv`` is set).
+OLMO_CLIP = (_clip(("query_states_clamp__0", "key_states_clamp__0", "value_states_clamp__0"),
+                   lambda module: module.config.clip_qkv is not None), "before")
+
+#: Per attention class: its gates, and whether they run before or after the kernel.
+ATTENTION_GATES: dict[str, tuple[Gates, str]] = {
     **{name: LATENT for name in (
         "DeepseekV2Attention", "DeepseekV3Attention", "DeepseekV32Attention", "KimiLinearAttention",
         "BailingHybridAttention", "Glm4MoeLiteAttention", "GlmMoeDsaAttention", "MiniCPM3Attention", "YoutuAttention",
@@ -31,16 +63,22 @@ ATTENTION_GATES: dict[str, tuple[tuple[str, ...], str]] = {
         "LongcatFlashMLA", "Mistral4Attention", "MistralLarge4TextAttention", "Glm5NextTextAttention")},
     "BitNetAttention": SUB_NORM,
     "DoryAttention": SUB_NORM,
+    "OlmoAttention": OLMO_CLIP,
+    "OlmoeAttention": OLMO_CLIP,
+    # (DBRX clamps always: with clip_qkv unset its bounds are None and nothing is clipped)
+    "DbrxAttention": (_clip(("qkv_states_clamp_0",), lambda module: True), "before"),
+    "MptAttention": (_clip(("mixed_qkv_clamp_0",), lambda module: bool(module.clip_qkv)), "before"),
+    "JetMoeAttention": ((Gate(None, "output", module="experts.router.layer"),), "before"),
 }
 
 
 def gates_of(module: nn.Module) -> tuple[Gate, ...]:
-    """The frozen scales of attention ``module``'s inner norms (``()``: none), in the order its forward runs them."""
-    norms, _ = ATTENTION_GATES.get(type(module).__name__, ((), "before"))
-    return tuple(Gate("torch_rsqrt_0", "output", module=name) for name in norms
-                 if getattr(module, name, None) is not None)
+    """The frozen values of attention ``module`` (``()``: none), in the order its forward computes them."""
+    gates, _ = ATTENTION_GATES.get(type(module).__name__, ((), "before"))
+    return gates(module) if callable(gates) else gates
 
 
 def place_of(module: nn.Module) -> str:
-    """Where attention ``module``'s inner norms run: ``"before"`` or ``"after"`` the kernel (its pattern)."""
+    """Where attention ``module``'s frozen values are computed: ``"before"`` or ``"after"`` the kernel (its
+    pattern)."""
     return ATTENTION_GATES.get(type(module).__name__, ((), "before"))[1]

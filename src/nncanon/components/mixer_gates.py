@@ -45,9 +45,12 @@ class Gate:
         op: The operation's name in the forward's ``.source`` (``None``: the call of child module ``module``);
             ``"call.op"``: operation ``op`` inside the function that call ``call`` runs.
         part: ``"output"`` (elements ``items`` of its output, a tuple; ``()``: the whole output), ``"inputs"`` (its
-            arguments ``items``: positions or keywords), or ``"slope"``: a causal depthwise convolution call
+            arguments ``items``: positions or keywords), ``"slope"``: a causal depthwise convolution call
             ``(conv1d, x, ..., activation=...)`` whose output ``silu(u)`` is written as ``u · sigmoid(u_clean)``,
-            ``u`` the convolution of its live input ``x`` ``[b, channels, n]`` with the module's weights.
+            ``u`` the convolution of its live input ``x`` ``[b, channels, n]`` with the module's weights, or
+            ``"bounds"``: a clamp call (``x.clamp(min=..., max=...)``, in place too) whose bounds are written as
+            tensors, ``-inf``/``inf`` where the clean run's value is inside them and the clean clipped value where
+            it clipped (linear where it did not bite, constant where it did).
         items: Which elements or arguments; for ``"slope"``, ``()`` (the call is ``(conv1d, x, ...)``) or where
             its input ``x``, weight ``[channels, k]`` and bias are among its arguments (``causal_conv1d_fn``).
         module: The child module whose forward holds ``op`` (or whose call it is); ``None``: the mixer's own.

@@ -9,9 +9,12 @@ The causal convolution's SiLU is frozen as its slope: the call's output ``silu(u
 module's own weights (as transformers' PyTorch path computes it), so the frozen forward's value is the clean run's
 and the gradient flows through ``u`` only. Both are called at the mixer's place in the block's execution order.
 A mixer's gates are spelt per transformers version (`nncanon.components.mixer_gates.GATES`): the first spelling whose
-calls the loaded forward makes is used, and `check` declines the mixer where none is. With ``attention=True`` they
-read and write an attention block's inner norms' scales instead (`nncanon.components.attention_gates`), at the
-attention's step.
+calls the loaded forward makes is used, and `check` declines the mixer where none is. The same functions read and
+write the frozen values of another module of the block, named by ``owner``: ``"self_attn"``, an attention block's
+(`nncanon.components.attention_gates`: inner norms' scales, clamps' bounds, attention experts' routing), at the
+attention's step; a child norm's path (``"input_layernorm"``), a gated norm's (`nncanon.components.norm_gates`).
+A clamp (part ``"bounds"``) is frozen as its bounds: ``-inf``/``inf`` where the clean run's value is inside them,
+its clipped value as both where the clean run clipped it (a tensor of bounds, broadcast over the batch).
 """
 
 from __future__ import annotations
@@ -21,23 +24,42 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..components import attention_gates
+from ..components import attention_gates, norm_gates
 from ..components.mixer_gates import Gate, spellings_of
 from ..errors import ValueNotAvailable
 
 #: The activations whose slope is frozen (SiLU under its two names).
 SILU = ("silu", "swish")
+#: The owner of a block's linear mixer's gates, and of its attention's frozen values.
+MIXER, ATTENTION = "linear_attn", "self_attn"
 
 
-def _mixer(model: Any, layer: int, attention: bool = False) -> Any:
-    """Block ``layer``'s linear mixer, or (``attention``) its attention, whose inner norms'
-    scales are frozen the same way (`nncanon.components.attention_gates`)."""
-    return model.layers[layer].self_attn if attention else model.layers[layer].linear_attn
+def _mixer(model: Any, layer: int, owner: str = MIXER) -> Any:
+    """Block ``layer``'s module whose frozen values are read: its linear mixer, its attention, or its child
+    ``owner`` (a gated norm)."""
+    block = model.layers[layer]
+    return getattr(block, owner)
+
+
+def _child(envoy: Any, path: str | None) -> Any:
+    """``envoy``'s descendant at dotted ``path`` (``None``: ``envoy``; a missing one: ``None``)."""
+    for part in path.split(".") if path else ():
+        envoy = getattr(envoy, part, None)
+        if envoy is None:
+            return None
+    return envoy
+
+
+def _spellings(module: Any, owner: str) -> tuple[tuple[Gate, ...], ...]:
+    """The spellings of the frozen values of ``module``, the block's ``owner``."""
+    if owner == MIXER:
+        return spellings_of(module)
+    return (attention_gates.gates_of(module) if owner == ATTENTION else norm_gates.gates_of(module),)
 
 
 def _site(mixer: Any, gate: Gate) -> Any:
     """The nnsight handle of ``gate``'s call: a ``.source`` operation, or a child module's envoy."""
-    owner = mixer if gate.module is None else getattr(mixer, gate.module)
+    owner = _child(mixer, gate.module)
     if gate.op is None:
         return owner
     *calls, op = gate.op.split(".")
@@ -73,44 +95,46 @@ def _missing(mixer: Any, gates: tuple[Gate, ...]) -> str | None:
     """The first call of ``gates`` that ``mixer``'s forward (or its child's) does not make, as ``Class[.child]'s
     forward makes no call 'op'``; ``None`` where it makes them all."""
     for gate in gates:
-        owner = mixer if gate.module is None else getattr(mixer, gate.module, None)
+        owner = _child(mixer, gate.module)
         if owner is None or (gate.op is not None and gate.op.split(".")[0] not in owner.source.names):
             where = f"{type(mixer._module).__name__}" + (f".{gate.module}" if gate.module else "")
             return f"{where}'s forward makes no call {gate.op or gate.module!r}"
     return None
 
 
-def _gates(model: Any, layer: int, attention: bool = False) -> tuple[Gate, ...]:
-    """The gates of block ``layer``'s mixer in the first spelling whose calls its forward makes; raise
+def _gates(model: Any, layer: int, owner: str = MIXER) -> tuple[Gate, ...]:
+    """The gates of block ``layer``'s mixer (or ``owner``) in the first spelling whose calls its forward makes; raise
     `ValueNotAvailable` naming each spelling's first missing call where there is none (this transformers version
     spells its forward otherwise)."""
-    mixer = _mixer(model, layer, attention)
-    spellings = (attention_gates.gates_of(mixer._module),) if attention else spellings_of(mixer._module)
+    mixer = _mixer(model, layer, owner)
+    spellings = _spellings(mixer._module, owner)
     missing = [_missing(mixer, gates) for gates in spellings]
     for gates, lacks in zip(spellings, missing, strict=True):
         if lacks is None:
             return gates
-    kind = "attention" if attention else "linear mixer"
+    kind = {MIXER: "linear mixer", ATTENTION: "attention"}.get(owner, f"norm {owner}")
     raise ValueNotAvailable(f"layers[{layer}]'s {kind}: {'; '.join(dict.fromkeys(missing))} in this "
                             "transformers version, so its gates cannot be frozen (nncanon.components.mixer_gates "
                             "spells transformers 5.21 to 5.25's calls)")
 
 
-def check(model: Any, layer: int, attention: bool = False) -> None:
-    """Raise `ValueNotAvailable` where block ``layer``'s mixer forward lacks a call of each spelling of its gates:
-    checked before any trace, outside one."""
-    _gates(model, layer, attention)
+def check(model: Any, layer: int, owner: str = MIXER) -> None:
+    """Raise `ValueNotAvailable` where block ``layer``'s mixer (or ``owner``) forward lacks a call of each spelling
+    of its gates: checked before any trace, outside one."""
+    _gates(model, layer, owner)
 
 
-def read(model: Any, layer: int, attention: bool = False) -> dict[str, Any]:
-    """The clean run's gates of block ``layer``'s mixer, saved (inside the clean run's trace): per gate key, the
-    tuple of its frozen values (``[1, ...]`` or the batch folded in the first dimension), for ``"slope"`` the
-    clean ``sigmoid(u)``."""
-    mixer = _mixer(model, layer, attention)
+def read(model: Any, layer: int, owner: str = MIXER) -> dict[str, Any]:
+    """The clean run's gates of block ``layer``'s mixer (or ``owner``), saved (inside the clean run's trace): per
+    gate key, the tuple of its frozen values (``[1, ...]`` or the batch folded in the first dimension), for
+    ``"slope"`` the clean ``sigmoid(u)``, for ``"bounds"`` the lower and upper bounds."""
+    mixer = _mixer(model, layer, owner)
     saved: dict[str, Any] = {}
-    for gate in _gates(model, layer, attention):
+    for gate in _gates(model, layer, owner):
         site = _site(mixer, gate)
-        if gate.part == "output":
+        if gate.part == "bounds":
+            values = list(_bounds(site))
+        elif gate.part == "output":
             output = site.output
             values = [output[i] for i in gate.items] if gate.items else [output]
         elif gate.part == "inputs":
@@ -136,14 +160,39 @@ def _like(clean: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
     return clean.repeat(live.shape[0] // clean.shape[0], *[1] * (clean.dim() - 1))
 
 
-def freeze(model: Any, layer: int, clean: dict[str, tuple[torch.Tensor, ...]], attention: bool = False) -> None:
-    """Write block ``layer``'s mixer gates back with ``clean`` (`detached` of `read`), inside the frozen run's
-    trace."""
-    mixer = _mixer(model, layer, attention)
-    for gate in _gates(model, layer, attention):
+def _limits(args: tuple, kwargs: dict) -> tuple[Any, Any]:
+    """A clamp call's ``min`` and ``max`` (keywords, else its first two arguments; ``None``: no bound)."""
+    low = kwargs["min"] if "min" in kwargs else args[0] if args else None
+    high = kwargs["max"] if "max" in kwargs else args[1] if len(args) > 1 else None
+    return low, high
+
+
+def _bounds(site: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """A clamp's frozen bounds on the clean run: ``-inf``/``inf`` where its output is strictly inside its bounds, its
+    output where it clipped (``[1, ...]``)."""
+    low, high = _limits(*site.inputs)
+    clipped = site.output
+    inside = torch.ones_like(clipped, dtype=torch.bool)
+    if low is not None:
+        inside = inside & (clipped > low)
+    if high is not None:
+        inside = inside & (clipped < high)
+    infinity = torch.full_like(clipped, float("inf"))
+    return torch.where(inside, -infinity, clipped), torch.where(inside, infinity, clipped)
+
+
+def freeze(model: Any, layer: int, clean: dict[str, tuple[torch.Tensor, ...]], owner: str = MIXER) -> None:
+    """Write block ``layer``'s mixer (or ``owner``) gates back with ``clean`` (`detached` of `read`), inside the
+    frozen run's trace."""
+    mixer = _mixer(model, layer, owner)
+    for gate in _gates(model, layer, owner):
         site = _site(mixer, gate)
         values = clean[gate.key]
-        if gate.part == "output":
+        if gate.part == "bounds":
+            args, kwargs = site.inputs
+            kwargs = {**kwargs, "min": values[0], "max": values[1]}
+            site.inputs = (tuple(args[2:]), kwargs)
+        elif gate.part == "output":
             output = site.output
             if not gate.items:
                 site.output = _like(values[0], output)

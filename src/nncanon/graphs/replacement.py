@@ -1,9 +1,12 @@
 """The local replacement model: the model with every norm's scale, every attention pattern and every attention gate
 frozen at the clean run's values, every linear mixer's data-dependent gates too (`nncanon.graphs.mixers`), the scale
 of every norm inside an attention block (`nncanon.components.attention_gates`: multi-head latent attention's
-compressed-KV norm, BitNet's sub-norm, written through `nncanon.graphs.mixers` at the `ATTENTION` step), and each MLP's
-output a fixed leaf, read and written through the standard surface (the mixers' gates and the attention's inner norms
-through nnsight's ``.source``) only.
+compressed-KV norm, BitNet's sub-norm; a clamp of the projections as its bounds; a mixture of attention experts'
+routing: written through `nncanon.graphs.mixers` at the `ATTENTION` step), a gated norm's scale and gate
+(`nncanon.components.norm_gates`, at a `NORM_GATES` step before the sublayer it feeds), the modules a family runs
+between the final norm and the unembedding (`nncanon.graphs.head`: a norm's scale, an activation's slope), and each
+MLP's output a fixed leaf, read and written through the standard surface (the mixers' gates, the attention's and the
+gated norms' inner values through nnsight's ``.source``) only.
 
 Frozen means written back: each norm's scale (``attention_norm_scale``, ``attention_post_norm_scale``,
 ``mlp_norm_scale``, ``model.final_norm_scale``), each block's ``attention_probabilities`` and ``attention_gate`` (an
@@ -41,12 +44,13 @@ from typing import Any
 
 import torch
 
-from ..components import attention_gates
+from ..components import attention_gates, norm_gates
 from ..components.norms import statistics
 from ..errors import ValueNotAvailable
 from ..reading import host, in_execution_order, read
 from ..sae import resolve, value_at
 from ..support import graph_reason
+from . import head as before_head
 from . import mixers
 from .coders import READS, WRITES
 
@@ -66,6 +70,9 @@ MIXER = "<linear mixer gates>"
 #: Marks where a block's attention runs its inner norms (`nncanon.components.attention_gates`): their scales read, or
 #: written back (`nncanon.graphs.mixers`, ``attention=True``); the clean values are kept under this key.
 ATTENTION = "<attention inner norms>"
+#: Prefixes the name of a block's gated norm (its path in the block) where its scale and gate are read, or written
+#: back (`nncanon.components.norm_gates`); the clean values are kept under the step's name.
+NORM_GATES = "<norm gates> "
 
 
 @dataclass
@@ -85,6 +92,7 @@ class Plan:
             logit targets are before the final soft-cap).
         points: Per block, the resolved `nncanon.sae.Point` of ``layers.{layer}.mlp_input`` where its transcoder
             reads ``mlp_input`` (resolved once, not in every trace), else ``None``.
+        head_stages: The modules between the final norm and the head frozen (`nncanon.graphs.head.stages`).
     """
 
     steps: list[list[str]]
@@ -95,6 +103,7 @@ class Plan:
     tokens: str = "token_embeddings"
     scale: list[tuple[str, Any]] = field(default_factory=list)
     points: list[Any] = field(default_factory=list)
+    head_stages: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 def support(model: Any) -> str | None:
@@ -136,6 +145,7 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
         ordered.insert(ordered.index(WRITES), INPUT)
         ordered = [MIXER if name == "linear_attention_input" else name for name in ordered]
         _place_inner_norms(model, layer, ordered)
+        _place_gated_norms(model, layer, ordered)
         steps.append(ordered)
         parts.append(stream)
     family = model._family
@@ -146,7 +156,7 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
     points = [resolve(model, f"layers.{layer}.mlp_input") if kind == "mlp_input" else None
               for layer, kind in enumerate(reads)]
     return Plan(steps=steps, reads=reads, parts=parts, final_norm=report.available("final_norm_scale"),
-                head=family.lm_head, tokens=tokens, scale=scale, points=points)
+                head=family.lm_head, tokens=tokens, scale=scale, points=points, head_stages=before_head.stages(model))
 
 
 def _place_inner_norms(model: Any, layer: int, ordered: list[str]) -> None:
@@ -158,11 +168,27 @@ def _place_inner_norms(model: Any, layer: int, ordered: list[str]) -> None:
     pattern = [i for i, name in enumerate(ordered) if name in ("attention_probabilities", *PATTERN_INPUTS)]
     if not pattern:
         return
-    mixers.check(model, layer, attention=True)
+    mixers.check(model, layer, mixers.ATTENTION)
     _ = attention.source.names  # (both forwards' sources made outside a trace: made inside one, nnsight finds
     # the attention's calls already run past when the norm's operation is read first)
     at = pattern[0] if attention_gates.place_of(attention._module) == "before" else pattern[-1] + 1
     ordered.insert(at, ATTENTION)
+
+
+def _place_gated_norms(model: Any, layer: int, ordered: list[str]) -> None:
+    """Insert a `NORM_GATES` step in block ``layer``'s steps for each gated norm it calls: first (after the stream
+    entering it) for the norm before its token mixer, before the transcoder's input for the one before its MLP."""
+    block = model.layers[layer]
+    if not any(norm_gates.gates_of(child) for child in block._module.children()):
+        return
+    mixer = block.__dict__.get("self_attn")
+    mixer = block.__dict__.get("linear_attn") if mixer is None else mixer
+    found = norm_gates.gated_norms(block._module, tuple(block.source.names), getattr(mixer, "_module", None))
+    for name, feeds in found:
+        mixers.check(model, layer, name)
+        _ = getattr(block, name).source.names  # (made outside a trace, as the attention's: `_place_inner_norms`)
+        at = int(ordered[:1] == ["layer_input"]) if feeds == "mixer" else ordered.index(INPUT)
+        ordered.insert(at, NORM_GATES + name)
 
 
 def frozen_names(eager: bool) -> tuple[str, ...]:
@@ -182,8 +208,8 @@ class Clean:
 
     Attributes:
         frozen: Per block, the `frozen_names` values it serves, ``[1, ...]``, and its linear mixer's gates (tuples,
-            keyed as `nncanon.graphs.mixers.read` keys them); under `ATTENTION`, its attention's inner norms' scales
-            (keyed the same way).
+            keyed as `nncanon.graphs.mixers.read` keys them); under `ATTENTION` and each `NORM_GATES` step's name,
+            its attention's and that gated norm's frozen values (keyed the same way).
         final_scale: ``model.final_norm_scale`` ``[1, n, 1]`` (``None``: no final norm).
         inputs: Per block, the transcoder's input ``[n, d]`` (the value of ``plan.reads`` as the surface serves it).
         outputs: Per block, ``mlp_output`` ``[n, d]``.
@@ -191,6 +217,7 @@ class Clean:
             ``plan.tokens``).
         logits: ``model.logits`` ``[n, vocab]`` (after the family's post-processing).
         head: The head's output with the linear logit steps ``[n, vocab]`` (what `frozen_run` returns).
+        head_frozen: The values of ``plan.head_stages`` (`nncanon.graphs.head.read`), detached.
     """
 
     frozen: list[dict[str, torch.Tensor]]
@@ -200,6 +227,7 @@ class Clean:
     embeddings: torch.Tensor
     logits: torch.Tensor
     head: torch.Tensor
+    head_frozen: list[torch.Tensor] = field(default_factory=list)
 
 
 def _token_site(model: Any, plan: Plan) -> tuple[Any, str]:
@@ -214,7 +242,7 @@ def clean_run(model: Any, ids: torch.Tensor, plan: Plan, remote: Any = None) -> 
     outputs: list[torch.Tensor] = []
     saved: dict[str, Any] = {}
     gates: dict[int, dict[str, Any]] = {}
-    inner: dict[int, dict[str, Any]] = {}
+    owned: dict[tuple[int, str], dict[str, Any]] = {}
     head = _envoy(model, plan.head)
     owner, name = _token_site(model, plan)
     with torch.no_grad(), model.trace(ids, remote=remote or False):
@@ -228,8 +256,8 @@ def clean_run(model: Any, ids: torch.Tensor, plan: Plan, remote: Any = None) -> 
                     outputs.append(read(model, layer, WRITES).save())
                 elif step == MIXER:
                     gates[layer] = mixers.read(model, layer)
-                elif step == ATTENTION:
-                    inner[layer] = mixers.read(model, layer, attention=True)
+                elif step == ATTENTION or step.startswith(NORM_GATES):
+                    owned[layer, step] = mixers.read(model, layer, _owner(step))
                 elif step in plan.parts[layer] and step not in FROZEN:
                     parts[step] = read(model, layer, step)
                 else:
@@ -238,17 +266,24 @@ def clean_run(model: Any, ids: torch.Tensor, plan: Plan, remote: Any = None) -> 
                         parts[step] = frozen[layer][step]
         if plan.final_norm:
             saved["final"] = model.final_norm_scale.save()
+        saved["before_head"] = before_head.read(model, plan.head_stages)
         saved["head"] = head.output.save()
         saved["logits"] = model.logits.save()
     frozen = [{k: v.detach() for k, v in d.items()} for d in frozen]
     for layer, values in gates.items():
         frozen[layer].update(mixers.detached(values))
-    for layer, values in inner.items():
-        frozen[layer][ATTENTION] = mixers.detached(values)
+    for (layer, step), values in owned.items():
+        frozen[layer][step] = mixers.detached(values)
     return Clean(frozen=frozen, final_scale=saved.get("final"),
                  inputs=[x[0].detach() for x in inputs], outputs=[x[0].detach() for x in outputs],
                  embeddings=saved["embeddings"][0].detach(), logits=saved["logits"][0].detach(),
-                 head=_linear_steps(saved["head"], plan)[0].detach())
+                 head=_linear_steps(saved["head"], plan)[0].detach(),
+                 head_frozen=[value.detach() for value in saved["before_head"]])
+
+
+def _owner(step: str) -> str:
+    """The block's module whose frozen values an `ATTENTION` or `NORM_GATES` step reads."""
+    return mixers.ATTENTION if step == ATTENTION else step[len(NORM_GATES):]
 
 
 def _clean_input(model: Any, layer: int, plan: Plan, parts: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -311,14 +346,15 @@ def frozen_body(model: Any, plan: Plan, clean: Clean, embeddings: torch.Tensor, 
                 parts[step] = read(model, layer, step)
             elif step == MIXER:
                 mixers.freeze(model, layer, clean.frozen[layer])
-            elif step == ATTENTION:
-                mixers.freeze(model, layer, clean.frozen[layer][ATTENTION], attention=True)
+            elif step == ATTENTION or step.startswith(NORM_GATES):
+                mixers.freeze(model, layer, clean.frozen[layer][step], _owner(step))
             else:
                 _freeze(host(model, layer, step), step, clean.frozen[layer][step], batch)
                 if patterns is not None and step == _last_pattern_input(steps):
                     patterns.append((layer, read(model, layer, "attention_probabilities").save()))
     if plan.final_norm:
         _freeze(model, "final_norm_scale", clean.final_scale, batch)
+    before_head.freeze(model, plan.head_stages, clean.head_frozen)
     return inputs, _linear_steps(_envoy(model, plan.head).output, plan)
 
 

@@ -1,0 +1,99 @@
+"""The modules a family runs between the final norm and the unembedding (`nncanon.families.Family.before_head`), on
+the frozen replacement model: a linear layer is left as it is, a norm's scale is frozen at the clean run's (its output
+written as the stream centred over the clean scale, times its weight: `nncanon.components.norms.formula`) and an
+activation as its slope (``act(u)`` written as ``u · act(u_clean) / u_clean``, the clean run's value with the
+gradient flowing through ``u`` only: the convention the causal convolution's SiLU has in `nncanon.graphs.mixers`).
+ModernBERT-decoder's prediction head (``dense``, a GELU, a LayerNorm, then ``decoder``) is linear in the stream so.
+
+`stages` says what is frozen (or why a head cannot be), `read` saves the clean values inside the clean run's trace,
+`freeze` writes them inside the frozen run's trace; both run after the final norm, before the head's output is read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..components.norms import NormAnatomy, formula, is_norm, norm_anatomy, statistics
+from ..errors import ValueNotAvailable
+
+#: Where an activation module's class is defined (every one has ``act(0) = 0``: a slope through the origin).
+ACTIVATION_MODULES = ("transformers.activations", "torch.nn.modules.activation")
+
+
+def stages(model: Any) -> list[tuple[str, str, str]]:
+    """``(path, child, kind)`` of each module run before the head that is frozen, in the order it runs: the
+    `Family.before_head` path, the child's name in it (``""``: the module itself) and ``"norm"`` or ``"activation"``
+    (a linear layer is left out). Raise `ValueNotAvailable` naming a module that is none of these (the head is not
+    linear in the stream with it)."""
+    family = model._family
+    found: list[tuple[str, str, str]] = []
+    for path, envoy in _modules(model).items():
+        if path in (family.norm, family.final_norm):
+            continue  # (the final norm: its scale is model.final_norm_scale)
+        children = list(envoy._module.named_children()) or [("", envoy._module)]
+        for name, child in children:
+            kind = _kind(child)
+            if kind is None:
+                where = f"{path}.{name}" if name else path
+                raise ValueNotAvailable(
+                    f"its head runs {where} ({type(child).__name__}) between the final norm and the unembedding: "
+                    "neither a linear layer, a norm nor an activation, so the graph cannot freeze it")
+            if kind != "linear":
+                found.append((path, name, kind))
+    return found
+
+
+def _modules(model: Any) -> dict[str, Any]:
+    """The envoys of `Family.before_head` this model has, by path (bound at load: a standard name may shadow one,
+    ModernBERT-decoder's ``lm_head``)."""
+    paths = [path for path in model._family.before_head if model._optional(path) is not None]
+    return dict(zip(paths, model._before_head, strict=True))
+
+
+def _envoy(model: Any, path: str, child: str) -> Any:
+    envoy = _modules(model)[path]
+    return getattr(envoy, child) if child else envoy
+
+
+def _kind(module: nn.Module) -> str | None:
+    if isinstance(module, (nn.Linear, nn.Identity, nn.Dropout)):
+        return "linear"
+    if is_norm(module) and isinstance(norm_anatomy(module), NormAnatomy):
+        return "norm"
+    if type(module).__module__ in ACTIVATION_MODULES:
+        return "activation"
+    return None
+
+
+def read(model: Any, frozen: list[tuple[str, str, str]]) -> list[Any]:
+    """The clean run's frozen values (inside its trace), saved: a norm's scale ``[1, n, 1]``, an activation's slope
+    ``[1, n, d]``."""
+    values = []
+    for path, child, kind in frozen:
+        envoy = _envoy(model, path, child)
+        x = envoy.input
+        if kind == "norm":
+            values.append(statistics(norm_anatomy(envoy._module), x)[1].save())
+        else:
+            values.append(_ratio(envoy.output, x).save())
+    return values
+
+
+def _ratio(y: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``y / u`` in float32, 0 where ``u`` is 0 (``act(0) = 0``)."""
+    u = u.float()
+    return torch.where(u == 0, torch.zeros_like(u), y.float() / torch.where(u == 0, torch.ones_like(u), u))
+
+
+def freeze(model: Any, frozen: list[tuple[str, str, str]], clean: list[torch.Tensor]) -> None:
+    """Write each module's output with its frozen form on its live input (inside the frozen run's trace)."""
+    for (path, child, kind), value in zip(frozen, clean, strict=True):
+        envoy = _envoy(model, path, child)
+        x = envoy.input
+        if kind == "norm":
+            envoy.output = formula(norm_anatomy(envoy._module), envoy._module, x, scale=value)
+        else:
+            envoy.output = (x.float() * value).to(x.dtype)

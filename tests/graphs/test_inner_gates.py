@@ -1,0 +1,76 @@
+"""Attribution graphs through the nonlinearities a block or head keeps besides its norms' scales, patterns and
+mixers' gates, each frozen at the clean run's values: a clamp of the attention's projections as its bounds (OLMo's
+``clip_qkv``: `nncanon.components.attention_gates`), a mixture of attention experts' routing (JetMoE's router logits),
+a gated norm's scale and gate (AXK2: `nncanon.components.norm_gates`) and a prediction head's norm and activation
+(ModernBERT-decoder: `nncanon.graphs.head`). On each tiny registry variant the graph is one `nncanon.graphs.verify`
+proves (forward, completeness, sampled removals) and `graphs.support` is ``None``; with the value left live the
+frozen model is not affine along a direction of the token nodes and the linearity proof declines the model.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nncanon import graphs
+from nncanon.components import attention_gates, norm_gates
+from nncanon.graphs import replacement
+from nncanon.graphs.proof import prove
+from nncanon.testing import tiny_model
+
+from ..conftest import variant_params
+from .test_mixers import PROMPT, _second_difference
+
+#: Per registry variant: the table its frozen value is named in, and the class that names it.
+KINDS = {"olmo_clipqkv": (attention_gates.ATTENTION_GATES, "OlmoAttention"),
+         "jetmoe": (attention_gates.ATTENTION_GATES, "JetMoeAttention"),
+         "axk2": (norm_gates.NORM_GATES, "AXK2GatedRMSNorm"),
+         "modernbert_decoder": (None, "ModernBertDecoderPredictionHead")}
+
+
+@pytest.mark.parametrize("variant", variant_params(KINDS))
+def test_graph_through_frozen_values_is_exact(variant):
+    model = tiny_model(variant)
+    plan = replacement.plan_of(model)
+    if variant.name == "axk2":  # the input norm's step first, the MLP's gated norm's before the transcoder's input
+        steps = plan.steps[1]
+        assert steps[0] == replacement.NORM_GATES + "input_layernorm"
+        assert steps[steps.index(replacement.INPUT) - 1] == replacement.NORM_GATES + "post_attention_layernorm"
+    if variant.name == "modernbert_decoder":
+        assert [kind for _, _, kind in plan.head_stages] == ["activation", "norm"]
+    assert graphs.support(model) is None
+    transcoders = graphs.random_transcoders(model, n_features=12, seed=1)
+    graph = graphs.attribute(model, PROMPT, transcoders, max_n_logits=3, max_feature_nodes=20, batch_size=16)
+    check = graphs.verify(model, graph, transcoders, samples=4)
+    assert check.ok, f"{variant.name}: {check}"
+    assert check.forward < 1e-5
+
+
+def test_the_clamp_bites_on_the_prompt():
+    """The tiny OLMo's clamp clips some projections on the test prompt (so its frozen bounds are what is tested), and
+    the bounds read are its clipped values there and infinite elsewhere."""
+    model = tiny_model("olmo_clipqkv")
+    ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids
+    clean = replacement.clean_run(model, ids, replacement.plan_of(model))
+    (low, high), *_ = (values for key, values in clean.frozen[0][replacement.ATTENTION].items())
+    clipped = torch.isfinite(low)
+    assert 0 < clipped.sum() < clipped.numel()
+    assert torch.equal(low[clipped], high[clipped]) and low[clipped].abs().eq(model.config.clip_qkv).all()
+    assert torch.isinf(high[~clipped]).all() and (high[~clipped] > 0).all()
+
+
+@pytest.mark.parametrize("variant", variant_params(KINDS))
+def test_a_live_value_is_caught(variant, monkeypatch):
+    """Frozen, the model is affine along a direction of the token nodes (second difference ~1e-7); with the value
+    left live it is not, and the linearity proof declines the model ("not affine")."""
+    table, name = KINDS[variant.name]
+    model = tiny_model(variant)
+    assert _second_difference(model) < 1e-5
+    if table is None:
+        monkeypatch.setattr(replacement.before_head, "stages", lambda model: [])
+    else:
+        monkeypatch.delitem(table, name)
+    live = _second_difference(model)
+    assert live > 1e-4, f"{name}: left live it moves the second difference only to {live:.1e}"
+    reason = prove(model)
+    assert reason is not None and "not affine" in reason
