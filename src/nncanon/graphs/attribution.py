@@ -121,9 +121,9 @@ def setup(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, 
     for layer in range(n_layers):
         widths = (clean.inputs[layer].shape[-1], clean.outputs[layer].shape[-1])
         if widths != (d, d):
-            raise InvalidDictionary(f"layers[{layer}]'s transcoder input ({plan.reads[layer]}) and mlp_output are "
-                                    f"{widths[0]} and {widths[1]} wide, not the model's width {d} that its "
-                                    "transcoders map (several streams per position?)")
+            raise InvalidDictionary(f"layers[{layer}]'s transcoder input ({plan.reads[layer]}) and output "
+                                    f"({plan.writes}) are {widths[0]} and {widths[1]} wide, not the model's width {d} "
+                                    "that its transcoders map")
     features: list[torch.Tensor | None] = []
     for layer in range(n_layers):
         if not coders.present(layer):

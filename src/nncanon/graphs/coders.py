@@ -24,14 +24,24 @@ import torch
 from ..errors import InvalidDictionary, ValueNotAvailable
 from ..sae import Dictionary, resolve
 from ..sae.sites import binding_of
+from .streams import WRITES_MODULE, hyper_connected
 
 #: The values a transcoder may read, by the name table's value: the MLP module's input (``mlp.hook_in``), the MLP
 #: norm's input normalised before its weight (``ln2.hook_normalized``), the stream after the mixer
 #: (``hook_resid_mid``), the stream entering the block (``hook_resid_pre``; a parallel block's ``hook_mlp_in``).
 READS = ("mlp_input", "mlp_normalized", "resid_mid", "layer_input")
 
-#: The value a transcoder writes.
+#: The value a transcoder writes (on a hyper-connected model the MLP module's output: `writes_of`).
 WRITES = "mlp_output"
+#: The TransformerLens name of each value a transcoder writes.
+WRITE_HOOKS = {WRITES: "hook_mlp_out", WRITES_MODULE: "mlp.hook_out"}
+
+
+def writes_of(model: Any) -> str:
+    """The value ``model``'s transcoders write: `WRITES`, or on a model whose blocks keep several streams per position
+    the MLP module's output, ``d`` wide (`nncanon.graphs.streams.WRITES_MODULE`: what the block injects into each
+    stream is ``k·d`` wide)."""
+    return WRITES_MODULE if hyper_connected(model) else WRITES
 
 
 @dataclass
@@ -215,7 +225,7 @@ def check_transcoders(model: Any, transcoders: Any) -> Coders:
         if cfg.hook_name is not None:
             reads[layer] = _point(model, cfg.hook_name, layer, where, READS)
         if cfg.hook_name_out is not None:
-            _point(model, cfg.hook_name_out, layer, where, (WRITES,))
+            _point(model, cfg.hook_name_out, layer, where, (writes_of(model),))
         _finite(transcoder.state_dict(), where)
     return Coders(transcoders, None, reads)
 
@@ -233,7 +243,7 @@ def _check_clt(model: Any, clt: CrossLayerTranscoder, n_layers: int, hidden: int
     reads = [_point(model, f"blocks.{layer}.{clt.feature_input_hook}", layer, where, READS)
              for layer in range(n_layers)]
     for layer in range(n_layers):
-        _point(model, f"blocks.{layer}.{clt.feature_output_hook}", layer, where, (WRITES,))
+        _point(model, f"blocks.{layer}.{clt.feature_output_hook}", layer, where, (writes_of(model),))
     _finite(clt.tensors(), where)
     return Coders([None] * n_layers, clt, reads)
 
@@ -247,7 +257,7 @@ def _point(model: Any, name: str, layer: int, where: str, allowed: tuple[str, ..
     if point.layer != layer or point.value not in allowed or point.head is not None:
         wanted = " or ".join(f"layers.{layer}.{value}" for value in allowed)
         raise InvalidDictionary(f"{where} names {name!r} ({point.label}); a graph's transcoder for block {layer} "
-                                f"{'writes' if WRITES in allowed else 'reads'} {wanted}")
+                                f"{'reads' if set(allowed) <= set(READS) else 'writes'} {wanted}")
     return point.value
 
 

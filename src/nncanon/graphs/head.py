@@ -29,10 +29,12 @@ def stages(model: Any) -> list[tuple[str, str, str]]:
     (a linear layer is left out). Raise `ValueNotAvailable` naming a module that is none of these (the head is not
     linear in the stream with it)."""
     family = model._family
+    served = model.support().available("final_norm_scale")
     found: list[tuple[str, str, str]] = []
     for path, envoy in _modules(model).items():
-        if path in (family.norm, family.final_norm):
-            continue  # (the final norm: its scale is model.final_norm_scale)
+        if path == family.norm or (path == family.final_norm and served):
+            continue  # (the final norm: its scale is model.final_norm_scale; a norm after a hyper-connected model's
+            # collapse of its streams, which serves no such scale, is frozen here)
         children = list(envoy._module.named_children()) or [("", envoy._module)]
         for name, child in children:
             kind = _kind(child)

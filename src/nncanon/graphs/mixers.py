@@ -12,7 +12,9 @@ A mixer's gates are spelt per transformers version (`nncanon.components.mixer_ga
 calls the loaded forward makes is used, and `check` declines the mixer where none is. The same functions read and
 write the frozen values of another module of the block, named by ``owner``: ``"self_attn"``, an attention block's
 (`nncanon.components.attention_gates`: inner norms' scales, clamps' bounds, attention experts' routing), at the
-attention's step; a child norm's path (``"input_layernorm"``), a gated norm's (`nncanon.components.norm_gates`).
+attention's step; a child norm's path (``"input_layernorm"``), a gated norm's (`nncanon.components.norm_gates`); a
+hyper-connection's (``"attn_hc"``: `nncanon.components.stream_gates`), or with ``layer`` ``None`` a model-level module's
+path (the final collapse of the streams, ``"model.hc_head"``).
 A clamp (part ``"bounds"``) is frozen as its bounds: ``-inf``/``inf`` where the clean run's value is inside them,
 its clipped value as both where the clean run clipped it (a tensor of bounds, broadcast over the batch).
 """
@@ -24,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..components import attention_gates, norm_gates
+from ..components import attention_gates, norm_gates, stream_gates
 from ..components.mixer_gates import Gate, spellings_of
 from ..errors import ValueNotAvailable
 
@@ -34,9 +36,11 @@ SILU = ("silu", "swish")
 MIXER, ATTENTION = "linear_attn", "self_attn"
 
 
-def _mixer(model: Any, layer: int, owner: str = MIXER) -> Any:
+def _mixer(model: Any, layer: int | None, owner: str = MIXER) -> Any:
     """Block ``layer``'s module whose frozen values are read: its linear mixer, its attention, or its child
-    ``owner`` (a gated norm)."""
+    ``owner`` (a gated norm, a hyper-connection); with ``layer`` ``None``, the model's module at path ``owner``."""
+    if layer is None:
+        return model._optional(owner)
     block = model.layers[layer]
     return getattr(block, owner)
 
@@ -54,7 +58,9 @@ def _spellings(module: Any, owner: str) -> tuple[tuple[Gate, ...], ...]:
     """The spellings of the frozen values of ``module``, the block's ``owner``."""
     if owner == MIXER:
         return spellings_of(module)
-    return (attention_gates.gates_of(module) if owner == ATTENTION else norm_gates.gates_of(module),)
+    if owner == ATTENTION:
+        return (attention_gates.gates_of(module),)
+    return (norm_gates.gates_of(module) or stream_gates.gates_of(module),)
 
 
 def _site(mixer: Any, gate: Gate) -> Any:
@@ -102,7 +108,7 @@ def _missing(mixer: Any, gates: tuple[Gate, ...]) -> str | None:
     return None
 
 
-def _gates(model: Any, layer: int, owner: str = MIXER) -> tuple[Gate, ...]:
+def _gates(model: Any, layer: int | None, owner: str = MIXER) -> tuple[Gate, ...]:
     """The gates of block ``layer``'s mixer (or ``owner``) in the first spelling whose calls its forward makes; raise
     `ValueNotAvailable` naming each spelling's first missing call where there is none (this transformers version
     spells its forward otherwise)."""
@@ -112,19 +118,20 @@ def _gates(model: Any, layer: int, owner: str = MIXER) -> tuple[Gate, ...]:
     for gates, lacks in zip(spellings, missing, strict=True):
         if lacks is None:
             return gates
-    kind = {MIXER: "linear mixer", ATTENTION: "attention"}.get(owner, f"norm {owner}")
-    raise ValueNotAvailable(f"layers[{layer}]'s {kind}: {'; '.join(dict.fromkeys(missing))} in this "
+    kind = {MIXER: "linear mixer", ATTENTION: "attention"}.get(owner, f"module {owner}")
+    where = "the model" if layer is None else f"layers[{layer}]"
+    raise ValueNotAvailable(f"{where}'s {kind}: {'; '.join(dict.fromkeys(missing))} in this "
                             "transformers version, so its gates cannot be frozen (nncanon.components.mixer_gates "
                             "spells transformers 5.21 to 5.25's calls)")
 
 
-def check(model: Any, layer: int, owner: str = MIXER) -> None:
+def check(model: Any, layer: int | None, owner: str = MIXER) -> None:
     """Raise `ValueNotAvailable` where block ``layer``'s mixer (or ``owner``) forward lacks a call of each spelling
     of its gates: checked before any trace, outside one."""
     _gates(model, layer, owner)
 
 
-def read(model: Any, layer: int, owner: str = MIXER) -> dict[str, Any]:
+def read(model: Any, layer: int | None, owner: str = MIXER) -> dict[str, Any]:
     """The clean run's gates of block ``layer``'s mixer (or ``owner``), saved (inside the clean run's trace): per
     gate key, the tuple of its frozen values (``[1, ...]`` or the batch folded in the first dimension), for
     ``"slope"`` the clean ``sigmoid(u)``, for ``"bounds"`` the lower and upper bounds."""
@@ -181,7 +188,7 @@ def _bounds(site: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.where(inside, -infinity, clipped), torch.where(inside, infinity, clipped)
 
 
-def freeze(model: Any, layer: int, clean: dict[str, tuple[torch.Tensor, ...]], owner: str = MIXER) -> None:
+def freeze(model: Any, layer: int | None, clean: dict[str, tuple[torch.Tensor, ...]], owner: str = MIXER) -> None:
     """Write block ``layer``'s mixer (or ``owner``) gates back with ``clean`` (`detached` of `read`), inside the
     frozen run's trace."""
     mixer = _mixer(model, layer, owner)

@@ -49,10 +49,12 @@ from ..components.norms import statistics
 from ..errors import ValueNotAvailable
 from ..reading import host, in_execution_order, read
 from ..sae import resolve, value_at
+from ..sae.names import point_reason
 from ..support import graph_reason
 from . import head as before_head
-from . import mixers
+from . import mixers, streams
 from .coders import READS, WRITES
+from .streams import STREAMS
 
 #: The values written back with the clean run's, in a block (those the block serves).
 FROZEN = ("attention_norm_scale", "attention_probabilities", "attention_gate", "attention_post_norm_scale",
@@ -93,6 +95,11 @@ class Plan:
         points: Per block, the resolved `nncanon.sae.Point` of ``layers.{layer}.mlp_input`` where its transcoder
             reads ``mlp_input`` (resolved once, not in every trace), else ``None``.
         head_stages: The modules between the final norm and the head frozen (`nncanon.graphs.head.stages`).
+        writes: What each block's transcoder writes, the frozen model's MLP leaf: ``mlp_output``, or on a
+            hyper-connected model the MLP module's output (`nncanon.graphs.streams.WRITES_MODULE`, ``d`` wide); its
+            step in `steps` is ``mlp_output``'s (the block's write of it).
+        collapse: The path of the module collapsing a hyper-connected model's streams before the head, whose
+            weights are frozen (`nncanon.graphs.streams.collapse`), or ``None``.
     """
 
     steps: list[list[str]]
@@ -104,6 +111,8 @@ class Plan:
     scale: list[tuple[str, Any]] = field(default_factory=list)
     points: list[Any] = field(default_factory=list)
     head_stages: list[tuple[str, str, str]] = field(default_factory=list)
+    writes: str = WRITES
+    collapse: str | None = None
 
 
 def support(model: Any) -> str | None:
@@ -146,6 +155,7 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
         ordered = [MIXER if name == "linear_attention_input" else name for name in ordered]
         _place_inner_norms(model, layer, ordered)
         _place_gated_norms(model, layer, ordered)
+        streams.place(model, layer, ordered, "mlp_norm_scale" if "mlp_norm_scale" in ordered else INPUT)
         steps.append(ordered)
         parts.append(stream)
     family = model._family
@@ -156,7 +166,20 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
     points = [resolve(model, f"layers.{layer}.mlp_input") if kind == "mlp_input" else None
               for layer, kind in enumerate(reads)]
     return Plan(steps=steps, reads=reads, parts=parts, final_norm=report.available("final_norm_scale"),
-                head=family.lm_head, tokens=tokens, scale=scale, points=points, head_stages=before_head.stages(model))
+                head=family.lm_head, tokens=tokens, scale=scale, points=points, head_stages=before_head.stages(model),
+                writes=_writes(model), collapse=streams.collapse(model))
+
+
+def _writes(model: Any) -> str:
+    """What ``model``'s transcoders write (`Plan.writes`), checked served on every block."""
+    if not streams.hyper_connected(model):
+        return WRITES
+    for layer in range(len(model.layers)):
+        reason = point_reason(model, layer, streams.WRITES_MODULE)
+        if reason is not None:
+            raise ValueNotAvailable(f"layers[{layer}] keeps several streams per position, and a transcoder writes its "
+                                    f"MLP module's output (d wide), which is not available: {reason}")
+    return streams.WRITES_MODULE
 
 
 def _place_inner_norms(model: Any, layer: int, ordered: list[str]) -> None:
@@ -218,6 +241,7 @@ class Clean:
         logits: ``model.logits`` ``[n, vocab]`` (after the family's post-processing).
         head: The head's output with the linear logit steps ``[n, vocab]`` (what `frozen_run` returns).
         head_frozen: The values of ``plan.head_stages`` (`nncanon.graphs.head.read`), detached.
+        collapse: The frozen values of ``plan.collapse`` (keyed as `nncanon.graphs.mixers.read` keys them).
     """
 
     frozen: list[dict[str, torch.Tensor]]
@@ -228,6 +252,7 @@ class Clean:
     logits: torch.Tensor
     head: torch.Tensor
     head_frozen: list[torch.Tensor] = field(default_factory=list)
+    collapse: dict[str, Any] = field(default_factory=dict)
 
 
 def _token_site(model: Any, plan: Plan) -> tuple[Any, str]:
@@ -253,10 +278,10 @@ def clean_run(model: Any, ids: torch.Tensor, plan: Plan, remote: Any = None) -> 
                 if step == INPUT:
                     inputs.append(_clean_input(model, layer, plan, parts).save())
                 elif step == WRITES:
-                    outputs.append(read(model, layer, WRITES).save())
+                    outputs.append(_mlp_leaf(model, layer, plan).save())
                 elif step == MIXER:
                     gates[layer] = mixers.read(model, layer)
-                elif step == ATTENTION or step.startswith(NORM_GATES):
+                elif step == ATTENTION or step.startswith((NORM_GATES, STREAMS)):
                     owned[layer, step] = mixers.read(model, layer, _owner(step))
                 elif step in plan.parts[layer] and step not in FROZEN:
                     parts[step] = read(model, layer, step)
@@ -264,6 +289,8 @@ def clean_run(model: Any, ids: torch.Tensor, plan: Plan, remote: Any = None) -> 
                     frozen[layer][step] = read(model, layer, step).save()
                     if step in plan.parts[layer]:
                         parts[step] = frozen[layer][step]
+        if plan.collapse is not None:
+            saved["collapse"] = mixers.read(model, None, plan.collapse)
         if plan.final_norm:
             saved["final"] = model.final_norm_scale.save()
         saved["before_head"] = before_head.read(model, plan.head_stages)
@@ -278,12 +305,20 @@ def clean_run(model: Any, ids: torch.Tensor, plan: Plan, remote: Any = None) -> 
                  inputs=[x[0].detach() for x in inputs], outputs=[x[0].detach() for x in outputs],
                  embeddings=saved["embeddings"][0].detach(), logits=saved["logits"][0].detach(),
                  head=_linear_steps(saved["head"], plan)[0].detach(),
-                 head_frozen=[value.detach() for value in saved["before_head"]])
+                 head_frozen=[value.detach() for value in saved["before_head"]],
+                 collapse=mixers.detached(saved["collapse"]) if "collapse" in saved else {})
 
 
 def _owner(step: str) -> str:
-    """The block's module whose frozen values an `ATTENTION` or `NORM_GATES` step reads."""
+    """The block's module whose frozen values an `ATTENTION`, `NORM_GATES` or `STREAMS` step reads."""
+    if step.startswith(STREAMS):
+        return streams.owner(step)
     return mixers.ATTENTION if step == ATTENTION else step[len(NORM_GATES):]
+
+
+def _mlp_leaf(model: Any, layer: int, plan: Plan) -> Any:
+    """Where block ``layer``'s MLP leaf is (`Plan.writes`): its served ``mlp_output``, or the MLP module's output."""
+    return read(model, layer, WRITES) if plan.writes == WRITES else model.layers[layer].mlp.output
 
 
 def _clean_input(model: Any, layer: int, plan: Plan, parts: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -341,17 +376,22 @@ def frozen_body(model: Any, plan: Plan, clean: Clean, embeddings: torch.Tensor, 
                 skip = coders.skip(layer, inputs[layer]) if coders is not None else None
                 if skip is not None:
                     written = written + skip.to(written.dtype)
-                model.layers[layer].mlp.mlp_output = written
+                if plan.writes == WRITES:
+                    model.layers[layer].mlp.mlp_output = written
+                else:  # (a hyper-connected block: the MLP module's output, `nncanon.graphs.streams`)
+                    model.layers[layer].mlp.output = written
             elif step in plan.parts[layer] and step not in FROZEN:
                 parts[step] = read(model, layer, step)
             elif step == MIXER:
                 mixers.freeze(model, layer, clean.frozen[layer])
-            elif step == ATTENTION or step.startswith(NORM_GATES):
+            elif step == ATTENTION or step.startswith((NORM_GATES, STREAMS)):
                 mixers.freeze(model, layer, clean.frozen[layer][step], _owner(step))
             else:
                 _freeze(host(model, layer, step), step, clean.frozen[layer][step], batch)
                 if patterns is not None and step == _last_pattern_input(steps):
                     patterns.append((layer, read(model, layer, "attention_probabilities").save()))
+    if plan.collapse is not None:
+        mixers.freeze(model, None, clean.collapse, plan.collapse)
     if plan.final_norm:
         _freeze(model, "final_norm_scale", clean.final_scale, batch)
     before_head.freeze(model, plan.head_stages, clean.head_frozen)

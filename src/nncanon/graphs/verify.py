@@ -26,7 +26,7 @@ import torch
 from ..errors import ValueNotAvailable
 from ..sae import Dictionary, resolve
 from .attribution import Setup, setup, target_values
-from .coders import CrossLayerTranscoder
+from .coders import WRITE_HOOKS, CrossLayerTranscoder, writes_of
 from .graph import Graph
 from .replacement import frozen_run
 
@@ -138,11 +138,13 @@ def random_transcoders(model: Any, n_features: int = 16, seed: int = 0, threshol
                        reads: Any = None) -> list[Any]:
     """Random per-layer transcoders for ``model`` (one per block, reading its MLP's input, or where the block runs
     its MLP inline the stream its norm reads, or per block the value of `nncanon.graphs.coders.READS` that ``reads``
-    names; writing its ``mlp_output``; ReLU, or JumpReLU with ``threshold``), in the model's dtype: for checks and
+    names; writing its ``mlp_output``, or a hyper-connected block's MLP module output: `nncanon.graphs.coders.writes_of`;
+    ReLU, or JumpReLU with ``threshold``), in the model's dtype: for checks and
     examples."""
     hidden = model.config.get_text_config().hidden_size
     dtype = next(model._module.parameters()).dtype
     generator = torch.Generator().manual_seed(seed)
+    writes = WRITE_HOOKS[writes_of(model)]
     out = []
     for layer in range(len(model.layers)):
         def normal(*shape: int, std: float) -> torch.Tensor:
@@ -153,7 +155,7 @@ def random_transcoders(model: Any, n_features: int = 16, seed: int = 0, threshol
             normal(n_features, hidden, std=0.05), normal(hidden, std=0.01),
             architecture="transcoder" if threshold is None else "jumprelu_transcoder",
             hook_name=(f"blocks.{layer}.{_default_read(model, layer)}" if reads is None
-                       else f"layers.{layer}.{reads[layer]}"), hook_name_out=f"blocks.{layer}.hook_mlp_out",
+                       else f"layers.{layer}.{reads[layer]}"), hook_name_out=f"blocks.{layer}.{writes}",
             name=f"random-{layer}", **extra))
     return out
 
@@ -186,4 +188,5 @@ def random_clt(model: Any, n_features: int = 16, seed: int = 0, threshold: float
         b_dec=normal(n_layers, hidden, std=0.01),
         threshold=None if threshold is None else torch.full((n_layers, n_features), threshold, dtype=dtype),
         W_skip=normal(n_layers, hidden, hidden, std=0.02) if skip else None,
-        feature_input_hook=feature_input_hook, name=f"random-clt-{seed}")
+        feature_input_hook=feature_input_hook, feature_output_hook=WRITE_HOOKS[writes_of(model)],
+        name=f"random-clt-{seed}")
