@@ -54,6 +54,19 @@ SUB_NORM = (_norm("attn_sub_norm"), "after")
 OLMO_CLIP = (_clip(("query_states_clamp__0", "key_states_clamp__0", "value_states_clamp__0"),
                    lambda module: module.config.clip_qkv is not None), "before")
 
+def _deepseek_v4(module: nn.Module) -> tuple[Gate, ...]:
+    """DeepSeek-V4's value path: the shared key-value norm's scale, and on a compressed block its compressor's
+    softmax over each window's entries (its gate) and its norm's scale (the compressor's indexer only picks the
+    entries each query may see: a mask under the frozen pattern)."""
+    gates = (Gate("torch_rsqrt_0", "output", module="kv_norm"),)
+    compressor = getattr(module, "compressor", None)
+    if compressor is None:
+        return gates
+    softmax = "new_gate_softmax_0" if hasattr(compressor, "indexer") else "chunk_gate_softmax_0"
+    return (*gates, Gate(softmax, "output", module="compressor"),
+            Gate("torch_rsqrt_0", "output", module="compressor.kv_norm"))
+
+
 #: Per attention class: its gates, and whether they run before or after the kernel.
 ATTENTION_GATES: dict[str, tuple[Gates, str]] = {
     **{name: LATENT for name in (
@@ -69,6 +82,7 @@ ATTENTION_GATES: dict[str, tuple[Gates, str]] = {
     "DbrxAttention": (_clip(("qkv_states_clamp_0",), lambda module: True), "before"),
     "MptAttention": (_clip(("mixed_qkv_clamp_0",), lambda module: bool(module.clip_qkv)), "before"),
     "JetMoeAttention": ((Gate(None, "output", module="experts.router.layer"),), "before"),
+    "DeepseekV4Attention": (_deepseek_v4, "before"),
 }
 
 
