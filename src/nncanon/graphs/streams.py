@@ -29,8 +29,12 @@ WRITES_MODULE = "mlp_module_output"
 
 
 def hyper_connected(model: Any) -> bool:
-    """Whether ``model``'s blocks keep several residual streams per position, side by side (``[b, s, k·d]``)."""
-    return bool(model._family.merged_streams)
+    """Whether ``model``'s blocks keep several residual streams per position mixed by hyper-connections: its family
+    keeps them on their own axis (`nncanon.families.Family.merged_streams`, served ``[b, s, k·d]``), or its first
+    block calls a module `nncanon.components.stream_gates` names (Qwen4-Exp's, on a ``[b, s, k·d]`` stream)."""
+    if model._family.merged_streams:
+        return True
+    return any(stream_gates.gates_of(child) for child in model.layers[0]._module.children())
 
 
 def place(model: Any, layer: int, ordered: list[str], mlp_first: str) -> None:
