@@ -66,15 +66,15 @@ def test_mixer_graph_is_exact(variant):
     assert check.forward < 1e-5  # the SiLU's frozen slope leaves the forward's value the clean run's
 
 
-def _second_difference(model) -> float:
-    """The frozen model's largest second difference along a random direction of the token nodes (steps 0, 1, 2),
-    over every transcoder input and the head's output, relative to its first difference: ~1e-7 where the frozen
-    model is affine in the token nodes."""
+def _second_difference(model, size: float = 10.0) -> float:
+    """The frozen model's largest second difference along a random direction of the token nodes (steps 0, 1, 2 of
+    ``size`` times the token vectors' spread), over every transcoder input and the head's output, relative to its
+    first difference: ~1e-7 where the frozen model is affine in the token nodes."""
     ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids
     plan = replacement.plan_of(model)
     clean = replacement.clean_run(model, ids, plan)
     embeddings, outputs = clean.embeddings[None], [output[None] for output in clean.outputs]
-    direction = torch.randn(embeddings.shape, generator=torch.Generator().manual_seed(0)) * embeddings.std() * 10
+    direction = torch.randn(embeddings.shape, generator=torch.Generator().manual_seed(0)) * embeddings.std() * size
     with torch.no_grad():
         runs = [replacement.frozen_run(model, ids, plan, clean, embeddings + step * direction, outputs)
                 for step in (0.0, 1.0, 2.0)]

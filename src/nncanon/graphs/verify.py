@@ -138,8 +138,8 @@ def random_transcoders(model: Any, n_features: int = 16, seed: int = 0, threshol
                        reads: Any = None) -> list[Any]:
     """Random per-layer transcoders for ``model`` (one per block, reading its MLP's input, or where the block runs
     its MLP inline the stream its norm reads, or per block the value of `nncanon.graphs.coders.READS` that ``reads``
-    names; writing its ``mlp_output``, or a hyper-connected block's MLP module output: `nncanon.graphs.coders.writes_of`;
-    ReLU, or JumpReLU with ``threshold``), in the model's dtype: for checks and
+    names; writing its ``mlp_output``, or a hyper-connected block's MLP module output:
+    `nncanon.graphs.coders.writes_of`; ReLU, or JumpReLU with ``threshold``), in the model's dtype: for checks and
     examples."""
     hidden = model.config.get_text_config().hidden_size
     dtype = next(model._module.parameters()).dtype
