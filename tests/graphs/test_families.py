@@ -27,14 +27,15 @@ from ..conftest import VARIANT_IDS, variant_params
 
 #: Families that build (each kind of block once; granitemoe: an assignment to a scaled site takes the gradient).
 BUILT = ("llama", "gpt2", "gemma2", "qwen3", "gpt_neox_parallel", "mixtral", "olmo2", "granite", "granitemoe", "cohere",
-         "bloom", "afmoe", "biogpt")
-#: Families declined: by structure (Mamba: a block without an MLP) and by the proof (HY-V4: its MLP reads and writes
-#: several streams per position, wider than the model's width its transcoders map). (AFMoE's output gate is frozen;
+         "bloom", "afmoe", "biogpt", "hy_v4")
+#: Families declined: by structure (Mamba: a block without an MLP). (HY-V4 keeps several streams per position: its
+#: hyper-connections' weights are frozen and its transcoders write the MLP module's output: tests/graphs/
+#: test_streams.py; AFMoE's output gate is frozen;
 #: BioGPT's inline MLP is read where its norm reads; the linear mixers whose gates are frozen:
 #: tests/graphs/test_mixers.py; the norms inside attention whose scales are frozen, DeepSeek's compressed-KV norm and
 #: BitNet's sub-norm: tests/graphs/test_attention_norms.py; OLMo's clamp, JetMoE's attention routing, AXK2's gated
 #: norms, ModernBERT-decoder's prediction head: tests/graphs/test_inner_gates.py.)
-DECLINED = {"mamba": "serves no mlp_output", "hy_v4": "several streams per position"}
+DECLINED = {"mamba": "serves no mlp_output"}
 
 CHOSEN = VARIANT_IDS if os.environ.get("NNCANON_GRAPHS_ALL") else (*BUILT, *DECLINED)
 

@@ -112,3 +112,16 @@ def _every_frozen_weight_is_needed(model, variant, monkeypatch) -> None:
         gate for gate in (original(module) if callable(original) else original) if gate != last))
     reason = prove(model)
     assert reason is not None and "not affine" in reason
+
+
+@pytest.mark.parametrize("variant", variant_params(["deepseek_v4"]))
+def test_a_prompt_shorter_than_a_compressed_window(variant):
+    """DeepSeek-V4's compressors form a window from ``compress_rate`` positions (2 and 4 on the tiny model): on a
+    3-token prompt the heavily compressed block compresses nothing, its compressor's gates are not frozen (their
+    calls do not run: `nncanon.components.mixer_gates.Gate.runs_from`), and the graph is exact."""
+    model = tiny_model(variant)
+    assert max(model.config.compress_rates.values()) > 3
+    transcoders = graphs.random_transcoders(model, n_features=12, seed=1)
+    graph = graphs.attribute(model, [5, 7, 9], transcoders, max_n_logits=3, batch_size=16)
+    check = graphs.verify(model, graph, transcoders, samples=2)
+    assert check.ok, str(check)

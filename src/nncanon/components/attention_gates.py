@@ -57,14 +57,16 @@ OLMO_CLIP = (_clip(("query_states_clamp__0", "key_states_clamp__0", "value_state
 def _deepseek_v4(module: nn.Module) -> tuple[Gate, ...]:
     """DeepSeek-V4's value path: the shared key-value norm's scale, and on a compressed block its compressor's
     softmax over each window's entries (its gate) and its norm's scale (the compressor's indexer only picks the
-    entries each query may see: a mask under the frozen pattern)."""
+    entries each query may see: a mask under the frozen pattern). The compressor's calls run where the prompt fills one
+    window at least (``Gate.runs_from``)."""
     gates = (Gate("torch_rsqrt_0", "output", module="kv_norm"),)
     compressor = getattr(module, "compressor", None)
     if compressor is None:
         return gates
     softmax = "new_gate_softmax_0" if hasattr(compressor, "indexer") else "chunk_gate_softmax_0"
-    return (*gates, Gate(softmax, "output", module="compressor"),
-            Gate("torch_rsqrt_0", "output", module="compressor.kv_norm"))
+    window = ("compressor", "compress_rate")  # (a prompt shorter than one window compresses nothing)
+    return (*gates, Gate(softmax, "output", module="compressor", runs_from=window),
+            Gate("torch_rsqrt_0", "output", module="compressor.kv_norm", runs_from=window))
 
 
 #: Per attention class: its gates, and whether they run before or after the kernel.

@@ -54,12 +54,17 @@ class Gate:
         items: Which elements or arguments; for ``"slope"``, ``()`` (the call is ``(conv1d, x, ...)``) or where
             its input ``x``, weight ``[channels, k]`` and bias are among its arguments (``causal_conv1d_fn``).
         module: The child module whose forward holds ``op`` (or whose call it is); ``None``: the mixer's own.
+        runs_from: ``(path, attribute)`` where the call runs only on prompts of at least that many positions: the
+            mixer's child at ``path`` (``""``: the mixer) compares its first input's positions with its
+            ``attribute`` (DeepSeek-V4's compressor forms a window from ``compress_rate`` positions); on a shorter
+            prompt there is nothing to freeze. ``None``: the call always runs.
     """
 
     op: str | None
     part: str = "output"
     items: tuple[int | str, ...] = ()
     module: str | None = None
+    runs_from: tuple[str, str] | None = None
 
     @property
     def key(self) -> str:

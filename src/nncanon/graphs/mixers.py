@@ -75,6 +75,20 @@ def _site(mixer: Any, gate: Gate) -> Any:
     return getattr(source, op)
 
 
+def _runs(mixer: Any, gate: Gate, known: dict[tuple[str, str], bool]) -> bool:
+    """Whether ``gate``'s call runs on this prompt (`Gate.runs_from`): read inside the trace from its module's first
+    input, once per module (kept in ``known``: its input cannot be asked for again once the model ran past it)."""
+    if gate.runs_from is None:
+        return True
+    if gate.runs_from not in known:
+        path, attribute = gate.runs_from
+        owner = _child(mixer, path)
+        args, kwargs = owner.inputs
+        first = args[0] if args else next(iter(kwargs.values()))
+        known[gate.runs_from] = int(first.shape[1]) >= int(getattr(owner._module, attribute))
+    return known[gate.runs_from]
+
+
 def _pick(args: tuple, kwargs: dict, item: int | str) -> Any:
     return kwargs[item] if isinstance(item, str) else args[item]
 
@@ -137,7 +151,10 @@ def read(model: Any, layer: int | None, owner: str = MIXER) -> dict[str, Any]:
     ``"slope"`` the clean ``sigmoid(u)``, for ``"bounds"`` the lower and upper bounds."""
     mixer = _mixer(model, layer, owner)
     saved: dict[str, Any] = {}
+    runs: dict[tuple[str, str], bool] = {}
     for gate in _gates(model, layer, owner):
+        if not _runs(mixer, gate, runs):
+            continue
         site = _site(mixer, gate)
         if gate.part == "bounds":
             values = list(_bounds(site))
@@ -192,7 +209,10 @@ def freeze(model: Any, layer: int | None, clean: dict[str, tuple[torch.Tensor, .
     """Write block ``layer``'s mixer (or ``owner``) gates back with ``clean`` (`detached` of `read`), inside the
     frozen run's trace."""
     mixer = _mixer(model, layer, owner)
+    runs: dict[tuple[str, str], bool] = {}
     for gate in _gates(model, layer, owner):
+        if not _runs(mixer, gate, runs):
+            continue
         site = _site(mixer, gate)
         values = clean[gate.key]
         if gate.part == "bounds":
