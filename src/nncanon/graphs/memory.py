@@ -7,7 +7,8 @@ What a graph holds (bytes):
   above linear in the positions); under sdpa none (the kernel keeps its output and log-sum-exp, the pattern is
   frozen through its query and key: `nncanon.graphs.replacement.PATTERN_INPUTS`), but the frozen query and key
   (``2 · n · d``) and, once per forward, the boolean masks transformers materialises where the mask is not plain
-  causal (a sliding window, padding: ``2 · n²`` bytes, counted always); the stream-sized tensors (``~16 · n · d``)
+  causal (a sliding window, padding: ``2 · n²`` bytes, counted always); the stream-sized tensors (``~16 · n · d``;
+  ``k`` times that on a model keeping ``k`` streams per position, ``hc_mult``/``hc_count``)
   and the MLP's (``4 · n · d_ff``, times the experts each token uses), and the head's logits (``2 · n · vocab``);
 - the rows: ``(features + logits) × (active + (layers + 1) · n + logits)`` float32 (on the host, or in a file with
   ``offload="disk"``), and the adjacency matrix assembled from them (``n_nodes²``, ``n_nodes`` = selected features
@@ -84,9 +85,10 @@ def per_row_bytes(model: Any, n_pos: int) -> int:
     heads = _largest(config, ("num_attention_heads", "n_head")) or 1
     d_ff = _largest(config, ("intermediate_size", "n_inner", "ffn_dim")) or 4 * d
     experts = _largest(config, ("num_experts_per_tok",)) or 1
+    streams = _largest(config, ("hc_mult", "hc_count")) or 1  # (hyper-connections: k streams per position)
     eager = (getattr(model.config, "_attn_implementation", None) or "eager") == "eager"
     pattern = 3 * heads * n_pos * n_pos if eager else 2 * n_pos * d  # (the probabilities, or the query and key)
-    per_layer = pattern + 16 * n_pos * d + 4 * n_pos * d_ff * experts
+    per_layer = pattern + 16 * n_pos * d * streams + 4 * n_pos * d_ff * experts
     masks = 0 if eager else 2 * n_pos * n_pos  # (bytes: booleans, once per forward)
     return size * (len(model.layers) * per_layer + 2 * n_pos * config.vocab_size) + masks
 
