@@ -7,6 +7,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
+from .components.attention_gates import freezes_pattern
 from .components.layer import layer_index
 from .components.mixer_gates import mixer_reason
 from .components.norms import NORM_VALUES  # noqa: F401 - every norm value of a block, for the tables' readers
@@ -202,7 +203,10 @@ def _pattern_reason(row: LayerSupport, attn_implementation: str | None) -> str |
     (served writable, `query_states`/`key_states`), and the probabilities recomputed from the same call must be
     served: their check proves, per config, that they multiply the values to the kernel's own output, so the
     kernel's pattern is a function of its query and key and the call's mask and bias arguments (a mask made from
-    the stream, Doge's, is left to the linearity proof)."""
+    the stream, Doge's, is left to the linearity proof). An attention whose frozen values freeze its pattern
+    (`nncanon.components.attention_gates.freezes_pattern`: DiffLlama's two kernel calls) needs none of them."""
+    if freezes_pattern(row.attention):
+        return None
     reason = row.reasons["attention_probabilities"]
     if (attn_implementation or "eager") == "eager":
         return None if reason is None else (
@@ -247,6 +251,7 @@ class LayerSupport:
     absent: frozenset = frozenset()
     gradient_reasons: dict = field(default_factory=dict)
     mixer: str | None = None  # the linear mixer's class, where the block has one
+    attention: str | None = None  # the softmax attention's class, where the block has one
 
 
 class SupportReport:
@@ -306,8 +311,10 @@ class SupportReport:
                     gradients[value] = refused
             absent = frozenset(name for state in states.values() if state is not None for name in state.absent)
             mixer = layer.__dict__.get("linear_attn") if states.get("linear_attn") is not None else None
+            attention = layer.__dict__.get("self_attn") if states.get("self_attn") is not None else None
             rows.append(LayerSupport(index, type(layer._module).__name__, reasons, absent, gradients,
-                                     type(mixer._module).__name__ if mixer is not None else None))
+                                     type(mixer._module).__name__ if mixer is not None else None,
+                                     type(attention._module).__name__ if attention is not None else None))
         provenance = model.__dict__.get("_provenance")
         report = cls(rows, model._text_config.model_type, model.family.name,
                      provenance.text if provenance is not None else "", model.__dict__.get("_model_declines"),

@@ -8,6 +8,10 @@ are a nonlinear function of the stream on the way to the kernel or after it.
   on the fused ``Wqkv`` output): a clamp is linear where it does not bite and constant where it does, so it is
   frozen as its bounds (`nncanon.components.mixer_gates.Gate` part ``"bounds"``): an element the clean run left
   inside them gets no bounds, one it clipped gets its clipped value as both.
+- A pattern the surface does not serve: DiffLlama's (two kernel calls, one per half of the values, whose outputs are
+  combined head pair by head pair): the query and key inputs of both calls are frozen, so each computes the clean
+  pattern while the values stay live; its per-head group norm (``F.rms_norm`` in one call) is frozen as its scale
+  (part ``"scale"``). Its place is ``"pattern"``: the gates freeze the pattern themselves, at the attention's step.
 - A mixture of attention experts' routing (JetMoE's ``experts.router``: the query and output projections of the
   experts each position is routed to, weighted by the router's softmax): the router's logits are frozen, so every
   copy of the prompt takes the clean run's experts and weights.
@@ -16,7 +20,8 @@ Written back at the clean run's values (detached, through nnsight's ``.source`` 
 `nncanon.graphs.mixers` writes a linear mixer's gates), the block's output is linear in the stream once its pattern
 is frozen too. `ATTENTION_GATES` maps an attention class to its gates (or a function of the module giving them: a
 config may leave the norm or the clamp out) and where they run relative to the pattern (``"before"``: on the way to
-the kernel; ``"after"``: on its output); `gates_of` gives a module's, `place_of` where they run.
+the kernel; ``"after"``: on its output; ``"pattern"``: they freeze the pattern themselves); `gates_of` gives a
+module's, `place_of` where they run, `freezes_pattern` whether they freeze its pattern.
 """
 
 from __future__ import annotations
@@ -69,6 +74,9 @@ ATTENTION_GATES: dict[str, tuple[Gates, str]] = {
     "DbrxAttention": (_clip(("qkv_states_clamp_0",), lambda module: True), "before"),
     "MptAttention": (_clip(("mixed_qkv_clamp_0",), lambda module: bool(module.clip_qkv)), "before"),
     "JetMoeAttention": ((Gate(None, "output", module="experts.router.layer"),), "before"),
+    "DiffLlamaAttention": ((Gate("attention_interface_1", "inputs", (1, 2)),
+                            Gate("attention_interface_2", "inputs", (1, 2)),
+                            Gate(None, "scale", module="groupnorm")), "pattern"),
 }
 
 
@@ -80,5 +88,10 @@ def gates_of(module: nn.Module) -> tuple[Gate, ...]:
 
 def place_of(module: nn.Module) -> str:
     """Where attention ``module``'s frozen values are computed: ``"before"`` or ``"after"`` the kernel (its
-    pattern)."""
+    pattern), or ``"pattern"`` (they freeze the pattern)."""
     return ATTENTION_GATES.get(type(module).__name__, ((), "before"))[1]
+
+
+def freezes_pattern(name: str | None) -> bool:
+    """Whether the gates of attention class ``name`` freeze its pattern themselves (it need not serve one)."""
+    return ATTENTION_GATES.get(name or "", ((), ""))[1] == "pattern"
