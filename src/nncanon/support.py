@@ -181,7 +181,7 @@ def graph_reason(report: SupportReport, attn_implementation: str | None) -> str 
         pattern = _pattern_reason(row, attn_implementation) if row.reasons["attention_output"] is None else None
         if pattern is not None:
             return f"layers[{layer}]{pattern}"
-    if report.model_declines.get("final_norm_scale"):
+    if report.model_declines.get("final_norm_scale") and not report.final_norm_at_head:
         return ("the final norm's scale is not served, so it cannot be frozen: "
                 f"{report.model_declines['final_norm_scale']}")
     if (attn_implementation or "eager") not in PATTERN_KERNELS and report.layers_with("attention_output"):
@@ -289,6 +289,10 @@ class SupportReport:
         self.cause = cause
         #: What is attached to the model beside its values (a dictionary of `nncanon.sae`), one line each.
         self.attached = list(attached or [])
+        #: Whether the final norm's last call reads the last block's output and feeds the head (`Family.final_norm`
+        #: ``"lm_head"``, nothing between: nanochat's norm, run on the embeddings too), so an attribution graph
+        #: freezes its scale there (`nncanon.graphs.head`) though ``final_norm_scale`` is not served.
+        self.final_norm_at_head = False
         #: Whether attribution graphs (`nncanon.graphs`) can be built on the model, and why not: one line.
         self.graphs = graphs
         #: Why the model does not compute the tokens of a batch independently (bitsandbytes LLM.int8's outlier
@@ -321,6 +325,7 @@ class SupportReport:
                      getattr(provenance, "cause", None), attached_lines(model),
                      model._batch_coupling() if hasattr(model, "_batch_coupling") else None,
                      model.__dict__.get("_model_gradient_declines"), model.__dict__.get("_model_absent"))
+        report.final_norm_at_head = model.family.final_norm == "lm_head" and not model.family.before_head
         report.graphs = graphs_line(report, getattr(model.config, "_attn_implementation", "eager"),
                                     model.__dict__.get(GRAPH_PROOF, UNPROVED))
         return report

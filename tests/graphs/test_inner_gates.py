@@ -2,7 +2,8 @@
 mixers' gates, each frozen at the clean run's values: a clamp of the attention's projections as its bounds (OLMo's
 ``clip_qkv``: `nncanon.components.attention_gates`), a mixture of attention experts' routing (JetMoE's router logits),
 a gated norm's scale and gate (AXK2: `nncanon.components.norm_gates`) and a prediction head's norm and activation
-(ModernBERT-decoder: `nncanon.graphs.head`), and a pattern the surface does not serve (DiffLlama's two kernel calls,
+(ModernBERT-decoder: `nncanon.graphs.head`), a final norm whose scale is not served, frozen at the head's input
+(nanochat's, run on the embeddings too), and a pattern the surface does not serve (DiffLlama's two kernel calls,
 frozen through their query and key inputs, with its per-head group norm's scale). On each tiny registry variant the graph is one `nncanon.graphs.verify`
 proves (forward, completeness, sampled removals) and `graphs.support` is ``None``; with the value left live the
 frozen model is not affine along a direction of the token nodes and the linearity proof declines the model.
@@ -27,7 +28,8 @@ KINDS = {"olmo_clipqkv": (attention_gates.ATTENTION_GATES, "OlmoAttention"),
          "jetmoe": (attention_gates.ATTENTION_GATES, "JetMoeAttention"),
          "axk2": (norm_gates.NORM_GATES, "AXK2GatedRMSNorm"),
          "modernbert_decoder": (None, "ModernBertDecoderPredictionHead"),
-         "diffllama": (attention_gates.ATTENTION_GATES, "DiffLlamaAttention")}
+         "diffllama": (attention_gates.ATTENTION_GATES, "DiffLlamaAttention"),
+         "nanochat": (None, "NanoChatRMSNorm")}
 #: What is left live where not the whole entry (DiffLlama's pattern, or its group norm; without the entry its
 #: structure is declined: its pattern is not served).
 LIVE = {"diffllama": {"pattern": lambda gates: gates[2:], "group norm": lambda gates: gates[:2]}}
@@ -41,8 +43,9 @@ def test_graph_through_frozen_values_is_exact(variant):
         steps = plan.steps[1]
         assert steps[0] == replacement.NORM_GATES + "input_layernorm"
         assert steps[steps.index(replacement.INPUT) - 1] == replacement.NORM_GATES + "post_attention_layernorm"
-    if variant.name == "modernbert_decoder":
-        assert [kind for _, _, kind in plan.head_stages] == ["activation", "norm"]
+    if variant.name in ("modernbert_decoder", "nanochat"):
+        kinds = {"modernbert_decoder": ["activation", "norm"], "nanochat": ["final"]}[variant.name]
+        assert [kind for _, _, kind in plan.head_stages] == kinds
     assert graphs.support(model) is None
     transcoders = graphs.random_transcoders(model, n_features=12, seed=1)
     graph = graphs.attribute(model, PROMPT, transcoders, max_n_logits=3, max_feature_nodes=20, batch_size=16)
