@@ -4,7 +4,8 @@ mixers' gates, each frozen at the clean run's values: a clamp of the attention's
 a gated norm's scale and gate (AXK2: `nncanon.components.norm_gates`) and a prediction head's norm and activation
 (ModernBERT-decoder: `nncanon.graphs.head`), a final norm whose scale is not served, frozen at the head's input
 (nanochat's, run on the embeddings too), and a pattern the surface does not serve (DiffLlama's two kernel calls,
-frozen through their query and key inputs, with its per-head group norm's scale). On each tiny registry variant the graph is one `nncanon.graphs.verify`
+frozen through their query and key inputs, with its per-head group norm's scale).
+On each tiny registry variant the graph is one `nncanon.graphs.verify`
 proves (forward, completeness, sampled removals) and `graphs.support` is ``None``; with the value left live the
 frozen model is not affine along a direction of the token nodes and the linearity proof declines the model.
 """
