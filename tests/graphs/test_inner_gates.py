@@ -4,7 +4,8 @@ mixers' gates, each frozen at the clean run's values: a clamp of the attention's
 a gated norm's scale and gate (AXK2: `nncanon.components.norm_gates`) and a prediction head's norm and activation
 (ModernBERT-decoder: `nncanon.graphs.head`), a final norm whose scale is not served, frozen at the head's input
 (nanochat's, run on the embeddings too), and a pattern the surface does not serve (DiffLlama's two kernel calls,
-frozen through their query and key inputs, with its per-head group norm's scale).
+frozen through their query and key inputs, with its per-head group norm's scale), an attention sink's scale after the
+kernel (GraniteMoE-SWA) and a rounding with a straight-through gradient (Kolibri-1.1's NVFP4 values).
 On each tiny registry variant the graph is one `nncanon.graphs.verify`
 proves (forward, completeness, sampled removals) and `graphs.support` is ``None``; with the value left live the
 frozen model is not affine along a direction of the token nodes and the linearity proof declines the model.
@@ -30,7 +31,9 @@ KINDS = {"olmo_clipqkv": (attention_gates.ATTENTION_GATES, "OlmoAttention"),
          "axk2": (norm_gates.NORM_GATES, "AXK2GatedRMSNorm"),
          "modernbert_decoder": (None, "ModernBertDecoderPredictionHead"),
          "diffllama": (attention_gates.ATTENTION_GATES, "DiffLlamaAttention"),
-         "nanochat": (None, "NanoChatRMSNorm")}
+         "nanochat": (None, "NanoChatRMSNorm"),
+         "granitemoe_swa": (attention_gates.ATTENTION_GATES, "GraniteMoeSWAAttention"),
+         "kolibri1_1": (attention_gates.ATTENTION_GATES, "Kolibri1_1Attention")}
 #: What is left live where not the whole entry (DiffLlama's pattern, or its group norm; without the entry its
 #: structure is declined: its pattern is not served).
 LIVE = {"diffllama": {"pattern": lambda gates: gates[2:], "group norm": lambda gates: gates[:2]}}

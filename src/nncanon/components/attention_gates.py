@@ -12,6 +12,11 @@ are a nonlinear function of the stream on the way to the kernel or after it.
   combined head pair by head pair): the query and key inputs of both calls are frozen, so each computes the clean
   pattern while the values stay live; its per-head group norm (``F.rms_norm`` in one call) is frozen as its scale
   (part ``"scale"``). Its place is ``"pattern"``: the gates freeze the pattern themselves, at the attention's step.
+- An attention sink's scale: GraniteMoE-SWA multiplies the kernel's output by ``sigmoid(logsumexp(scores) - sink)``
+  after the frozen probabilities have weighted the values (its eager kernel's ``sigmoid_0``): frozen as a gate.
+- A rounding with a straight-through gradient: Kolibri-1.1's indexed blocks round the values to NVFP4 as
+  ``v + (round(v) - v).detach()`` (piecewise constant forward, identity gradient): the rounding's residual (the
+  ``detach_1`` call) is frozen, so the values are ``v`` plus a constant.
 - A mixture of attention experts' routing (JetMoE's ``experts.router``: the query and output projections of the
   experts each position is routed to, weighted by the router's softmax): the router's logits are frozen, so every
   copy of the prompt takes the clean run's experts and weights.
@@ -74,6 +79,11 @@ ATTENTION_GATES: dict[str, tuple[Gates, str]] = {
     "DbrxAttention": (_clip(("qkv_states_clamp_0",), lambda module: True), "before"),
     "MptAttention": (_clip(("mixed_qkv_clamp_0",), lambda module: bool(module.clip_qkv)), "before"),
     "JetMoeAttention": ((Gate(None, "output", module="experts.router.layer"),), "before"),
+    # (the sink's sigmoid runs before the softmax in the kernel: read and written before the probabilities)
+    "GraniteMoeSWAAttention": ((Gate("attention_interface_1.sigmoid_0", "output"),), "before"),
+    # (a sliding-window block, without an indexer, makes no rounding call)
+    "Kolibri1_1Attention": (lambda module: (Gate("detach_1", "output"),) if module.indexer is not None else (),
+                            "before"),
     "DiffLlamaAttention": ((Gate("attention_interface_1", "inputs", (1, 2)),
                             Gate("attention_interface_2", "inputs", (1, 2)),
                             Gate(None, "scale", module="groupnorm")), "pattern"),
