@@ -27,7 +27,7 @@ from ..conftest import VARIANT_IDS, variant_params
 #: Families that build (each kind of block once; granitemoe: an assignment to a scaled site takes the gradient).
 BUILT = ("llama", "gpt2", "gemma2", "qwen3", "gpt_neox_parallel", "mixtral", "olmo2", "granite", "granitemoe", "cohere",
          "bloom", "afmoe", "biogpt", "olmo_clipqkv", "jetmoe", "axk2", "modernbert_decoder", "diffllama", "nanochat",
-         "olmo_hybrid", "stablelm")
+         "olmo_hybrid", "stablelm", "granitemoe_swa", "kolibri1_1")
 #: Families declined: by structure (Mamba: a block without an MLP) and by the proof (HY-V4: its MLP reads and writes
 #: several streams per position, wider than the model's width its transcoders map). (AFMoE's output gate is frozen;
 #: BioGPT's inline MLP is read where its norm reads; the linear mixers whose gates are frozen:
