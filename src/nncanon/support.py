@@ -7,6 +7,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
+from .components.attention_gates import freezes_pattern
 from .components.layer import layer_index
 from .components.mixer_gates import mixer_reason
 from .components.norms import NORM_VALUES  # noqa: F401 - every norm value of a block, for the tables' readers
@@ -180,7 +181,7 @@ def graph_reason(report: SupportReport, attn_implementation: str | None) -> str 
         pattern = _pattern_reason(row, attn_implementation) if row.reasons["attention_output"] is None else None
         if pattern is not None:
             return f"layers[{layer}]{pattern}"
-    if report.model_declines.get("final_norm_scale"):
+    if report.model_declines.get("final_norm_scale") and not report.final_norm_at_head:
         return ("the final norm's scale is not served, so it cannot be frozen: "
                 f"{report.model_declines['final_norm_scale']}")
     if (attn_implementation or "eager") not in PATTERN_KERNELS and report.layers_with("attention_output"):
@@ -202,7 +203,10 @@ def _pattern_reason(row: LayerSupport, attn_implementation: str | None) -> str |
     (served writable, `query_states`/`key_states`), and the probabilities recomputed from the same call must be
     served: their check proves, per config, that they multiply the values to the kernel's own output, so the
     kernel's pattern is a function of its query and key and the call's mask and bias arguments (a mask made from
-    the stream, Doge's, is left to the linearity proof)."""
+    the stream, Doge's, is left to the linearity proof). An attention whose frozen values freeze its pattern
+    (`nncanon.components.attention_gates.freezes_pattern`: DiffLlama's two kernel calls) needs none of them."""
+    if freezes_pattern(row.attention):
+        return None
     reason = row.reasons["attention_probabilities"]
     if (attn_implementation or "eager") == "eager":
         return None if reason is None else (
@@ -247,6 +251,7 @@ class LayerSupport:
     absent: frozenset = frozenset()
     gradient_reasons: dict = field(default_factory=dict)
     mixer: str | None = None  # the linear mixer's class, where the block has one
+    attention: str | None = None  # the softmax attention's class, where the block has one
 
 
 class SupportReport:
@@ -284,6 +289,10 @@ class SupportReport:
         self.cause = cause
         #: What is attached to the model beside its values (a dictionary of `nncanon.sae`), one line each.
         self.attached = list(attached or [])
+        #: Whether the final norm's last call reads the last block's output and feeds the head (`Family.final_norm`
+        #: ``"lm_head"``, nothing between: nanochat's norm, run on the embeddings too), so an attribution graph
+        #: freezes its scale there (`nncanon.graphs.head`) though ``final_norm_scale`` is not served.
+        self.final_norm_at_head = False
         #: Whether attribution graphs (`nncanon.graphs`) can be built on the model, and why not: one line.
         self.graphs = graphs
         #: Why the model does not compute the tokens of a batch independently (bitsandbytes LLM.int8's outlier
@@ -306,14 +315,17 @@ class SupportReport:
                     gradients[value] = refused
             absent = frozenset(name for state in states.values() if state is not None for name in state.absent)
             mixer = layer.__dict__.get("linear_attn") if states.get("linear_attn") is not None else None
+            attention = layer.__dict__.get("self_attn") if states.get("self_attn") is not None else None
             rows.append(LayerSupport(index, type(layer._module).__name__, reasons, absent, gradients,
-                                     type(mixer._module).__name__ if mixer is not None else None))
+                                     type(mixer._module).__name__ if mixer is not None else None,
+                                     type(attention._module).__name__ if attention is not None else None))
         provenance = model.__dict__.get("_provenance")
         report = cls(rows, model._text_config.model_type, model.family.name,
                      provenance.text if provenance is not None else "", model.__dict__.get("_model_declines"),
                      getattr(provenance, "cause", None), attached_lines(model),
                      model._batch_coupling() if hasattr(model, "_batch_coupling") else None,
                      model.__dict__.get("_model_gradient_declines"), model.__dict__.get("_model_absent"))
+        report.final_norm_at_head = model.family.final_norm == "lm_head" and not model.family.before_head
         report.graphs = graphs_line(report, getattr(model.config, "_attn_implementation", "eager"),
                                     model.__dict__.get(GRAPH_PROOF, UNPROVED))
         return report

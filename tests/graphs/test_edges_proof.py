@@ -64,3 +64,17 @@ def test_each_read_site_kind_is_proved_on_the_model(model, monkeypatch):
         assert graph.cfg["reads"] == [kind] * n and graphs.verify(model, graph, transcoders).ok
     assert set(proof._PROVED[model._module]) == {(kind,) * n for kind in ("mlp_normalized", "resid_mid",
                                                                           "layer_input")}
+
+
+def test_the_proof_names_the_first_block_not_affine(model, monkeypatch):
+    """A curve on block 1's transcoder input alone: the proof's reason names layers[1] as where the frozen model is
+    first not affine, block 0's input being affine (`nncanon.graphs.GraphCheck.block`)."""
+    original = replacement._frozen_input
+
+    def curved(model, layer, plan, clean, parts):
+        x = original(model, layer, plan, clean, parts)
+        return x + (x - clean.inputs[layer]) ** 2 if layer == 1 else x
+
+    monkeypatch.setattr(replacement, "_frozen_input", curved)
+    reason = proof.prove(model)  # (not graphs.support: the module's model keeps its proved line)
+    assert reason is not None and "first at layers[1]'s transcoder input, layers[0]'s is)" in reason

@@ -2,7 +2,11 @@
 mixers' gates, each frozen at the clean run's values: a clamp of the attention's projections as its bounds (OLMo's
 ``clip_qkv``: `nncanon.components.attention_gates`), a mixture of attention experts' routing (JetMoE's router logits),
 a gated norm's scale and gate (AXK2: `nncanon.components.norm_gates`) and a prediction head's norm and activation
-(ModernBERT-decoder: `nncanon.graphs.head`). On each tiny registry variant the graph is one `nncanon.graphs.verify`
+(ModernBERT-decoder: `nncanon.graphs.head`), a final norm whose scale is not served, frozen at the head's input
+(nanochat's, run on the embeddings too), and a pattern the surface does not serve (DiffLlama's two kernel calls,
+frozen through their query and key inputs, with its per-head group norm's scale), an attention sink's scale after the
+kernel (GraniteMoE-SWA) and a rounding with a straight-through gradient (Kolibri-1.1's NVFP4 values).
+On each tiny registry variant the graph is one `nncanon.graphs.verify`
 proves (forward, completeness, sampled removals) and `graphs.support` is ``None``; with the value left live the
 frozen model is not affine along a direction of the token nodes and the linearity proof declines the model.
 """
@@ -25,7 +29,14 @@ from .test_mixers import PROMPT, _second_difference
 KINDS = {"olmo_clipqkv": (attention_gates.ATTENTION_GATES, "OlmoAttention"),
          "jetmoe": (attention_gates.ATTENTION_GATES, "JetMoeAttention"),
          "axk2": (norm_gates.NORM_GATES, "AXK2GatedRMSNorm"),
-         "modernbert_decoder": (None, "ModernBertDecoderPredictionHead")}
+         "modernbert_decoder": (None, "ModernBertDecoderPredictionHead"),
+         "diffllama": (attention_gates.ATTENTION_GATES, "DiffLlamaAttention"),
+         "nanochat": (None, "NanoChatRMSNorm"),
+         "granitemoe_swa": (attention_gates.ATTENTION_GATES, "GraniteMoeSWAAttention"),
+         "kolibri1_1": (attention_gates.ATTENTION_GATES, "Kolibri1_1Attention")}
+#: What is left live where not the whole entry (DiffLlama's pattern, or its group norm; without the entry its
+#: structure is declined: its pattern is not served).
+LIVE = {"diffllama": {"pattern": lambda gates: gates[2:], "group norm": lambda gates: gates[:2]}}
 
 
 @pytest.mark.parametrize("variant", variant_params(KINDS))
@@ -36,8 +47,9 @@ def test_graph_through_frozen_values_is_exact(variant):
         steps = plan.steps[1]
         assert steps[0] == replacement.NORM_GATES + "input_layernorm"
         assert steps[steps.index(replacement.INPUT) - 1] == replacement.NORM_GATES + "post_attention_layernorm"
-    if variant.name == "modernbert_decoder":
-        assert [kind for _, _, kind in plan.head_stages] == ["activation", "norm"]
+    if variant.name in ("modernbert_decoder", "nanochat"):
+        kinds = {"modernbert_decoder": ["activation", "norm"], "nanochat": ["final"]}[variant.name]
+        assert [kind for _, _, kind in plan.head_stages] == kinds
     assert graphs.support(model) is None
     transcoders = graphs.random_transcoders(model, n_features=12, seed=1)
     graph = graphs.attribute(model, PROMPT, transcoders, max_n_logits=3, max_feature_nodes=20, batch_size=16)
@@ -59,8 +71,13 @@ def test_the_clamp_bites_on_the_prompt():
     assert torch.isinf(high[~clipped]).all() and (high[~clipped] > 0).all()
 
 
-@pytest.mark.parametrize("variant", variant_params(KINDS))
-def test_a_live_value_is_caught(variant, monkeypatch):
+CASES = [(variant, part) for variant in KINDS for part in LIVE.get(variant, {"all": None})]
+
+
+@pytest.mark.parametrize(("variant", "part"), [pytest.param(param.values[0], part, id=f"{name}-{part}",
+                                                            marks=param.marks)
+                                               for name, part in CASES for param in variant_params([name])])
+def test_a_live_value_is_caught(variant, part, monkeypatch):
     """Frozen, the model is affine along a direction of the token nodes (second difference ~1e-7); with the value
     left live it is not, and the linearity proof declines the model ("not affine")."""
     table, name = KINDS[variant.name]
@@ -68,9 +85,12 @@ def test_a_live_value_is_caught(variant, monkeypatch):
     assert _second_difference(model) < 1e-5
     if table is None:
         monkeypatch.setattr(replacement.before_head, "stages", lambda model: [])
+    elif part in LIVE.get(variant.name, {}):
+        gates, place = table[name]
+        monkeypatch.setitem(table, name, (LIVE[variant.name][part](gates), place))
     else:
         monkeypatch.delitem(table, name)
     live = _second_difference(model)
-    assert live > 1e-4, f"{name}: left live it moves the second difference only to {live:.1e}"
+    assert live > 1e-4, f"{name} ({part}): left live it moves the second difference only to {live:.1e}"
     reason = prove(model)
     assert reason is not None and "not affine" in reason

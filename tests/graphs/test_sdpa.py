@@ -28,8 +28,9 @@ PROMPT = "The cat sat on the mat"
 #: Each a kind of attention transformers runs under sdpa: dense with GQA, GPT-2, a MoE, ALiBi folded into the mask
 #: (Falcon-RW), a sliding window (a boolean mask materialised), query/key norms (Qwen3: frozen after them). (The
 #: families with attention sinks, gpt-oss, MiMo-V2, HY-V4, Granite's window, and Gemma-2's soft-cap, BLOOM's ALiBi:
-#: transformers refuses sdpa for them.)
-SAMPLE = ("llama", "gpt2", "mixtral", "falcon_rw_style", "mistral", "qwen3")
+#: transformers refuses sdpa for them.) DiffLlama: two kernel calls, both frozen through their query and key inputs
+#: (`nncanon.components.attention_gates`), under either implementation.
+SAMPLE = ("llama", "gpt2", "mixtral", "falcon_rw_style", "mistral", "qwen3", "diffllama")
 
 
 @pytest.mark.parametrize("variant", variant_params(SAMPLE))
@@ -107,14 +108,17 @@ def test_pattern_made_from_the_stream_declined():
 
 
 def test_declined_with_the_reason():
-    """Two softmax maps per head (DiffLlama): no probabilities to prove the kernel's pattern a function of its
-    query and key; an implementation other than eager and sdpa: its pattern is not proved so."""
-    diff = tiny_model("diffllama", attn_implementation="sdpa")
-    reason = graphs.support(diff)
-    assert reason is not None and "not served under 'sdpa'" in reason and "DiffLlama" in reason
-    assert diff.support().graphs == f"no, {reason}"
-    with pytest.raises(ValueNotAvailable, match="no attribution graph on this diffllama model"):
-        graphs.attribute(diff, PROMPT, graphs.random_transcoders(diff))
+    """An implementation other than eager and sdpa: its pattern is not proved a function of the kernel's query and
+    key; a block whose attention serves no probabilities under sdpa (and whose pattern no frozen value of
+    `nncanon.components.attention_gates` freezes): declined naming it."""
+    llama = tiny_model("llama", attn_implementation="sdpa")
+    report = llama.support()
+    report.layers[0].reasons["attention_probabilities"] = "(a reason)"
+    reason = graph_reason(report, "sdpa")
+    assert reason == ("layers[0]'s attention probabilities are not served under 'sdpa', so its kernel's pattern is "
+                      "not proved a function of its query and key: (a reason)")
+    with pytest.raises(ValueNotAvailable, match=r"no attribution graph on this mamba model: layers\[0\] serves no"):
+        graphs.attribute(tiny_model("mamba"), PROMPT, graphs.random_transcoders(llama))
     llama = tiny_model("llama", attn_implementation="sdpa")
     other = graph_reason(llama.support(), "flex_attention")
     assert other is not None and "'flex_attention'" in other and 'attn_implementation="eager" or "sdpa"' in other

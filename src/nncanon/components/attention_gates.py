@@ -8,6 +8,15 @@ are a nonlinear function of the stream on the way to the kernel or after it.
   on the fused ``Wqkv`` output): a clamp is linear where it does not bite and constant where it does, so it is
   frozen as its bounds (`nncanon.components.mixer_gates.Gate` part ``"bounds"``): an element the clean run left
   inside them gets no bounds, one it clipped gets its clipped value as both.
+- A pattern the surface does not serve: DiffLlama's (two kernel calls, one per half of the values, whose outputs are
+  combined head pair by head pair): the query and key inputs of both calls are frozen, so each computes the clean
+  pattern while the values stay live; its per-head group norm (``F.rms_norm`` in one call) is frozen as its scale
+  (part ``"scale"``). Its place is ``"pattern"``: the gates freeze the pattern themselves, at the attention's step.
+- An attention sink's scale: GraniteMoE-SWA multiplies the kernel's output by ``sigmoid(logsumexp(scores) - sink)``
+  after the frozen probabilities have weighted the values (its eager kernel's ``sigmoid_0``): frozen as a gate.
+- A rounding with a straight-through gradient: Kolibri-1.1's indexed blocks round the values to NVFP4 as
+  ``v + (round(v) - v).detach()`` (piecewise constant forward, identity gradient): the rounding's residual (the
+  ``detach_1`` call) is frozen, so the values are ``v`` plus a constant.
 - A mixture of attention experts' routing (JetMoE's ``experts.router``: the query and output projections of the
   experts each position is routed to, weighted by the router's softmax): the router's logits are frozen, so every
   copy of the prompt takes the clean run's experts and weights.
@@ -16,7 +25,8 @@ Written back at the clean run's values (detached, through nnsight's ``.source`` 
 `nncanon.graphs.mixers` writes a linear mixer's gates), the block's output is linear in the stream once its pattern
 is frozen too. `ATTENTION_GATES` maps an attention class to its gates (or a function of the module giving them: a
 config may leave the norm or the clamp out) and where they run relative to the pattern (``"before"``: on the way to
-the kernel; ``"after"``: on its output); `gates_of` gives a module's, `place_of` where they run.
+the kernel; ``"after"``: on its output; ``"pattern"``: they freeze the pattern themselves); `gates_of` gives a
+module's, `place_of` where they run, `freezes_pattern` whether they freeze its pattern.
 """
 
 from __future__ import annotations
@@ -85,6 +95,14 @@ ATTENTION_GATES: dict[str, tuple[Gates, str]] = {
     "MptAttention": (_clip(("mixed_qkv_clamp_0",), lambda module: bool(module.clip_qkv)), "before"),
     "JetMoeAttention": ((Gate(None, "output", module="experts.router.layer"),), "before"),
     "DeepseekV4Attention": (_deepseek_v4, "before"),
+    # (the sink's sigmoid runs before the softmax in the kernel: read and written before the probabilities)
+    "GraniteMoeSWAAttention": ((Gate("attention_interface_1.sigmoid_0", "output"),), "before"),
+    # (a sliding-window block, without an indexer, makes no rounding call)
+    "Kolibri1_1Attention": (lambda module: (Gate("detach_1", "output"),) if module.indexer is not None else (),
+                            "before"),
+    "DiffLlamaAttention": ((Gate("attention_interface_1", "inputs", (1, 2)),
+                            Gate("attention_interface_2", "inputs", (1, 2)),
+                            Gate(None, "scale", module="groupnorm")), "pattern"),
 }
 
 
@@ -96,5 +114,10 @@ def gates_of(module: nn.Module) -> tuple[Gate, ...]:
 
 def place_of(module: nn.Module) -> str:
     """Where attention ``module``'s frozen values are computed: ``"before"`` or ``"after"`` the kernel (its
-    pattern)."""
+    pattern), or ``"pattern"`` (they freeze the pattern)."""
     return ATTENTION_GATES.get(type(module).__name__, ((), "before"))[1]
+
+
+def freezes_pattern(name: str | None) -> bool:
+    """Whether the gates of attention class ``name`` freeze its pattern themselves (it need not serve one)."""
+    return ATTENTION_GATES.get(name or "", ((), ""))[1] == "pattern"

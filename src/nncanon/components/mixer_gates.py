@@ -50,7 +50,9 @@ class Gate:
             ``u`` the convolution of its live input ``x`` ``[b, channels, n]`` with the module's weights, or
             ``"bounds"``: a clamp call (``x.clamp(min=..., max=...)``, in place too) whose bounds are written as
             tensors, ``-inf``/``inf`` where the clean run's value is inside them and the clean clipped value where
-            it clipped (linear where it did not bite, constant where it did).
+            it clipped (linear where it did not bite, constant where it did), or ``"scale"``: the call of norm
+            ``module`` (``op`` ``None``), its output written as its live input centred over the clean run's scale,
+            times its weight (`nncanon.components.norms.formula`: a norm computed in one fused call, ``F.rms_norm``).
         items: Which elements or arguments; for ``"slope"``, ``()`` (the call is ``(conv1d, x, ...)``) or where
             its input ``x``, weight ``[channels, k]`` and bias are among its arguments (``causal_conv1d_fn``).
         module: The child module whose forward holds ``op`` (or whose call it is); ``None``: the mixer's own.

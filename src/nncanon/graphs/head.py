@@ -4,6 +4,9 @@ written as the stream centred over the clean scale, times its weight: `nncanon.c
 activation as its slope (``act(u)`` written as ``u · act(u_clean) / u_clean``, the clean run's value with the
 gradient flowing through ``u`` only: the convention the causal convolution's SiLU has in `nncanon.graphs.mixers`).
 ModernBERT-decoder's prediction head (``dense``, a GELU, a LayerNorm, then ``decoder``) is linear in the stream so.
+Where the final norm's scale is not served because the module also runs elsewhere (nanochat norms the embeddings
+with it: `nncanon.support.SupportReport.final_norm_at_head`), its last call is frozen at the head: the head's input
+written as the last block's output centred over the clean run's scale (`FINAL`).
 
 `stages` says what is frozen (or why a head cannot be), `read` saves the clean values inside the clean run's trace,
 `freeze` writes them inside the frozen run's trace; both run after the final norm, before the head's output is read.
@@ -21,13 +24,15 @@ from ..errors import ValueNotAvailable
 
 #: Where an activation module's class is defined (every one has ``act(0) = 0``: a slope through the origin).
 ACTIVATION_MODULES = ("transformers.activations", "torch.nn.modules.activation")
+#: The stage of a final norm frozen at the head's input (its path in `stages`).
+FINAL = "<final norm at the head>"
 
 
 def stages(model: Any) -> list[tuple[str, str, str]]:
     """``(path, child, kind)`` of each module run before the head that is frozen, in the order it runs: the
     `Family.before_head` path, the child's name in it (``""``: the module itself) and ``"norm"`` or ``"activation"``
-    (a linear layer is left out). Raise `ValueNotAvailable` naming a module that is none of these (the head is not
-    linear in the stream with it)."""
+    (a linear layer is left out); last, ``(FINAL, "", "final")`` where the final norm is frozen at the head. Raise
+    `ValueNotAvailable` naming a module that is none of these (the head is not linear in the stream with it)."""
     family = model._family
     served = model.support().available("final_norm_scale")
     found: list[tuple[str, str, str]] = []
@@ -45,6 +50,9 @@ def stages(model: Any) -> list[tuple[str, str, str]]:
                     "neither a linear layer, a norm nor an activation, so the graph cannot freeze it")
             if kind != "linear":
                 found.append((path, name, kind))
+    report = model.support()
+    if report.final_norm_at_head and not report.available("final_norm_scale"):
+        found.append((FINAL, "", "final"))
     return found
 
 
@@ -71,10 +79,13 @@ def _kind(module: nn.Module) -> str | None:
 
 
 def read(model: Any, frozen: list[tuple[str, str, str]]) -> list[Any]:
-    """The clean run's frozen values (inside its trace), saved: a norm's scale ``[1, n, 1]``, an activation's slope
-    ``[1, n, d]``."""
+    """The clean run's frozen values (inside its trace), saved: a norm's scale ``[1, n, 1]`` (the final norm's: of
+    the last block's output), an activation's slope ``[1, n, d]``."""
     values = []
     for path, child, kind in frozen:
+        if kind == "final":
+            values.append(statistics(norm_anatomy(model.norm._module), model.layers[-1].layer_output)[1].save())
+            continue
         envoy = _envoy(model, path, child)
         x = envoy.input
         if kind == "norm":
@@ -93,6 +104,10 @@ def _ratio(y: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 def freeze(model: Any, frozen: list[tuple[str, str, str]], clean: list[torch.Tensor]) -> None:
     """Write each module's output with its frozen form on its live input (inside the frozen run's trace)."""
     for (path, child, kind), value in zip(frozen, clean, strict=True):
+        if kind == "final":
+            h = model.layers[-1].layer_output
+            model.lm_head.input = formula(norm_anatomy(model.norm._module), model.norm._module, h, scale=value)
+            continue
         envoy = _envoy(model, path, child)
         x = envoy.input
         if kind == "norm":

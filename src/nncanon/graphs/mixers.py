@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from ..components import attention_gates, norm_gates, stream_gates
 from ..components.mixer_gates import Gate, spellings_of
+from ..components.norms import formula, norm_anatomy, statistics
 from ..errors import ValueNotAvailable
 
 #: The activations whose slope is frozen (SiLU under its two names).
@@ -148,7 +149,8 @@ def check(model: Any, layer: int | None, owner: str = MIXER) -> None:
 def read(model: Any, layer: int | None, owner: str = MIXER) -> dict[str, Any]:
     """The clean run's gates of block ``layer``'s mixer (or ``owner``), saved (inside the clean run's trace): per
     gate key, the tuple of its frozen values (``[1, ...]`` or the batch folded in the first dimension), for
-    ``"slope"`` the clean ``sigmoid(u)``, for ``"bounds"`` the lower and upper bounds."""
+    ``"slope"`` the clean ``sigmoid(u)``, for ``"bounds"`` the lower and upper bounds, for ``"scale"`` the norm's
+    scale (``[1, ..., 1]``: the normalised axes 1)."""
     mixer = _mixer(model, layer, owner)
     saved: dict[str, Any] = {}
     runs: dict[tuple[str, str], bool] = {}
@@ -158,6 +160,8 @@ def read(model: Any, layer: int | None, owner: str = MIXER) -> dict[str, Any]:
         site = _site(mixer, gate)
         if gate.part == "bounds":
             values = list(_bounds(site))
+        elif gate.part == "scale":
+            values = [statistics(norm_anatomy(site._module), site.input)[1]]
         elif gate.part == "output":
             output = site.output
             values = [output[i] for i in gate.items] if gate.items else [output]
@@ -219,6 +223,8 @@ def freeze(model: Any, layer: int | None, clean: dict[str, tuple[torch.Tensor, .
             args, kwargs = site.inputs
             kwargs = {**kwargs, "min": values[0], "max": values[1]}
             site.inputs = (tuple(args[2:]), kwargs)
+        elif gate.part == "scale":
+            site.output = formula(norm_anatomy(site._module), site._module, site.input, scale=values[0])
         elif gate.part == "output":
             output = site.output
             if not gate.items:

@@ -110,9 +110,20 @@ def prove(model: Any, reads: Sequence[str] | None = None) -> str | None:
     check = verify(model, graph, transcoders, samples=3, rtol=RTOL)
     if check.ok:
         return None
-    return (f"the frozen replacement model{sites} is not affine in the graph's sources on this model ({check}): a "
-            "nonlinearity on the stream's path is not a frozen value (a norm inside attention, a clamp, a gate on "
-            "a sublayer's output)")
+    return (f"the frozen replacement model{sites} is not affine in the graph's sources on this model ({check}; "
+            f"{_first(check.block, n_layers)}): a nonlinearity on the stream's path is not a frozen value (a norm "
+            "inside attention, a clamp, a gate on a sublayer's output, an attention sink's scale, a rounding with a "
+            "straight-through gradient)")
+
+
+def _first(block: int | None, n_layers: int) -> str:
+    """Where the proof first saw the frozen model not affine (`nncanon.graphs.GraphCheck.block`), in words."""
+    if block is None:
+        return "no target over the tolerance: the forward check failed"
+    if block >= n_layers:
+        return "every block's transcoder input is within, the logit targets are not (after the last block's)"
+    earlier = "" if not block else ", layers[0]'s is" if block == 1 else f", those of layers 0 to {block - 1} are"
+    return f"first at layers[{block}]'s transcoder input{earlier}"
 
 
 def _uncovered(graph: Graph, n_layers: int) -> list[int]:

@@ -183,18 +183,22 @@ def _writes(model: Any) -> str:
 
 
 def _place_inner_norms(model: Any, layer: int, ordered: list[str]) -> None:
-    """Insert `ATTENTION` in block ``layer``'s steps where its attention has inner norms to freeze: before the
-    pattern's first frozen value (the compressed-KV norm) or after its last (a sub-norm on the kernel's output)."""
+    """Insert `ATTENTION` in block ``layer``'s steps where its attention has values to freeze: before the pattern's
+    first frozen value (the compressed-KV norm), after its last (a sub-norm on the kernel's output), or where the
+    pattern would be (gates that freeze it: after the attention's norm)."""
     attention = model.layers[layer].__dict__.get("self_attn")
     if attention is None or not attention_gates.gates_of(attention._module):
         return
+    place = attention_gates.place_of(attention._module)
     pattern = [i for i, name in enumerate(ordered) if name in ("attention_probabilities", *PATTERN_INPUTS)]
+    if place == "pattern":  # (no pattern value: after the attention's norm, before anything after attention)
+        pattern = [next(i for i, name in enumerate(ordered) if name not in ("layer_input", "attention_norm_scale"))]
     if not pattern:
         return
     mixers.check(model, layer, mixers.ATTENTION)
     _ = attention.source.names  # (both forwards' sources made outside a trace: made inside one, nnsight finds
     # the attention's calls already run past when the norm's operation is read first)
-    at = pattern[0] if attention_gates.place_of(attention._module) == "before" else pattern[-1] + 1
+    at = pattern[-1] + 1 if place == "after" else pattern[0]
     ordered.insert(at, ATTENTION)
 
 

@@ -41,6 +41,10 @@ class GraphCheck:
         edges: Removal effects against the sampled columns.
         rtol: The tolerance each is held to.
         sampled: The source nodes removed.
+        block: Where the frozen model is first seen not affine: the lowest block with a feature target over
+            ``rtol`` in completeness or edges (the targets of the blocks before it are within), ``n_layers`` where
+            only logit targets are (the nonlinearity is after the last block's transcoder input), ``None`` where
+            none is.
     """
 
     forward: float
@@ -48,6 +52,7 @@ class GraphCheck:
     edges: float
     rtol: float
     sampled: list[int] = field(default_factory=list)
+    block: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -97,13 +102,20 @@ def verify(model: Any, graph: Graph, transcoders: Any, *, samples: int = 6, rtol
         # 2. completeness
         bias = targets(1)
         scale = clean_targets.abs() + bias.abs() + adjacency.abs().sum(1) + 1e-12
-        completeness = float(((clean_targets - bias - adjacency.sum(1)).abs() / scale).max()) if n_rows else 0.0
+        per_row = (clean_targets - bias - adjacency.sum(1)).abs() / scale  # [n_rows]
+        completeness = float(per_row.max()) if n_rows else 0.0
         # 3. edges
         edges = 0.0
         for b, node in enumerate(picked):
             effect = clean_targets - targets(2 + b)
-            edges = max(edges, float(((effect - adjacency[:, node]).abs() / scale).max()))
-    return GraphCheck(forward=forward, completeness=completeness, edges=edges, rtol=rtol, sampled=picked)
+            wrong = (effect - adjacency[:, node]).abs() / scale
+            edges = max(edges, float(wrong.max()) if n_rows else 0.0)
+            per_row = torch.maximum(per_row, wrong)
+    layers = torch.cat([s.active[features][:, 0].cpu(), torch.full((len(logits),), graph.n_layers)])
+    failing = layers[(per_row > rtol).cpu()]
+    block = int(failing.min()) if len(failing) else None
+    return GraphCheck(forward=forward, completeness=completeness, edges=edges, rtol=rtol, sampled=picked,
+                      block=block)
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
