@@ -33,8 +33,8 @@ def stages(model: Any) -> list[tuple[str, str, str]]:
     `Family.before_head` path, the child's name in it (``""``: the module itself) and ``"norm"`` or ``"activation"``
     (a linear layer is left out); last, ``(FINAL, "", "final")`` where the final norm is frozen at the head. Raise
     `ValueNotAvailable` naming a module that is none of these (the head is not linear in the stream with it)."""
-    family = model._family
-    served = model.support().available("final_norm_scale")
+    family, report = model._family, model.support()
+    served = report.available("final_norm_scale")
     found: list[tuple[str, str, str]] = []
     for path, envoy in _modules(model).items():
         if path == family.norm or (path == family.final_norm and served):
@@ -50,8 +50,7 @@ def stages(model: Any) -> list[tuple[str, str, str]]:
                     "neither a linear layer, a norm nor an activation, so the graph cannot freeze it")
             if kind != "linear":
                 found.append((path, name, kind))
-    report = model.support()
-    if report.final_norm_at_head and not report.available("final_norm_scale"):
+    if report.final_norm_at_head and not served:
         found.append((FINAL, "", "final"))
     return found
 
