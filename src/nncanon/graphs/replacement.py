@@ -6,7 +6,9 @@ routing: written through `nncanon.graphs.mixers` at the `ATTENTION` step), a gat
 (`nncanon.components.norm_gates`, at a `NORM_GATES` step before the sublayer it feeds), the modules a family runs
 between the final norm and the unembedding (`nncanon.graphs.head`: a norm's scale, an activation's slope), and each
 MLP's output a fixed leaf, read and written through the standard surface (the mixers' gates, the attention's and the
-gated norms' inner values through nnsight's ``.source``) only.
+gated norms' inner values through nnsight's ``.source``) only. On a model keeping several streams per position
+(`nncanon.graphs.streams`) each hyper-connection's stream-computed weights are frozen at a `STREAMS` step before the
+sublayer it feeds, the final collapse's before the head, and the MLP leaf is the MLP module's output (``d`` wide).
 
 Frozen means written back: each norm's scale (``attention_norm_scale``, ``attention_post_norm_scale``,
 ``mlp_norm_scale``, ``model.final_norm_scale``), each block's ``attention_probabilities`` and ``attention_gate`` (an
