@@ -49,8 +49,8 @@ def place(model: Any, layer: int, ordered: list[str], mlp_first: str) -> None:
     if hyper_connected(model) and not found:
         raise ValueNotAvailable(
             f"layers[{layer}] keeps several streams per position, but none of its modules is a hyper-connection "
-            "whose stream-computed weights nncanon freezes (nncanon.components.stream_gates: "
-            f"{', '.join(stream_gates.STREAM_GATES)})")
+            "whose stream-computed weights nncanon freezes, so the block is not linear in the streams; those frozen "
+            f"(nncanon.components.stream_gates): {'; '.join(f'{k}: {v}' for k, v in stream_gates.KINDS.items())}")
     mixer_at = min((calls.index(f"self_{name}_0") for name in (mixers.ATTENTION, mixers.MIXER)
                     if f"self_{name}_0" in calls), default=0)
     for name, _ in found:
