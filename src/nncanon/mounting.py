@@ -47,7 +47,7 @@ from .errors import ValueNotAvailable
 from .families import Family, MLPAnatomy
 from .order import block_order
 from .served import Binding, Site, operation_name
-from .support import COMPONENT_OF
+from .support import COMPONENT_OF, NO_MLP
 from .threads import ProcessCache
 
 
@@ -478,7 +478,7 @@ def mount(model: Any, family: Family, config: Any) -> list[frozenset[str] | None
                 mlp._nncanon = mlp_state
         else:
             _route(layer, "mlp", None, None, hidden)
-            state.reasons["mlp"] = f"{label}: it has no MLP"
+            state.reasons["mlp"] = f"{label}: {NO_MLP}"
 
         _mount_norms(layer, spec, where, label, order)
         declined = spec.declined(config, index)

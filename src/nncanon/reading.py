@@ -24,6 +24,10 @@ EXECUTION_ORDER = ("layer_input", *COMPONENT_OF, "layer_output")
 #: The component of the block that serves each value (``None``: the block itself).
 HOSTS = {"layer_input": None, "layer_output": None, **COMPONENT_OF}
 
+#: The MLP module's output (no standard value: what a block adds may differ from it), ordered among a block's values
+#: after its neurons and before its post-norm's scale by `in_execution_order`, read by `read` (`nncanon.graphs`).
+MLP_MODULE_OUTPUT = "mlp_module_output"
+
 #: The contributions to the residual stream: ``layer_input`` plus those a block serves is ``layer_output``.
 CONTRIBUTIONS = ("attention_output", "linear_attention_output", "mlp_output")
 
@@ -41,7 +45,7 @@ def in_execution_order(model: Any, layer: int, names: Sequence[str]) -> list[str
     a value the forward has already passed, moves it earlier and tries again. The answer is
     remembered per model, block type and set of values.
     """
-    ordered = sorted(dict.fromkeys(names), key=EXECUTION_ORDER.index)
+    ordered = sorted(dict.fromkeys(names), key=_rank)
     inner = [name for name in ordered if name not in ("layer_input", "layer_output")]
     if len(inner) > 1:
         known = _ORDERS.setdefault(model, {})
@@ -52,6 +56,13 @@ def in_execution_order(model: Any, layer: int, names: Sequence[str]) -> list[str
     head = ["layer_input"] if "layer_input" in ordered else []
     tail = ["layer_output"] if "layer_output" in ordered else []
     return head + inner + tail
+
+
+def _rank(name: str) -> float:
+    """``name``'s place in `EXECUTION_ORDER` (`MLP_MODULE_OUTPUT` just before the MLP's post-norm scale)."""
+    if name == MLP_MODULE_OUTPUT:
+        return EXECUTION_ORDER.index("mlp_post_norm_scale") - 0.5
+    return EXECUTION_ORDER.index(name)
 
 
 def _probe_order(model: Any, layer: int, order: list[str]) -> list[str]:
@@ -89,7 +100,10 @@ def host(model: Any, layer: int, name: str) -> Any:
 
 
 def read(model: Any, layer: int, name: str) -> torch.Tensor:
-    """The standard value ``name`` of block ``layer``, inside a trace (a served tensor: writes reach the model)."""
+    """The standard value ``name`` of block ``layer``, inside a trace (a served tensor: writes reach the model); or
+    `MLP_MODULE_OUTPUT`, the MLP module's output."""
+    if name == MLP_MODULE_OUTPUT:
+        return model.layers[layer].mlp.output
     return getattr(host(model, layer, name), name)
 
 

@@ -166,15 +166,28 @@ def value_reason(states: dict[str, Any], value: str) -> str | None:
 GRAPH_PROOF, UNPROVED = "_nncanon_graph_proof", "<not yet run>"
 
 
+#: The end of a block's ``mlp`` reason where the block has no MLP at all (`nncanon.mounting`).
+NO_MLP = "it has no MLP"
+
+
+def has_mlp(row: LayerSupport) -> bool:
+    """Whether ``row``'s block has an MLP (a block of a hybrid may have none: Nemotron-H's, Zamba's Mamba blocks)."""
+    return not (row.reasons.get("mlp") or "").endswith(NO_MLP)
+
+
 def graph_reason(report: SupportReport, attn_implementation: str | None) -> str | None:
     """Why the model's structure allows no attribution graph (`nncanon.graphs`), or ``None``: every block's token
     mixer must be linear in the stream once its pattern, gate and norms' scales are frozen values (softmax attention
     with served probabilities under eager, with the kernel's served query and key under sdpa: `_pattern_reason`; a
-    linear mixer whose data-dependent gates are frozen, `nncanon.components.mixer_gates`), and each block must serve
-    ``mlp_output`` for a transcoder to write."""
+    linear mixer whose data-dependent gates are frozen, `nncanon.components.mixer_gates`), and each block with an MLP
+    must serve ``mlp_output`` or its MLP module (whose output a transcoder then writes: the block need not be
+    additive, its edges are gradients through the frozen model) for a transcoder to write; some block must have
+    one. A block without an MLP has no transcoder."""
+    if not any(has_mlp(row) for row in report.layers):
+        return f"no block has an MLP for a transcoder ({report.layers[0].reasons['mlp']})"
     for row in report.layers:
         layer = row.index
-        if row.reasons["mlp_output"] is not None:
+        if has_mlp(row) and row.reasons["mlp_output"] is not None and row.reasons["mlp"] is not None:
             return f"layers[{layer}] serves no mlp_output for a transcoder to write: {row.reasons['mlp_output']}"
         if row.reasons["linear_attention_output"] is None and mixer_reason(row.mixer or "") is not None:
             return f"layers[{layer}]: {mixer_reason(row.mixer or '')}"

@@ -14,6 +14,7 @@ are a nonlinear function of the stream on the way to the kernel or after it.
   (part ``"scale"``). Its place is ``"pattern"``: the gates freeze the pattern themselves, at the attention's step.
 - An attention sink's scale: GraniteMoE-SWA multiplies the kernel's output by ``sigmoid(logsumexp(scores) - sink)``
   after the frozen probabilities have weighted the values (its eager kernel's ``sigmoid_0``): frozen as a gate.
+- Gemma-4's value norm ``v_norm`` (an RMS norm without a weight: its ``pow(mean(x²) + eps, -0.5)`` is frozen).
 - A rounding with a straight-through gradient: Kolibri-1.1's indexed blocks round the values to NVFP4 as
   ``v + (round(v) - v).detach()`` (piecewise constant forward, identity gradient): the rounding's residual (the
   ``detach_1`` call) is frozen, so the values are ``v`` plus a constant.
@@ -79,6 +80,12 @@ def _deepseek_v4(module: nn.Module) -> tuple[Gate, ...]:
             Gate("torch_rsqrt_0", "output", module="compressor.kv_norm", runs_from=window))
 
 
+def _value_norm(module: nn.Module) -> tuple[Gate, ...]:
+    """Gemma-4's value norm ``v_norm``, an RMS norm without a weight: its ``pow(mean(x²) + eps, -0.5)`` (none on a
+    KV-shared layer, which reuses an earlier layer's values)."""
+    return () if module.is_kv_shared_layer else (Gate("self__norm_0.torch_pow_0", "output", module="v_norm"),)
+
+
 #: Per attention class: its gates, and whether they run before or after the kernel.
 ATTENTION_GATES: dict[str, tuple[Gates, str]] = {
     **{name: LATENT for name in (
@@ -100,6 +107,8 @@ ATTENTION_GATES: dict[str, tuple[Gates, str]] = {
     # (a sliding-window block, without an indexer, makes no rounding call)
     "Kolibri1_1Attention": (lambda module: (Gate("detach_1", "output"),) if module.indexer is not None else (),
                             "before"),
+    # (Gemma-4's scale-free value norm, ``x · pow(mean(x²) + eps, -0.5)``; a KV-shared layer reuses an earlier one's)
+    **{name: (_value_norm, "before") for name in ("Gemma4TextAttention", "Gemma4UnifiedTextAttention")},
     "DiffLlamaAttention": ((Gate("attention_interface_1", "inputs", (1, 2)),
                             Gate("attention_interface_2", "inputs", (1, 2)),
                             Gate(None, "scale", module="groupnorm")), "pattern"),

@@ -24,6 +24,7 @@ import torch
 from ..errors import InvalidDictionary, ValueNotAvailable
 from ..sae import Dictionary, resolve
 from ..sae.sites import binding_of
+from ..support import has_mlp
 from .streams import WRITES_MODULE, hyper_connected
 
 #: The values a transcoder may read, by the name table's value: the MLP module's input (``mlp.hook_in``), the MLP
@@ -38,10 +39,21 @@ WRITE_HOOKS = {WRITES: "hook_mlp_out", WRITES_MODULE: "mlp.hook_out"}
 
 
 def writes_of(model: Any) -> str:
-    """The value ``model``'s transcoders write: `WRITES`, or on a model whose blocks keep several streams per position
-    the MLP module's output, ``d`` wide (`nncanon.graphs.streams.WRITES_MODULE`: what the block injects into each
-    stream is ``k·d`` wide)."""
-    return WRITES_MODULE if hyper_connected(model) else WRITES
+    """The value ``model``'s transcoders write: `WRITES`, or the MLP module's output, ``d`` wide
+    (`nncanon.graphs.streams.WRITES_MODULE`) on a model whose blocks keep several streams per position (what the
+    block injects into each stream is ``k·d`` wide) or where a block with an MLP serves no ``mlp_output`` (its
+    update is not a sum of contributions: residual gains, post-norms; a graph's edges are gradients through the
+    frozen model all the same)."""
+    if hyper_connected(model):
+        return WRITES_MODULE
+    report = model.support()
+    return WRITES_MODULE if any(has_mlp(row) and row.reasons["mlp_output"] is not None for row in report.layers) \
+        else WRITES
+
+
+def mlp_blocks(model: Any) -> list[bool]:
+    """Per block, whether it has an MLP (a transcoder); a block without one (a hybrid's Mamba block) has none."""
+    return [has_mlp(row) for row in model.support().layers]
 
 
 @dataclass
@@ -204,10 +216,14 @@ def check_transcoders(model: Any, transcoders: Any) -> Coders:
         raise InvalidDictionary(f"the model has {n_layers} blocks and {len(transcoders)} transcoders were given: pass "
                                 "one per block (None where a block has none) or a mapping {layer: transcoder}")
     reads = []
+    mlps = mlp_blocks(model)
     for layer, transcoder in enumerate(transcoders):
         reads.append("mlp_input")
         if transcoder is None:
             continue
+        if not mlps[layer]:
+            raise InvalidDictionary(f"transcoder {layer} is for layers[{layer}], which has no MLP: pass None there "
+                                    f"({model.support().reason('mlp', layer=layer)})")
         if not isinstance(transcoder, Dictionary):
             raise InvalidDictionary(f"transcoder {layer} is a {type(transcoder).__name__}, not a "
                                     "nncanon.sae.Dictionary")
@@ -232,6 +248,9 @@ def check_transcoders(model: Any, transcoders: Any) -> Coders:
 
 def _check_clt(model: Any, clt: CrossLayerTranscoder, n_layers: int, hidden: int) -> Coders:
     where = f"the cross-layer transcoder {clt.name}"
+    if not all(mlp_blocks(model)):
+        raise InvalidDictionary(f"{where} decodes into every block's MLP, but layers[{mlp_blocks(model).index(False)}] "
+                                "has none: use per-layer transcoders (None at the blocks without an MLP)")
     if clt.n_layers != n_layers or clt.d_model != hidden:
         raise InvalidDictionary(f"{where} has {clt.n_layers} layers of width {clt.d_model}, but this model has "
                                 f"{n_layers} blocks {hidden} wide: it was trained on another model")

@@ -33,7 +33,7 @@ import torch
 from ..errors import ValueNotAvailable
 from ..support import GRAPH_PROOF
 from .attribution import build, setup
-from .coders import check_transcoders
+from .coders import check_transcoders, mlp_blocks
 from .graph import Graph
 from .replacement import frozen_body
 from .replacement import support as structural
@@ -89,12 +89,13 @@ def prove(model: Any, reads: Sequence[str] | None = None) -> str | None:
     selected."""
     sites = "" if reads is None else f" with transcoders reading {_sites(reads)}"
     n_layers = len(model.layers)
+    blocks = [layer for layer, mlp in enumerate(mlp_blocks(model)) if mlp]  # (those with a transcoder)
     try:
         transcoders = random_transcoders(model, n_features=8, reads=reads)
         graph = build(model, PROMPT, transcoders, max_n_logits=2, max_feature_nodes=8, zero_bos=False)
-        if _uncovered(graph, n_layers):
+        if _uncovered(graph, blocks):
             transcoders = random_transcoders(model, n_features=2, seed=1, reads=reads)
-            for transcoder in transcoders:  # (w and -w: one of them fires wherever the input is not orthogonal to w)
+            for transcoder in filter(None, transcoders):  # (w and -w: one fires wherever the input is not orthogonal)
                 transcoder.b_enc.zero_()
                 transcoder.W_enc[:, 1] = -transcoder.W_enc[:, 0]
             graph = build(model, PROMPT, transcoders, max_n_logits=2, zero_bos=False)
@@ -103,7 +104,7 @@ def prove(model: Any, reads: Sequence[str] | None = None) -> str | None:
         return f"the frozen replacement model{sites} could not be run on it ({type(error).__name__}: {error})"
     if moved is not None:
         return moved
-    unseen = _uncovered(graph, n_layers)
+    unseen = _uncovered(graph, blocks)
     if unseen:
         return (f"the linearity proof{sites} found no feature active at blocks {', '.join(map(str, unseen))} on its "
                 "prompt, so it could not check what the frozen model reads there")
@@ -126,10 +127,11 @@ def _first(block: int | None, n_layers: int) -> str:
     return f"first at layers[{block}]'s transcoder input{earlier}"
 
 
-def _uncovered(graph: Graph, n_layers: int) -> list[int]:
-    """The blocks with no selected feature in ``graph`` (their transcoder's read is no target of it)."""
+def _uncovered(graph: Graph, blocks: list[int]) -> list[int]:
+    """The blocks of ``blocks`` (those with a transcoder) with no selected feature in ``graph`` (their transcoder's
+    read is no target of it)."""
     selected = graph.active_features[graph.selected_features][:, 0].tolist() if graph.n_features else []
-    return sorted(set(range(n_layers)) - set(selected))
+    return sorted(set(blocks) - set(selected))
 
 
 def _sites(reads: Sequence[str]) -> str:

@@ -49,13 +49,13 @@ import torch
 from ..components import attention_gates, norm_gates
 from ..components.norms import statistics
 from ..errors import ValueNotAvailable
-from ..reading import host, in_execution_order, read
+from ..reading import MLP_MODULE_OUTPUT, host, in_execution_order, read
 from ..sae import resolve, value_at
 from ..sae.names import point_reason
 from ..support import graph_reason
 from . import head as before_head
 from . import mixers, streams
-from .coders import READS, WRITES
+from .coders import READS, WRITES, mlp_blocks, writes_of
 from .streams import STREAMS
 
 #: The values written back with the clean run's, in a block (those the block serves).
@@ -102,6 +102,8 @@ class Plan:
             step in `steps` is ``mlp_output``'s (the block's write of it).
         collapse: The path of the module collapsing a hyper-connected model's streams before the head, whose
             weights are frozen (`nncanon.graphs.streams.collapse`), or ``None``.
+        mlp: Per block, whether it has an MLP (a block without one, a hybrid's Mamba block, has no transcoder, no
+            `INPUT` and no ``mlp_output`` step: its transcoder input and MLP leaf are zero, its error nodes too).
     """
 
     steps: list[list[str]]
@@ -115,6 +117,7 @@ class Plan:
     head_stages: list[tuple[str, str, str]] = field(default_factory=list)
     writes: str = WRITES
     collapse: str | None = None
+    mlp: list[bool] = field(default_factory=list)
 
 
 def support(model: Any) -> str | None:
@@ -122,8 +125,16 @@ def support(model: Any) -> str | None:
     `nncanon.support.graph_reason` (every block's token mixer linear in the stream once its pattern, gate and
     norms' scales are frozen: softmax attention with writable probabilities under ``attn_implementation="eager"``,
     with the kernel's writable query and key under ``"sdpa"``, or a linear mixer whose gates
-    `nncanon.components.mixer_gates` names; each block's ``mlp_output`` served)."""
-    return graph_reason(model.support(), getattr(model.config, "_attn_implementation", "eager"))
+    `nncanon.components.mixer_gates` names; each block with an MLP serves ``mlp_output`` or its MLP module's output,
+    `_writes`)."""
+    reason = graph_reason(model.support(), getattr(model.config, "_attn_implementation", "eager"))
+    if reason is not None:
+        return reason
+    try:
+        _writes(model)
+    except ValueNotAvailable as error:
+        return str(error)
+    return None
 
 
 def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
@@ -136,9 +147,14 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
         raise ValueNotAvailable(f"no attribution graph on this {model.config.model_type} model: {reason}")
     reads = list(reads) if reads is not None else ["mlp_input"] * len(model.layers)
     eager = (implementation or "eager") == "eager"
+    writes, mlps = _writes(model), mlp_blocks(model)
     steps, parts = [], []
     for layer, kind in enumerate(reads):
         assert kind in READS, kind
+        if not mlps[layer]:
+            steps.append(_mlp_less_steps(model, layer, report, eager))
+            parts.append(())
+            continue
         if kind == "mlp_normalized" and not report.available("mlp_norm_scale", layer):
             raise ValueNotAvailable(f"layers[{layer}]'s transcoder reads mlp_normalized, but the MLP norm's scale is "
                                     f"not served, so it cannot be frozen: {report.reason('mlp_norm_scale', layer)}")
@@ -151,8 +167,11 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
         mixer = ["linear_attention_input"] if report.available("linear_attention_output", layer) else []
         if mixer:
             mixers.check(model, layer)
-        names = [name for name in frozen_names(eager) if report.available(name, layer)] + [*mixer, WRITES, *stream]
-        ordered = in_execution_order(model, layer, names)
+        marker = WRITES if report.available(WRITES, layer) else MLP_MODULE_OUTPUT  # (where the MLP leaf is written)
+        after = ["mlp_post_norm_scale"] if writes != WRITES and report.available("mlp_post_norm_scale", layer) else []
+        names = [name for name in frozen_names(eager) if report.available(name, layer)] + [*mixer, *after, marker,
+                                                                                           *stream]
+        ordered = [WRITES if name == marker else name for name in in_execution_order(model, layer, names)]
         ordered.insert(ordered.index(WRITES), INPUT)
         ordered = [MIXER if name == "linear_attention_input" else name for name in ordered]
         _place_inner_norms(model, layer, ordered)
@@ -165,22 +184,38 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
              if step.op in ("divide", "multiply", "truncate") and step.factor(model.config) is not None]
     tokens = ("token_embeddings" if report.available("token_embeddings") and family.embeddings.norm is None
               else "layer_input")
-    points = [resolve(model, f"layers.{layer}.mlp_input") if kind == "mlp_input" else None
+    points = [resolve(model, f"layers.{layer}.mlp_input") if kind == "mlp_input" and mlps[layer] else None
               for layer, kind in enumerate(reads)]
     return Plan(steps=steps, reads=reads, parts=parts, final_norm=report.available("final_norm_scale"),
                 head=family.lm_head, tokens=tokens, scale=scale, points=points, head_stages=before_head.stages(model),
-                writes=_writes(model), collapse=streams.collapse(model))
+                writes=writes, collapse=streams.collapse(model), mlp=mlps)
+
+
+def _mlp_less_steps(model: Any, layer: int, report: Any, eager: bool) -> list[str]:
+    """The steps of block ``layer``, which has no MLP: its token mixer's frozen values only (no transcoder)."""
+    mixer = ["linear_attention_input"] if report.available("linear_attention_output", layer) else []
+    if mixer:
+        mixers.check(model, layer)
+    names = [name for name in frozen_names(eager) if report.available(name, layer)] + mixer
+    ordered = [MIXER if name == "linear_attention_input" else name for name in in_execution_order(model, layer, names)]
+    _place_inner_norms(model, layer, ordered)
+    return ordered
 
 
 def _writes(model: Any) -> str:
-    """What ``model``'s transcoders write (`Plan.writes`), checked served on every block."""
-    if not streams.hyper_connected(model):
+    """What ``model``'s transcoders write (`Plan.writes`, `nncanon.graphs.coders.writes_of`), checked served on every
+    block with an MLP: `ValueNotAvailable` where the MLP module's output is not (an MLP run inline, one returning a
+    tuple)."""
+    writes = writes_of(model)
+    if writes == WRITES:
         return WRITES
-    for layer in range(len(model.layers)):
-        reason = point_reason(model, layer, streams.WRITES_MODULE)
+    why = ("keeps several streams per position" if streams.hyper_connected(model)
+           else "serves no mlp_output (its update is not a sum of contributions)")
+    for layer, mlp in enumerate(mlp_blocks(model)):
+        reason = point_reason(model, layer, streams.WRITES_MODULE) if mlp else None
         if reason is not None:
-            raise ValueNotAvailable(f"layers[{layer}] keeps several streams per position, and a transcoder writes its "
-                                    f"MLP module's output (d wide), which is not available: {reason}")
+            raise ValueNotAvailable(f"layers[{layer}] {why}, and a transcoder writes its MLP module's output (d "
+                                    f"wide), which is not available: {reason}")
     return streams.WRITES_MODULE
 
 
@@ -307,12 +342,20 @@ def clean_run(model: Any, ids: torch.Tensor, plan: Plan, remote: Any = None) -> 
         frozen[layer].update(mixers.detached(values))
     for (layer, step), values in owned.items():
         frozen[layer][step] = mixers.detached(values)
+    zero = torch.zeros_like(saved["embeddings"][0])
     return Clean(frozen=frozen, final_scale=saved.get("final"),
-                 inputs=[x[0].detach() for x in inputs], outputs=[x[0].detach() for x in outputs],
+                 inputs=_per_block([x[0].detach() for x in inputs], plan, zero),
+                 outputs=_per_block([x[0].detach() for x in outputs], plan, zero),
                  embeddings=saved["embeddings"][0].detach(), logits=saved["logits"][0].detach(),
                  head=_linear_steps(saved["head"], plan)[0].detach(),
                  head_frozen=[value.detach() for value in saved["before_head"]],
                  collapse=mixers.detached(saved["collapse"]) if "collapse" in saved else {})
+
+
+def _per_block(values: list[torch.Tensor], plan: Plan, zero: torch.Tensor) -> list[torch.Tensor]:
+    """``values`` (one per block with an MLP) per block, ``zero`` ``[n, d]`` at each block without one."""
+    found = iter(values)
+    return [next(found) if mlp else zero for mlp in (plan.mlp or [True] * len(plan.steps))]
 
 
 def _owner(step: str) -> str:
@@ -396,6 +439,8 @@ def frozen_body(model: Any, plan: Plan, clean: Clean, embeddings: torch.Tensor, 
                 _freeze(host(model, layer, step), step, clean.frozen[layer][step], batch)
                 if patterns is not None and step == _last_pattern_input(steps):
                     patterns.append((layer, read(model, layer, "attention_probabilities").save()))
+        if plan.mlp and not plan.mlp[layer]:  # (no transcoder: its input zero, as the clean run's)
+            inputs.append(torch.zeros_like(embeddings))
     if plan.collapse is not None:
         mixers.freeze(model, None, clean.collapse, plan.collapse)
     if plan.final_norm:

@@ -26,7 +26,7 @@ import torch
 from ..errors import ValueNotAvailable
 from ..sae import Dictionary, resolve
 from .attribution import Setup, setup, target_values
-from .coders import WRITE_HOOKS, CrossLayerTranscoder, writes_of
+from .coders import WRITE_HOOKS, CrossLayerTranscoder, mlp_blocks, writes_of
 from .graph import Graph
 from .replacement import frozen_run
 
@@ -152,13 +152,16 @@ def random_transcoders(model: Any, n_features: int = 16, seed: int = 0, threshol
     its MLP inline the stream its norm reads, or per block the value of `nncanon.graphs.coders.READS` that ``reads``
     names; writing its ``mlp_output``, or a hyper-connected block's MLP module output:
     `nncanon.graphs.coders.writes_of`; ReLU, or JumpReLU with ``threshold``), in the model's dtype: for checks and
-    examples."""
+    examples; ``None`` at a block without an MLP."""
     hidden = model.config.get_text_config().hidden_size
     dtype = next(model._module.parameters()).dtype
     generator = torch.Generator().manual_seed(seed)
     writes = WRITE_HOOKS[writes_of(model)]
-    out = []
-    for layer in range(len(model.layers)):
+    out: list[Any] = []
+    for layer, mlp in enumerate(mlp_blocks(model)):
+        if not mlp:  # (a block without an MLP has no transcoder)
+            out.append(None)
+            continue
         def normal(*shape: int, std: float) -> torch.Tensor:
             return (torch.randn(*shape, generator=generator) * std).to(dtype)
         extra = {} if threshold is None else {"threshold": torch.full((n_features,), threshold, dtype=dtype)}
