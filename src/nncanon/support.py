@@ -189,9 +189,12 @@ def graph_reason(report: SupportReport, attn_implementation: str | None) -> str 
         layer = row.index
         if has_mlp(row) and row.reasons["mlp_output"] is not None and row.reasons["mlp"] is not None:
             return f"layers[{layer}] serves no mlp_output for a transcoder to write: {row.reasons['mlp_output']}"
-        if row.reasons["linear_attention_output"] is None and mixer_reason(row.mixer or "") is not None:
-            return f"layers[{layer}]: {mixer_reason(row.mixer or '')}"
-        pattern = _pattern_reason(row, attn_implementation) if row.reasons["attention_output"] is None else None
+        if row.mixer is not None and mixer_reason(row.mixer) is not None:  # (served contribution or not)
+            return f"layers[{layer}]: {mixer_reason(row.mixer)}"
+        if row.mixer is not None and row.reasons["linear_attention_input"] is not None:
+            return (f"layers[{layer}]'s linear mixer ({row.mixer}) serves no linear_attention_input, where its gates "
+                    f"are frozen: {row.reasons['linear_attention_input']}")
+        pattern = _pattern_reason(row, attn_implementation) if row.attention is not None else None
         if pattern is not None:
             return f"layers[{layer}]{pattern}"
     if report.model_declines.get("final_norm_scale") and not report.final_norm_at_head:

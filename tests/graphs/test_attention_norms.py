@@ -1,5 +1,6 @@
 """Attribution graphs through attention blocks with a norm inside them (`nncanon.components.attention_gates`):
-multi-head latent attention's compressed-KV norm (DeepSeek-V2) and BitNet's sub-norm on the heads' output. With the
+multi-head latent attention's compressed-KV norm (DeepSeek-V2), BitNet's sub-norm on the heads' output and
+Gemma-4's value norm (no weight: its ``pow(mean(x²) + eps, -0.5)``). With the
 norm's ``rsqrt`` scale frozen at the clean run's, the graph on the tiny registry variant is one `nncanon.graphs.verify`
 proves (forward, completeness, sampled removals) and `graphs.support` is ``None`` (DeepSeek-V2's under sdpa, the
 pattern frozen through the kernel's query and key; BitNet's under eager); with the norm left live the frozen
@@ -22,7 +23,8 @@ from .test_mixers import PROMPT, _second_difference
 #: One registry variant per kind of inner norm: its attention class, the norm, where it runs, and the attention
 #: implementation its graph is built under (the pattern frozen as probabilities, or through sdpa's query and key).
 KINDS = {"deepseek_v2": ("DeepseekV2Attention", "kv_a_layernorm", "before", "sdpa"),
-         "bitnet": ("BitNetAttention", "attn_sub_norm", "after", "eager")}
+         "bitnet": ("BitNetAttention", "attn_sub_norm", "after", "eager"),
+         "gemma4_text": ("Gemma4TextAttention", "v_norm", "before", "eager")}
 
 
 @pytest.mark.parametrize("variant", variant_params(KINDS))

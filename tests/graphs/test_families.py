@@ -28,15 +28,22 @@ from ..conftest import VARIANT_IDS, variant_params
 BUILT = ("llama", "gpt2", "gemma2", "qwen3", "gpt_neox_parallel", "mixtral", "olmo2", "granite", "granitemoe", "cohere",
          "bloom", "afmoe", "biogpt", "olmo_clipqkv", "jetmoe", "axk2", "modernbert_decoder", "diffllama", "nanochat",
          "olmo_hybrid", "stablelm", "granitemoe_swa", "kolibri1_1", "hy_v4", "deepseek_v4", "qwen4_exp",
-         "qwen4_exp_text")
-#: Families declined: by structure (Mamba: a block without an MLP). (HY-V4, DeepSeek-V4 and Qwen4-Exp keep several
+         "qwen4_exp_text", "doge", "beam", "ergo", "bloom_residual_post_ln", "gemma4_text", "gemma4_multimodal",
+         "gemma4_unified", "gemma4_unified_text", "nemotron_h")
+#: Families declined: by structure (Mamba: no block has an MLP; ZAYA: its MLP module returns a tuple; OPT post-LN:
+#: its MLP runs inline; RWKV: its time-mix is no linear mixer whose gates are frozen), or by the linearity proof
+#: (OpenAI GPT: its post-LN norm after the MLP is live). (HY-V4, DeepSeek-V4 and Qwen4-Exp keep several
 #: streams per position: their hyper-connections' weights are frozen and their transcoders write the MLP module's
-#: output: tests/graphs/test_streams.py; AFMoE's output gate is frozen;
+#: output: tests/graphs/test_streams.py; Doge, Beam, Ergo, Gemma-4 and BLOOM with the residual after the norm are not
+#: additive: their transcoders write the MLP module's output, and Nemotron-H's blocks without an MLP have no
+#: transcoder: tests/graphs/test_mlp_less.py; AFMoE's output gate is frozen;
 #: BioGPT's inline MLP is read where its norm reads; the linear mixers whose gates are frozen:
-#: tests/graphs/test_mixers.py; the norms inside attention whose scales are frozen, DeepSeek's compressed-KV norm and
-#: BitNet's sub-norm: tests/graphs/test_attention_norms.py; OLMo's clamp, JetMoE's attention routing, AXK2's gated
-#: norms, ModernBERT-decoder's prediction head: tests/graphs/test_inner_gates.py.)
-DECLINED = {"mamba": "serves no mlp_output"}
+#: tests/graphs/test_mixers.py; the norms inside attention whose scales are frozen, DeepSeek's compressed-KV norm,
+#: BitNet's sub-norm and Gemma-4's value norm: tests/graphs/test_attention_norms.py; OLMo's clamp, JetMoE's attention
+#: routing, AXK2's gated norms, ModernBERT-decoder's prediction head: tests/graphs/test_inner_gates.py.)
+DECLINED = {"mamba": "no block has an MLP for a transcoder", "zaya": "MLP module returns a tuple",
+            "opt_postln_proj": "runs its MLP inline", "rwkv": "(RwkvSelfAttention) is not one whose",
+            "openai_gpt": "is not affine in the graph's sources"}
 
 
 PROMPT = "The cat sat on the mat"

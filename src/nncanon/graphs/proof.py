@@ -54,7 +54,8 @@ def support(model: Any, reads: Sequence[str] | None = None) -> str | None:
     ``reads``: per block, the value of `nncanon.graphs.coders.READS` the transcoders read (default: the MLP's input,
     `nncanon.graphs.random_transcoders`'s); each distinct ``reads`` is proved once per model."""
     reason = structural(model)
-    if reason is not None:
+    if reason is not None:  # (support()'s line says it: the MLP module's output is checked on the model, not the table)
+        model.__dict__[GRAPH_PROOF] = reason
         return reason
     default = _default_reads(model)
     key = tuple(reads) if reads is not None else default

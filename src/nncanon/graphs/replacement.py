@@ -164,7 +164,7 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
         elif kind != "mlp_input":
             point = resolve(model, f"blocks.{layer}.hook_mlp_in")
             stream = point.parts if point.value == "resid_mid" else (point.value,)
-        mixer = ["linear_attention_input"] if report.available("linear_attention_output", layer) else []
+        mixer = ["linear_attention_input"] if report.available("linear_attention_input", layer) else []
         if mixer:
             mixers.check(model, layer)
         marker = WRITES if report.available(WRITES, layer) else MLP_MODULE_OUTPUT  # (where the MLP leaf is written)
@@ -193,7 +193,7 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
 
 def _mlp_less_steps(model: Any, layer: int, report: Any, eager: bool) -> list[str]:
     """The steps of block ``layer``, which has no MLP: its token mixer's frozen values only (no transcoder)."""
-    mixer = ["linear_attention_input"] if report.available("linear_attention_output", layer) else []
+    mixer = ["linear_attention_input"] if report.available("linear_attention_input", layer) else []
     if mixer:
         mixers.check(model, layer)
     names = [name for name in frozen_names(eager) if report.available(name, layer)] + mixer

@@ -1,0 +1,68 @@
+"""Attribution graphs on blocks that are not "stream + attention + MLP" sums.
+
+- A block without an MLP (Nemotron-H's mixer-only and attention-only blocks) has no transcoder: no feature there,
+  its error nodes zero (no edge in or out), the block linear on the frozen model (its mixer's gates frozen); the
+  graph is exact (`nncanon.graphs.verify`). A transcoder given for such a block, or a cross-layer transcoder (it
+  decodes into every block), is refused by name.
+- A block whose update is not a sum of contributions (Doge's learned residual gains: no ``mlp_output``) gets
+  transcoders writing its MLP module's output (``mlp_module_output``): the graph's MLP leaves are the module's
+  output as a plain PyTorch hook on the unwrapped model reads it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nncanon import InvalidDictionary, graphs
+from nncanon.graphs import attribution, coders, replacement
+from nncanon.testing import tiny_model
+
+PROMPT = "The cat sat on the mat"
+
+
+def test_blocks_without_an_mlp_have_no_transcoder():
+    model = tiny_model("nemotron_h")
+    mlps = coders.mlp_blocks(model)
+    assert any(mlps) and not all(mlps)
+    transcoders = graphs.random_transcoders(model, n_features=12, seed=1)
+    assert [t is not None for t in transcoders] == mlps
+    plan = replacement.plan_of(model)
+    assert plan.mlp == mlps
+    assert all((replacement.INPUT in steps) == mlp for steps, mlp in zip(plan.steps, mlps, strict=True))
+    graph = graphs.attribute(model, PROMPT, transcoders, max_n_logits=3, batch_size=16)
+    check = graphs.verify(model, graph, transcoders, samples=4)
+    assert check.ok, check
+    n_pos, a = len(graph.input_tokens), graph.adjacency_matrix
+    assert set(graph.active_features[:, 0].tolist()) == {layer for layer, mlp in enumerate(mlps) if mlp}
+    for layer, mlp in enumerate(mlps):
+        errors = slice(graph.n_features + layer * n_pos, graph.n_features + (layer + 1) * n_pos)
+        assert a[:, errors].any() == mlp  # (an MLP block's errors reach some target; the others are zero)
+        assert not a[errors].any()
+    wrong = list(transcoders)
+    wrong[mlps.index(False)] = transcoders[mlps.index(True)]
+    with pytest.raises(InvalidDictionary, match="which has no MLP: pass None there"):
+        graphs.attribute(model, PROMPT, wrong)
+    with pytest.raises(InvalidDictionary, match="decodes into every block's MLP"):
+        graphs.attribute(model, PROMPT, graphs.random_clt(model))
+
+
+def test_a_non_additive_block_writes_its_mlp_module_output():
+    model = tiny_model("doge")
+    assert not model.support().available("mlp_output", layer=0)
+    assert coders.writes_of(model) == replacement.MLP_MODULE_OUTPUT == "mlp_module_output"
+    transcoders = graphs.random_transcoders(model, n_features=12, seed=1)
+    assert transcoders[0].cfg.hook_name_out == "blocks.0.mlp.hook_out"
+    s = attribution.setup(model, PROMPT, transcoders, max_n_logits=2)
+    assert s.plan.writes == "mlp_module_output"
+    seen = {}
+    hooks = [layer.mlp._module.register_forward_hook(lambda m, i, o, at=at: seen.__setitem__(at, o))
+             for at, layer in enumerate(model.layers)]
+    try:
+        with torch.no_grad():
+            model._module(s.ids)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    for layer, leaf in enumerate(s.leaves):
+        torch.testing.assert_close(leaf, seen[layer][0], rtol=0, atol=0)
