@@ -124,12 +124,12 @@ def test_a_live_gate_is_caught_by_the_proof(variant, monkeypatch):
 @pytest.mark.parametrize("variant", variant_params(["lfm2", "mamba"]))
 def test_mixers_not_linearised_are_declined_with_the_reason(variant, monkeypatch):
     """A mixer class without gates to freeze is declined by name (every registered one has them: one is taken out
-    here); a block without an MLP is declined for that first."""
+    here); a model without an MLP in any block is declined for that first."""
     monkeypatch.delitem(mixer_gates.GATES, "Lfm2ShortConv")
     model = tiny_model(variant)
     reason = graphs.support(model)
     expected = {"lfm2": "its linear mixer (Lfm2ShortConv) is not one whose data-dependent gates nncanon freezes",
-                "mamba": "serves no mlp_output"}[variant.name]
+                "mamba": "no block has an MLP for a transcoder"}[variant.name]
     assert reason is not None and expected in reason
     assert model.support().graphs == f"no, {reason}"
     with pytest.raises(ValueNotAvailable, match="no attribution graph"):

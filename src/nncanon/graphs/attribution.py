@@ -52,7 +52,8 @@ class Setup:
         sources: ``[n_active, R, d]`` each active feature's source vectors ``activation · W_dec[f]`` into its layer
             and the ``R - 1`` after it (``R`` 1 for per-layer transcoders, ``n_layers`` for a cross-layer one).
         errors: ``[n_layers, n, d]`` the error nodes' vectors (position 0 zeroed where ``zero_bos``).
-        leaves: Per block, the MLP output leaf's value ``[n, d]`` (the clean output less a skip connection).
+        leaves: Per block, the MLP output leaf's value ``[n, d]`` (the clean output less a skip connection; zero at a
+            block without an MLP, whose error nodes are zero too).
         logit_ids, logit_probs: The logit targets and their probabilities.
         zero_bos: Whether position 0's features and errors are zeroed.
     """

@@ -9,6 +9,11 @@ MLP's output a fixed leaf, read and written through the standard surface (the mi
 gated norms' inner values through nnsight's ``.source``) only. On a model keeping several streams per position
 (`nncanon.graphs.streams`) each hyper-connection's stream-computed weights are frozen at a `STREAMS` step before the
 sublayer it feeds, the final collapse's before the head, and the MLP leaf is the MLP module's output (``d`` wide).
+So it is on a model whose blocks with an MLP serve no ``mlp_output`` (their update is not a sum of contributions:
+residual gains, post-norms; `nncanon.graphs.coders.writes_of`): what the block does with the module's output is part
+of the frozen model, the post-norm's scale (``mlp_post_norm_scale``) frozen, and the linearity proof checks the rest.
+A block without an MLP (a hybrid's Mamba block) has no transcoder: no `INPUT` and no MLP leaf step, its transcoder
+input and MLP leaf zero (`Plan.mlp`).
 
 Frozen means written back: each norm's scale (``attention_norm_scale``, ``attention_post_norm_scale``,
 ``mlp_norm_scale``, ``model.final_norm_scale``), each block's ``attention_probabilities`` and ``attention_gate`` (an
@@ -151,28 +156,14 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
     steps, parts = [], []
     for layer, kind in enumerate(reads):
         assert kind in READS, kind
-        if not mlps[layer]:
-            steps.append(_mlp_less_steps(model, layer, report, eager))
-            parts.append(())
-            continue
-        if kind == "mlp_normalized" and not report.available("mlp_norm_scale", layer):
-            raise ValueNotAvailable(f"layers[{layer}]'s transcoder reads mlp_normalized, but the MLP norm's scale is "
-                                    f"not served, so it cannot be frozen: {report.reason('mlp_norm_scale', layer)}")
-        stream: tuple[str, ...] = ()
-        if kind == "layer_input":
-            stream = ("layer_input",)
-        elif kind != "mlp_input":
-            point = resolve(model, f"blocks.{layer}.hook_mlp_in")
-            stream = point.parts if point.value == "resid_mid" else (point.value,)
+        mlp, stream = _mlp_steps(model, report, layer, kind, writes) if mlps[layer] else ([], ())
         mixer = ["linear_attention_input"] if report.available("linear_attention_input", layer) else []
         if mixer:
             mixers.check(model, layer)
-        marker = WRITES if report.available(WRITES, layer) else MLP_MODULE_OUTPUT  # (where the MLP leaf is written)
-        after = ["mlp_post_norm_scale"] if writes != WRITES and report.available("mlp_post_norm_scale", layer) else []
-        names = [name for name in frozen_names(eager) if report.available(name, layer)] + [*mixer, *after, marker,
-                                                                                           *stream]
-        ordered = [WRITES if name == marker else name for name in in_execution_order(model, layer, names)]
-        ordered.insert(ordered.index(WRITES), INPUT)
+        names = [name for name in frozen_names(eager) if report.available(name, layer)] + [*mixer, *mlp, *stream]
+        ordered = [WRITES if name == MLP_MODULE_OUTPUT else name for name in in_execution_order(model, layer, names)]
+        if mlps[layer]:  # (a block without an MLP has no transcoder: no input, no leaf)
+            ordered.insert(ordered.index(WRITES), INPUT)
         ordered = [MIXER if name == "linear_attention_input" else name for name in ordered]
         _place_inner_norms(model, layer, ordered)
         _place_gated_norms(model, layer, ordered)
@@ -191,15 +182,23 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
                 writes=writes, collapse=streams.collapse(model), mlp=mlps)
 
 
-def _mlp_less_steps(model: Any, layer: int, report: Any, eager: bool) -> list[str]:
-    """The steps of block ``layer``, which has no MLP: its token mixer's frozen values only (no transcoder)."""
-    mixer = ["linear_attention_input"] if report.available("linear_attention_input", layer) else []
-    if mixer:
-        mixers.check(model, layer)
-    names = [name for name in frozen_names(eager) if report.available(name, layer)] + mixer
-    ordered = [MIXER if name == "linear_attention_input" else name for name in in_execution_order(model, layer, names)]
-    _place_inner_norms(model, layer, ordered)
-    return ordered
+def _mlp_steps(model: Any, report: Any, layer: int, kind: str, writes: str) -> tuple[list[str], tuple[str, ...]]:
+    """Block ``layer``'s MLP-side names to order (the MLP leaf's marker: ``mlp_output``, or where the block serves
+    none the MLP module's output, with the post-norm's scale after it then frozen) and the stream parts its
+    transcoder's input ``kind`` is made from (``()`` for ``mlp_input``: read as served)."""
+    if kind == "mlp_normalized" and not report.available("mlp_norm_scale", layer):
+        raise ValueNotAvailable(f"layers[{layer}]'s transcoder reads mlp_normalized, but the MLP norm's scale is "
+                                f"not served, so it cannot be frozen: {report.reason('mlp_norm_scale', layer)}")
+    stream: tuple[str, ...] = ()
+    if kind == "layer_input":
+        stream = ("layer_input",)
+    elif kind != "mlp_input":
+        point = resolve(model, f"blocks.{layer}.hook_mlp_in")
+        stream = point.parts if point.value == "resid_mid" else (point.value,)
+    if report.available(WRITES, layer):
+        return [WRITES], stream
+    after = ["mlp_post_norm_scale"] if writes != WRITES and report.available("mlp_post_norm_scale", layer) else []
+    return [*after, MLP_MODULE_OUTPUT], stream
 
 
 def _writes(model: Any) -> str:
