@@ -5,7 +5,8 @@ a gated norm's scale and gate (AXK2: `nncanon.components.norm_gates`) and a pred
 (ModernBERT-decoder: `nncanon.graphs.head`), a final norm whose scale is not served, frozen at the head's input
 (nanochat's, run on the embeddings too), and a pattern the surface does not serve (DiffLlama's two kernel calls,
 frozen through their query and key inputs, with its per-head group norm's scale), an attention sink's scale after the
-kernel (GraniteMoE-SWA) and a rounding with a straight-through gradient (Kolibri-1.1's NVFP4 values).
+kernel (GraniteMoE-SWA), a rounding with a straight-through gradient (Kolibri-1.1's NVFP4 values) and a post-LN
+block's norm on its own sum (OpenAI GPT's ``ln_2``: `nncanon.components.norm_gates.BLOCK_NORMS`).
 On each tiny registry variant the graph is one `nncanon.graphs.verify`
 proves (forward, completeness, sampled removals) and `graphs.support` is ``None``; with the value left live the
 frozen model is not affine along a direction of the token nodes and the linearity proof declines the model.
@@ -33,7 +34,8 @@ KINDS = {"olmo_clipqkv": (attention_gates.ATTENTION_GATES, "OlmoAttention"),
          "diffllama": (attention_gates.ATTENTION_GATES, "DiffLlamaAttention"),
          "nanochat": (None, "NanoChatRMSNorm"),
          "granitemoe_swa": (attention_gates.ATTENTION_GATES, "GraniteMoeSWAAttention"),
-         "kolibri1_1": (attention_gates.ATTENTION_GATES, "Kolibri1_1Attention")}
+         "kolibri1_1": (attention_gates.ATTENTION_GATES, "Kolibri1_1Attention"),
+         "openai_gpt": (norm_gates.BLOCK_NORMS, "Block")}
 #: What is left live where not the whole entry (DiffLlama's pattern, or its group norm; without the entry its
 #: structure is declined: its pattern is not served).
 LIVE = {"diffllama": {"pattern": lambda gates: gates[2:], "group norm": lambda gates: gates[:2]}}
@@ -47,6 +49,8 @@ def test_graph_through_frozen_values_is_exact(variant):
         steps = plan.steps[1]
         assert steps[0] == replacement.NORM_GATES + "input_layernorm"
         assert steps[steps.index(replacement.INPUT) - 1] == replacement.NORM_GATES + "post_attention_layernorm"
+    if variant.name == "openai_gpt":  # (the norm on the block's sum: its last step)
+        assert all(steps[-1] == replacement.NORM_GATES + "<block>" for steps in plan.steps)
     if variant.name in ("modernbert_decoder", "nanochat"):
         kinds = {"modernbert_decoder": ["activation", "norm"], "nanochat": ["final"]}[variant.name]
         assert [kind for _, _, kind in plan.head_stages] == kinds

@@ -6,6 +6,11 @@ at the clean run's values; the norm is then linear in its input.
 
 `NORM_GATES` maps a norm class to those values (`nncanon.components.mixer_gates.Gate`, relative to the norm module);
 `gated_norms` lists a block's such children and which sublayer each feeds.
+
+A post-LN block's last norm, run on the block's sum (OpenAI GPT's ``h = ln_2(n + mlp(n))``), is no role of the surface
+(no sublayer's post-norm: it norms the stream itself), so its scale is served nowhere; `BLOCK_NORMS` names it per block
+class, frozen as its scale (`Gate` part ``"scale"``: its output the live input over the clean run's scale, times its
+weight) after everything else the block computes (`block_gates_of`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,18 @@ from .mixer_gates import Gate
 NORM_GATES: dict[str, tuple[Gate, ...]] = {
     "AXK2GatedRMSNorm": (Gate("torch_rsqrt_0", "output", module="norm"), Gate("torch_sigmoid_0", "output")),
 }
+
+
+#: Per block class: the norms it runs on its own sum last, frozen as their scale.
+BLOCK_NORMS: dict[str, tuple[str, ...]] = {
+    "Block": ("ln_2",),  # (OpenAI GPT: n = ln_1(x + attn(x)), h = ln_2(n + mlp(n)); ln_1 is served as the MLP's norm)
+}
+
+
+def block_gates_of(block: nn.Module) -> tuple[Gate, ...]:
+    """The frozen values of ``block`` itself: the scales of the norms it runs on its own sum (`BLOCK_NORMS`)."""
+    return tuple(Gate(None, "scale", module=name) for name in BLOCK_NORMS.get(type(block).__name__, ())
+                 if getattr(block, name, None) is not None)
 
 
 def gates_of(module: nn.Module) -> tuple[Gate, ...]:

@@ -33,8 +33,9 @@ from ..errors import ValueNotAvailable
 
 #: The activations whose slope is frozen (SiLU under its two names).
 SILU = ("silu", "swish")
-#: The owner of a block's linear mixer's gates, and of its attention's frozen values.
-MIXER, ATTENTION = "linear_attn", "self_attn"
+#: The owner of a block's linear mixer's gates, of its attention's frozen values, and of the block's own
+#: (`nncanon.components.norm_gates.block_gates_of`).
+MIXER, ATTENTION, BLOCK = "linear_attn", "self_attn", "<block>"
 
 
 def _mixer(model: Any, layer: int | None, owner: str = MIXER) -> Any:
@@ -43,7 +44,7 @@ def _mixer(model: Any, layer: int | None, owner: str = MIXER) -> Any:
     if layer is None:
         return model._optional(owner)
     block = model.layers[layer]
-    return getattr(block, owner)
+    return block if owner == BLOCK else getattr(block, owner)
 
 
 def _child(envoy: Any, path: str | None) -> Any:
@@ -61,6 +62,8 @@ def _spellings(module: Any, owner: str) -> tuple[tuple[Gate, ...], ...]:
         return spellings_of(module)
     if owner == ATTENTION:
         return (attention_gates.gates_of(module),)
+    if owner == BLOCK:
+        return (norm_gates.block_gates_of(module),)
     return (norm_gates.gates_of(module) or stream_gates.gates_of(module),)
 
 
