@@ -32,6 +32,8 @@ KINDS = {
                       "convolution's SiLU as its slope, the gated output norm's gate and scale",
     "mLSTM": "queries, keys, the input and forget gates at the cell's call (its normaliser and stabiliser then "
              "frozen with them), the per-head norm's scale and the output gate",
+    "lightning attention": "queries and keys (after the projection's SiLU), the SiLU as its slope on the values, "
+                           "the output norm's scale and the output gate",
     "RG-LRU": "the output branch's GELU, the input and recurrent gates (sigmoids: the decay and its normaliser then "
               "frozen with them)",
 }
@@ -52,7 +54,10 @@ class Gate:
             tensors, ``-inf``/``inf`` where the clean run's value is inside them and the clean clipped value where
             it clipped (linear where it did not bite, constant where it did), or ``"scale"``: the call of norm
             ``module`` (``op`` ``None``), its output written as its live input centred over the clean run's scale,
-            times its weight (`nncanon.components.norms.formula`: a norm computed in one fused call, ``F.rms_norm``).
+            times its weight (`nncanon.components.norms.formula`: a norm computed in one fused call, ``F.rms_norm``),
+            or ``"ratio"``: the call of activation ``module`` (``op`` ``None``, ``act(0) = 0``), its output written as
+            its live input times the clean run's ``act(u) / u`` (its slope through the origin: the forward's value
+            unchanged, the gradient through ``u`` only).
         items: Which elements or arguments; for ``"slope"``, ``()`` (the call is ``(conv1d, x, ...)``) or where
             its input ``x``, weight ``[channels, k]`` and bias are among its arguments (``causal_conv1d_fn``).
         module: The child module whose forward holds ``op`` (or whose call it is); ``None``: the mixer's own.
@@ -113,6 +118,12 @@ MLSTM = (Gate(None, "inputs", ("query", "key", "igate", "fgate"), module="mlstm_
          Gate(None, "output", module="ogate_act_fn"))
 
 
+#: MiniMax's lightning attention: ``q, k, v = split(silu(qkv_proj(h)))``, a decayed linear attention of them, its
+#: output normed and gated by ``sigmoid(output_gate(h))``.
+LIGHTNING = (Gate(None, "ratio", module="act_fn"), Gate("torch_split_0", "output", (0, 1)),
+             Gate(None, "scale", module="norm"), Gate("F_sigmoid_0", "output"))
+
+
 def _falcon_h1(mamba2: tuple[Gate, ...]) -> Callable[[nn.Module], tuple[Gate, ...]]:
     """Falcon-H1's Mamba-2 spelt as ``mamba2``: the gated norm where ``mamba_rms_norm``, else ``scan · silu(gate)``
     with the SiLU frozen."""
@@ -151,6 +162,7 @@ GATES: dict[str, tuple[tuple[Spelling, ...], str]] = {
     "BailingHybridDeltaAttention": ((KIMI_DELTA, KIMI_DELTA_OLD), "gated DeltaNet"),
     "RecurrentGemmaRecurrentBlock": ((RG_LRU,), "RG-LRU"),
     "xLSTMLayer": ((MLSTM,), "mLSTM"),
+    "MiniMaxLightningAttention": ((LIGHTNING,), "lightning attention"),
 }
 
 

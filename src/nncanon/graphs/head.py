@@ -21,6 +21,7 @@ from torch import nn
 
 from ..components.norms import NormAnatomy, formula, is_norm, norm_anatomy, statistics
 from ..errors import ValueNotAvailable
+from .mixers import ratio
 
 #: Where an activation module's class is defined (every one has ``act(0) = 0``: a slope through the origin).
 ACTIVATION_MODULES = ("transformers.activations", "torch.nn.modules.activation")
@@ -90,14 +91,8 @@ def read(model: Any, frozen: list[tuple[str, str, str]]) -> list[Any]:
         if kind == "norm":
             values.append(statistics(norm_anatomy(envoy._module), x)[1].save())
         else:
-            values.append(_ratio(envoy.output, x).save())
+            values.append(ratio(envoy.output, x).save())
     return values
-
-
-def _ratio(y: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """``y / u`` in float32, 0 where ``u`` is 0 (``act(0) = 0``)."""
-    u = u.float()
-    return torch.where(u == 0, torch.zeros_like(u), y.float() / torch.where(u == 0, torch.ones_like(u), u))
 
 
 def freeze(model: Any, frozen: list[tuple[str, str, str]], clean: list[torch.Tensor]) -> None:

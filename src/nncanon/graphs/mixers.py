@@ -153,7 +153,7 @@ def read(model: Any, layer: int | None, owner: str = MIXER) -> dict[str, Any]:
     """The clean run's gates of block ``layer``'s mixer (or ``owner``), saved (inside the clean run's trace): per
     gate key, the tuple of its frozen values (``[1, ...]`` or the batch folded in the first dimension), for
     ``"slope"`` the clean ``sigmoid(u)``, for ``"bounds"`` the lower and upper bounds, for ``"scale"`` the norm's
-    scale (``[1, ..., 1]``: the normalised axes 1)."""
+    scale (``[1, ..., 1]``: the normalised axes 1), for ``"ratio"`` the activation's ``act(u) / u``."""
     mixer = _mixer(model, layer, owner)
     saved: dict[str, Any] = {}
     runs: dict[tuple[str, str], bool] = {}
@@ -165,6 +165,9 @@ def read(model: Any, layer: int | None, owner: str = MIXER) -> dict[str, Any]:
             values = list(_bounds(site))
         elif gate.part == "scale":
             values = [statistics(norm_anatomy(site._module), site.input)[1]]
+        elif gate.part == "ratio":
+            u = site.input  # (before the output: the order the call makes them)
+            values = [ratio(site.output, u)]
         elif gate.part == "output":
             output = site.output
             values = [output[i] for i in gate.items] if gate.items else [output]
@@ -189,6 +192,12 @@ def _like(clean: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
         raise ValueNotAvailable(f"a mixer gate of shape {tuple(live.shape)} on the frozen run does not match its clean "
                                 f"value's {tuple(clean.shape)}")
     return clean.repeat(live.shape[0] // clean.shape[0], *[1] * (clean.dim() - 1))
+
+
+def ratio(y: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``y / u`` in float32, 0 where ``u`` is 0: an activation's slope through the origin (``act(0) = 0``)."""
+    u = u.float()
+    return torch.where(u == 0, torch.zeros_like(u), y.float() / torch.where(u == 0, torch.ones_like(u), u))
 
 
 def _limits(args: tuple, kwargs: dict) -> tuple[Any, Any]:
@@ -228,6 +237,9 @@ def freeze(model: Any, layer: int | None, clean: dict[str, tuple[torch.Tensor, .
             site.inputs = (tuple(args[2:]), kwargs)
         elif gate.part == "scale":
             site.output = formula(norm_anatomy(site._module), site._module, site.input, scale=values[0])
+        elif gate.part == "ratio":
+            x = site.input
+            site.output = (x.float() * _like(values[0], x)).to(x.dtype)
         elif gate.part == "output":
             output = site.output
             if not gate.items:
