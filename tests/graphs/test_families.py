@@ -29,7 +29,7 @@ BUILT = ("llama", "gpt2", "gemma2", "qwen3", "gpt_neox_parallel", "mixtral", "ol
          "bloom", "afmoe", "biogpt", "olmo_clipqkv", "jetmoe", "axk2", "modernbert_decoder", "diffllama", "nanochat",
          "olmo_hybrid", "stablelm", "granitemoe_swa", "kolibri1_1", "hy_v4", "deepseek_v4", "qwen4_exp",
          "qwen4_exp_text", "doge", "beam", "ergo", "bloom_residual_post_ln", "gemma4_text", "gemma4_multimodal",
-         "gemma4_unified", "gemma4_unified_text", "nemotron_h", "openai_gpt", "minimax")
+         "gemma4_unified", "gemma4_unified_text", "nemotron_h", "openai_gpt", "minimax", "gemma4_text_ple")
 #: Families declined: by structure (Mamba: no block has an MLP; ZAYA: its MLP module returns a tuple; OPT post-LN:
 #: its MLP runs inline; RWKV's time mix, checked where the block serves no contribution too: no linear mixer whose
 #: gates are frozen), or by the linearity proof

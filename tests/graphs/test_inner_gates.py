@@ -6,7 +6,8 @@ a gated norm's scale and gate (AXK2: `nncanon.components.norm_gates`) and a pred
 (nanochat's, run on the embeddings too), and a pattern the surface does not serve (DiffLlama's two kernel calls,
 frozen through their query and key inputs, with its per-head group norm's scale), an attention sink's scale after the
 kernel (GraniteMoE-SWA), a rounding with a straight-through gradient (Kolibri-1.1's NVFP4 values) and a post-LN
-block's norm on its own sum (OpenAI GPT's ``ln_2``: `nncanon.components.norm_gates.BLOCK_NORMS`).
+block's norm on its own sum (OpenAI GPT's ``ln_2``: `nncanon.components.norm_gates.BLOCK_GATES`) and Gemma-4's
+per-layer-input branch (its per-layer input frozen at the block's entry; its GELU's slope and its norm's scale last).
 On each tiny registry variant the graph is one `nncanon.graphs.verify`
 proves (forward, completeness, sampled removals) and `graphs.support` is ``None``; with the value left live the
 frozen model is not affine along a direction of the token nodes and the linearity proof declines the model.
@@ -35,10 +36,14 @@ KINDS = {"olmo_clipqkv": (attention_gates.ATTENTION_GATES, "OlmoAttention"),
          "nanochat": (None, "NanoChatRMSNorm"),
          "granitemoe_swa": (attention_gates.ATTENTION_GATES, "GraniteMoeSWAAttention"),
          "kolibri1_1": (attention_gates.ATTENTION_GATES, "Kolibri1_1Attention"),
-         "openai_gpt": (norm_gates.BLOCK_NORMS, "Block")}
+         "openai_gpt": (norm_gates.BLOCK_GATES, "Block"),
+         "gemma4_text_ple": (norm_gates.BLOCK_GATES, "Gemma4TextDecoderLayer")}
 #: What is left live where not the whole entry (DiffLlama's pattern, or its group norm; without the entry its
 #: structure is declined: its pattern is not served).
-LIVE = {"diffllama": {"pattern": lambda gates: gates[2:], "group norm": lambda gates: gates[:2]}}
+LIVE = {"diffllama": {"pattern": lambda entry: (entry[0][2:], entry[1]),
+                      "group norm": lambda entry: (entry[0][:2], entry[1])},
+        "gemma4_text_ple": {place: (lambda entry, place=place: lambda block: {
+            at: gates for at, gates in entry(block).items() if at != place}) for place in ("first", "last")}}
 
 
 @pytest.mark.parametrize("variant", variant_params(KINDS))
@@ -90,8 +95,7 @@ def test_a_live_value_is_caught(variant, part, monkeypatch):
     if table is None:
         monkeypatch.setattr(replacement.before_head, "stages", lambda model: [])
     elif part in LIVE.get(variant.name, {}):
-        gates, place = table[name]
-        monkeypatch.setitem(table, name, (LIVE[variant.name][part](gates), place))
+        monkeypatch.setitem(table, name, LIVE[variant.name][part](table[name]))
     else:
         monkeypatch.delitem(table, name)
     live = _second_difference(model)

@@ -7,13 +7,20 @@ at the clean run's values; the norm is then linear in its input.
 `NORM_GATES` maps a norm class to those values (`nncanon.components.mixer_gates.Gate`, relative to the norm module);
 `gated_norms` lists a block's such children and which sublayer each feeds.
 
-A post-LN block's last norm, run on the block's sum (OpenAI GPT's ``h = ln_2(n + mlp(n))``), is no role of the surface
-(no sublayer's post-norm: it norms the stream itself), so its scale is served nowhere; `BLOCK_NORMS` names it per block
-class, frozen as its scale (`Gate` part ``"scale"``: its output the live input over the clean run's scale, times its
-weight) after everything else the block computes (`block_gates_of`).
+A block's own nonlinear steps outside its sublayers (`BLOCK_GATES`, per block class, `block_gates_of`): a post-LN
+block's last norm, run on the block's sum (OpenAI GPT's ``h = ln_2(n + mlp(n))``), is no role of the surface (it
+norms the stream itself), so its scale is served nowhere: frozen as its scale (`Gate` part ``"scale"``: its output
+the live input over the clean run's scale, times its weight) after everything else the block computes. Gemma-4's
+per-layer-input branch after the MLP, ``norm(proj(gelu(gate(h)) · p))``, multiplies the stream's GELU by the
+block's per-layer input ``p`` (made from the token's own per-layer embedding and a normed projection of its
+embedding): ``p`` is frozen at the block's entry (its argument; the token's path through it is in every target's
+bias term, as absolute position embeddings are), the GELU as its slope through the origin (part ``"ratio"``) and the
+branch's norm as its scale, at the block's end.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from torch import nn
 
@@ -25,16 +32,25 @@ NORM_GATES: dict[str, tuple[Gate, ...]] = {
 }
 
 
-#: Per block class: the norms it runs on its own sum last, frozen as their scale.
-BLOCK_NORMS: dict[str, tuple[str, ...]] = {
-    "Block": ("ln_2",),  # (OpenAI GPT: n = ln_1(x + attn(x)), h = ln_2(n + mlp(n)); ln_1 is served as the MLP's norm)
+def _gemma4(block: nn.Module) -> dict[str, tuple[Gate, ...]]:
+    if not getattr(block, "hidden_size_per_layer_input", None):
+        return {}
+    return {"first": (Gate(None, "inputs", (1,)),),
+            "last": (Gate(None, "ratio", module="act_fn"), Gate(None, "scale", module="post_per_layer_input_norm"))}
+
+
+#: Per block class: its own frozen values, at its entry (``"first"``) and after all else it computes (``"last"``), or
+#: a function of the block giving them.
+BLOCK_GATES: dict[str, dict[str, tuple[Gate, ...]] | Callable[[nn.Module], dict[str, tuple[Gate, ...]]]] = {
+    "Block": {"last": (Gate(None, "scale", module="ln_2"),)},  # (OpenAI GPT; its ln_1 is served as the MLP's norm)
+    "Gemma4TextDecoderLayer": _gemma4,
 }
 
 
-def block_gates_of(block: nn.Module) -> tuple[Gate, ...]:
-    """The frozen values of ``block`` itself: the scales of the norms it runs on its own sum (`BLOCK_NORMS`)."""
-    return tuple(Gate(None, "scale", module=name) for name in BLOCK_NORMS.get(type(block).__name__, ())
-                 if getattr(block, name, None) is not None)
+def block_gates_of(block: nn.Module, place: str = "last") -> tuple[Gate, ...]:
+    """The frozen values of ``block`` itself at ``place`` (``"first"``: its entry; ``"last"``: after all else)."""
+    gates = BLOCK_GATES.get(type(block).__name__, {})
+    return (gates(block) if callable(gates) else gates).get(place, ())
 
 
 def gates_of(module: nn.Module) -> tuple[Gate, ...]:

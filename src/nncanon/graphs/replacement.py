@@ -241,9 +241,12 @@ def _place_inner_norms(model: Any, layer: int, ordered: list[str]) -> None:
 def _place_gated_norms(model: Any, layer: int, ordered: list[str]) -> None:
     """Insert a `NORM_GATES` step in block ``layer``'s steps for each gated norm it calls: first (after the stream
     entering it) for the norm before its token mixer, before the transcoder's input for the one before its MLP; and
-    one for the norms the block runs on its own sum (`nncanon.components.norm_gates.BLOCK_NORMS`), last."""
+    the block's own values (`nncanon.components.norm_gates.BLOCK_GATES`) at its entry and last."""
     block = model.layers[layer]
-    if norm_gates.block_gates_of(block._module):  # (the norms on the block's own sum: after all else)
+    if norm_gates.block_gates_of(block._module, "first"):  # (the block's own values: at its entry, after all else)
+        mixers.check(model, layer, mixers.BLOCK_ENTRY)
+        ordered.insert(int(ordered[:1] == ["layer_input"]), NORM_GATES + mixers.BLOCK_ENTRY)
+    if norm_gates.block_gates_of(block._module, "last"):
         mixers.check(model, layer, mixers.BLOCK)
         ordered.insert(len(ordered) - int(ordered[-1:] == ["layer_output"]), NORM_GATES + mixers.BLOCK)
     if not any(norm_gates.gates_of(child) for child in block._module.children()):
