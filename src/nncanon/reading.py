@@ -101,10 +101,20 @@ def host(model: Any, layer: int, name: str) -> Any:
 
 def read(model: Any, layer: int, name: str) -> torch.Tensor:
     """The standard value ``name`` of block ``layer``, inside a trace (a served tensor: writes reach the model); or
-    `MLP_MODULE_OUTPUT`, the MLP module's output."""
+    `MLP_MODULE_OUTPUT`, the MLP module's output (its first element where it returns a tuple)."""
     if name == MLP_MODULE_OUTPUT:
-        return model.layers[layer].mlp.output
+        output = model.layers[layer].mlp.output
+        return output[0] if isinstance(output, tuple) else output
     return getattr(host(model, layer, name), name)
+
+
+def write_mlp_module_output(model: Any, layer: int, value: torch.Tensor) -> None:
+    """Write block ``layer``'s MLP module's output with ``value`` (inside a trace); where the module returns a
+    tuple (RWKV's feed-forward its state, ZAYA's MLP its router's state for the next block), its first element,
+    the rest passed on as the module returned them."""
+    mlp = model.layers[layer].mlp
+    output = mlp.output
+    mlp.output = (value, *output[1:]) if isinstance(output, tuple) else value
 
 
 def head_count(model: Any, layer: int, name: str = "attention_head_outputs") -> int:

@@ -29,10 +29,10 @@ BUILT = ("llama", "gpt2", "gemma2", "qwen3", "gpt_neox_parallel", "mixtral", "ol
          "bloom", "afmoe", "biogpt", "olmo_clipqkv", "jetmoe", "axk2", "modernbert_decoder", "diffllama", "nanochat",
          "olmo_hybrid", "stablelm", "granitemoe_swa", "kolibri1_1", "hy_v4", "deepseek_v4", "qwen4_exp",
          "qwen4_exp_text", "doge", "beam", "ergo", "bloom_residual_post_ln", "gemma4_text", "gemma4_multimodal",
-         "gemma4_unified", "gemma4_unified_text", "nemotron_h", "openai_gpt", "minimax", "gemma4_text_ple")
-#: Families declined: by structure (Mamba: no block has an MLP; ZAYA: its MLP module returns a tuple; OPT post-LN:
-#: its MLP runs inline; RWKV's time mix, checked where the block serves no contribution too: no linear mixer whose
-#: gates are frozen), or by the linearity proof
+         "gemma4_unified", "gemma4_unified_text", "nemotron_h",
+         "openai_gpt", "minimax", "gemma4_text_ple", "rwkv", "zaya")
+#: Families declined: by structure (Mamba: no block has an MLP; OPT post-LN: its MLP runs inline), or by the
+#: linearity proof
 #: (Gemma-3n: AltUp and LAuReL left live). (HY-V4, DeepSeek-V4 and Qwen4-Exp keep several
 #: streams per position: their hyper-connections' weights are frozen and their transcoders write the MLP module's
 #: output: tests/graphs/test_streams.py; Doge, Beam, Ergo, Gemma-4 and BLOOM with the residual after the norm are not
@@ -43,8 +43,7 @@ BUILT = ("llama", "gpt2", "gemma2", "qwen3", "gpt_neox_parallel", "mixtral", "ol
 #: BitNet's sub-norm and Gemma-4's value norm: tests/graphs/test_attention_norms.py; OLMo's clamp, JetMoE's attention
 #: routing, AXK2's gated norms, ModernBERT-decoder's prediction head, OpenAI GPT's post-LN norm on the block's sum:
 #: tests/graphs/test_inner_gates.py.)
-DECLINED = {"mamba": "no block has an MLP for a transcoder", "zaya": "MLP module returns a tuple",
-            "opt_postln_proj": "runs its MLP inline", "rwkv": "(RwkvSelfAttention) is not one whose",
+DECLINED = {"mamba": "no block has an MLP for a transcoder", "opt_postln_proj": "runs its MLP inline",
             "gemma3n_text": "is not affine in the graph's sources"}
 
 

@@ -26,7 +26,8 @@ from ..conftest import variant_params
 
 #: One registry variant per kind of mixer linearised (`mixer_gates.KINDS`).
 KINDS = {"lfm2": "short convolution", "jamba": "Mamba", "bamba": "Mamba-2", "qwen3_5_text": "gated DeltaNet",
-         "recurrent_gemma": "RG-LRU", "xlstm": "mLSTM", "minimax": "lightning attention"}
+         "recurrent_gemma": "RG-LRU", "xlstm": "mLSTM", "minimax": "lightning attention",
+         "rwkv": "WKV (RWKV's time mix)"}
 
 PROMPT = "The cat sat on the mat"
 #: The mixer kinds whose forwards spell their calls otherwise before transformers 5.25 (``causal_conv1d_fn``,

@@ -6,7 +6,8 @@
   decodes into every block), is refused by name.
 - A block whose update is not a sum of contributions (Doge's learned residual gains: no ``mlp_output``) gets
   transcoders writing its MLP module's output (``mlp_module_output``): the graph's MLP leaves are the module's
-  output as a plain PyTorch hook on the unwrapped model reads it.
+  output as a plain PyTorch hook on the unwrapped model reads it (ZAYA's: the first element of the tuple its MLP
+  module returns).
 """
 
 from __future__ import annotations
@@ -47,8 +48,11 @@ def test_blocks_without_an_mlp_have_no_transcoder():
         graphs.attribute(model, PROMPT, graphs.random_clt(model))
 
 
-def test_a_non_additive_block_writes_its_mlp_module_output():
-    model = tiny_model("doge")
+@pytest.mark.parametrize("name", ["doge", "zaya"])
+def test_a_non_additive_block_writes_its_mlp_module_output(name):
+    """(ZAYA's MLP module returns a tuple, its router's state for the next block after its output: the leaf is the
+    first element.)"""
+    model = tiny_model(name)
     assert not model.support().available("mlp_output", layer=0)
     assert coders.writes_of(model) == replacement.MLP_MODULE_OUTPUT == "mlp_module_output"
     transcoders = graphs.random_transcoders(model, n_features=12, seed=1)
@@ -65,4 +69,6 @@ def test_a_non_additive_block_writes_its_mlp_module_output():
         for hook in hooks:
             hook.remove()
     for layer, leaf in enumerate(s.leaves):
-        torch.testing.assert_close(leaf, seen[layer][0], rtol=0, atol=0)
+        output = seen[layer][0] if isinstance(seen[layer], tuple) else seen[layer]
+        assert isinstance(seen[layer], tuple) == (name == "zaya")
+        torch.testing.assert_close(leaf, output[0], rtol=0, atol=0)

@@ -34,6 +34,8 @@ KINDS = {
              "frozen with them), the per-head norm's scale and the output gate",
     "lightning attention": "queries and keys (after the projection's SiLU), the SiLU as its slope on the values, "
                            "the output norm's scale and the output gate",
+    "WKV (RWKV's time mix)": "the keys at the WKV kernel's call (its exponential weights then constants) and the "
+                             "receptance's sigmoid",
     "RG-LRU": "the output branch's GELU, the input and recurrent gates (sigmoids: the decay and its normaliser then "
               "frozen with them)",
 }
@@ -124,6 +126,10 @@ LIGHTNING = (Gate(None, "ratio", module="act_fn"), Gate("torch_split_0", "output
              Gate(None, "scale", module="norm"), Gate("F_sigmoid_0", "output"))
 
 
+#: RWKV's time mix: ``output(sigmoid(r) · wkv(k, v))``, the WKV kernel a ratio of ``exp(k)``-weighted sums of ``v``.
+WKV = (Gate("self_extract_key_value_0.torch_sigmoid_0", "output"), Gate("rwkv_linear_attention_0", "inputs", (2,)))
+
+
 def _falcon_h1(mamba2: tuple[Gate, ...]) -> Callable[[nn.Module], tuple[Gate, ...]]:
     """Falcon-H1's Mamba-2 spelt as ``mamba2``: the gated norm where ``mamba_rms_norm``, else ``scan · silu(gate)``
     with the SiLU frozen."""
@@ -163,6 +169,7 @@ GATES: dict[str, tuple[tuple[Spelling, ...], str]] = {
     "RecurrentGemmaRecurrentBlock": ((RG_LRU,), "RG-LRU"),
     "xLSTMLayer": ((MLSTM,), "mLSTM"),
     "MiniMaxLightningAttention": ((LIGHTNING,), "lightning attention"),
+    "RwkvSelfAttention": ((WKV,), "WKV (RWKV's time mix)"),
 }
 
 

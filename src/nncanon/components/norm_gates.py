@@ -15,7 +15,8 @@ per-layer-input branch after the MLP, ``norm(proj(gelu(gate(h)) · p))``, multip
 block's per-layer input ``p`` (made from the token's own per-layer embedding and a normed projection of its
 embedding): ``p`` is frozen at the block's entry (its argument; the token's path through it is in every target's
 bias term, as absolute position embeddings are), the GELU as its slope through the origin (part ``"ratio"``) and the
-branch's norm as its scale, at the block's end.
+branch's norm as its scale, at the block's end. RWKV's first block norms the stream entering it (``pre_ln``) before
+anything else: that norm's scale, at the block's entry.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def _gemma4(block: nn.Module) -> dict[str, tuple[Gate, ...]]:
 BLOCK_GATES: dict[str, dict[str, tuple[Gate, ...]] | Callable[[nn.Module], dict[str, tuple[Gate, ...]]]] = {
     "Block": {"last": (Gate(None, "scale", module="ln_2"),)},  # (OpenAI GPT; its ln_1 is served as the MLP's norm)
     "Gemma4TextDecoderLayer": _gemma4,
+    # (RWKV's block 0 norms the stream entering it, pre_ln, before anything else)
+    "RwkvBlock": lambda block: {"first": (Gate(None, "scale", module="pre_ln"),)} if block.layer_id == 0 else {},
 }
 
 

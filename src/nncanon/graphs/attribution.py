@@ -36,7 +36,7 @@ from ..errors import CannotWrite, InvalidArgument, InvalidDictionary, InvalidInp
 from .coders import Coders, check_transcoders
 from .graph import Graph
 from .memory import GraphTooLarge, plan_batch
-from .replacement import Clean, Plan, clean_run, frozen_body, frozen_run, plan_of
+from .replacement import NO_CACHE, Clean, Plan, clean_run, frozen_body, frozen_run, plan_of
 
 
 @dataclass
@@ -258,7 +258,7 @@ class _RemoteRows:
         s, batch, first = self.s, self.batch, not self.checked
         n = len(features) + len(logits)
         forward: list[torch.Tensor] = []
-        with torch.enable_grad(), s.model.trace(s.ids.expand(batch, -1), remote=self.remote):
+        with torch.enable_grad(), s.model.trace(s.ids.expand(batch, -1), remote=self.remote, **NO_CACHE):
             leaves = [value.expand(batch, -1, -1).clone().requires_grad_() for value in [s.clean.embeddings,
                                                                                         *s.leaves]]
             inputs, head = frozen_body(s.model, s.plan, s.clean, leaves[0], leaves[1:], s.transcoders)

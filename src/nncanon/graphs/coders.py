@@ -273,6 +273,8 @@ def _point(model: Any, name: str, layer: int, where: str, allowed: tuple[str, ..
         point = resolve(model, _mlp_hook(model, name, layer))
     except ValueNotAvailable as error:
         raise InvalidDictionary(f"{where} names {name!r}, which this model cannot read: {error}") from None
+    if point.value == WRITES and WRITES_MODULE in allowed and name.endswith("mlp.hook_out") and point.layer == layer:
+        return WRITES_MODULE  # (this block adds its MLP module's output as it is: `_mlp_hook` named it so)
     if point.layer != layer or point.value not in allowed or point.head is not None:
         wanted = " or ".join(f"layers.{layer}.{value}" for value in allowed)
         raise InvalidDictionary(f"{where} names {name!r} ({point.label}); a graph's transcoder for block {layer} "

@@ -35,7 +35,7 @@ from ..support import GRAPH_PROOF
 from .attribution import build, setup
 from .coders import check_transcoders, mlp_blocks
 from .graph import Graph
-from .replacement import frozen_body
+from .replacement import NO_CACHE, frozen_body
 from .replacement import support as structural
 from .verify import random_transcoders, verify
 
@@ -161,7 +161,7 @@ def pattern_moves(model: Any, graph: Graph, transcoders: Any) -> str | None:
         noise = torch.randn(leaf.shape, generator=generator).to(leaf) * leaf.float().std().to(leaf.dtype)
         leaves.append(torch.stack([leaf, noise]))
     patterns: list = []
-    with torch.no_grad(), model.trace(s.ids.expand(2, -1)):
+    with torch.no_grad(), model.trace(s.ids.expand(2, -1), **NO_CACHE):
         frozen_body(model, s.plan, s.clean, leaves[0], leaves[1:], s.transcoders, patterns=patterns)
     moves = [(float((p[0].float() - p[1].float()).abs().max()), layer) for layer, p in patterns]
     move, layer = max(moves, default=(0.0, -1))

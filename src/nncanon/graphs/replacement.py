@@ -54,7 +54,7 @@ import torch
 from ..components import attention_gates, norm_gates
 from ..components.norms import statistics
 from ..errors import ValueNotAvailable
-from ..reading import MLP_MODULE_OUTPUT, host, in_execution_order, read
+from ..reading import MLP_MODULE_OUTPUT, host, in_execution_order, read, write_mlp_module_output
 from ..sae import resolve, value_at
 from ..sae.names import point_reason
 from ..support import graph_reason
@@ -71,6 +71,10 @@ FROZEN = ("attention_norm_scale", "attention_probabilities", "attention_gate", "
 #: the only values of the stream the pattern is a function of there (`nncanon.support.graph_reason`); they take
 #: ``attention_probabilities``'s place in `FROZEN`.
 PATTERN_INPUTS = ("query_states", "key_states")
+
+#: The graph's traces run without a cache: a model that keeps its recurrent state in place across blocks (RWKV's
+#: state tensor, written block by block) would otherwise overwrite values its backward needs.
+NO_CACHE = {"use_cache": False}
 
 #: Marks where a block's transcoder input is read among its frozen values.
 INPUT = "<transcoder input>"
@@ -317,7 +321,7 @@ def clean_run(model: Any, ids: torch.Tensor, plan: Plan, remote: Any = None) -> 
     owned: dict[tuple[int, str], dict[str, Any]] = {}
     head = _envoy(model, plan.head)
     owner, name = _token_site(model, plan)
-    with torch.no_grad(), model.trace(ids, remote=remote or False):
+    with torch.no_grad(), model.trace(ids, remote=remote or False, **NO_CACHE):
         saved["embeddings"] = getattr(owner, name).save()
         for layer, steps in enumerate(plan.steps):
             parts: dict[str, torch.Tensor] = {}
@@ -373,7 +377,7 @@ def _owner(step: str) -> str:
 
 def _mlp_leaf(model: Any, layer: int, plan: Plan) -> Any:
     """Where block ``layer``'s MLP leaf is (`Plan.writes`): its served ``mlp_output``, or the MLP module's output."""
-    return read(model, layer, WRITES) if plan.writes == WRITES else model.layers[layer].mlp.output
+    return read(model, layer, WRITES if plan.writes == WRITES else MLP_MODULE_OUTPUT)
 
 
 def _clean_input(model: Any, layer: int, plan: Plan, parts: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -404,7 +408,7 @@ def frozen_run(model: Any, ids: torch.Tensor, plan: Plan, clean: Clean, embeddin
     linear logit steps (before any soft-cap), both in the autograd graph of the leaves given.
     """
     saved: dict[str, Any] = {}
-    with model.trace(ids.expand(embeddings.shape[0], -1)):
+    with model.trace(ids.expand(embeddings.shape[0], -1), **NO_CACHE):
         inputs, head = frozen_body(model, plan, clean, embeddings, outputs, coders)
         saved["inputs"], saved["head"] = [x.save() for x in inputs], head.save()
     return saved["inputs"], saved["head"]
@@ -433,8 +437,8 @@ def frozen_body(model: Any, plan: Plan, clean: Clean, embeddings: torch.Tensor, 
                     written = written + skip.to(written.dtype)
                 if plan.writes == WRITES:
                     model.layers[layer].mlp.mlp_output = written
-                else:  # (a hyper-connected block: the MLP module's output, `nncanon.graphs.streams`)
-                    model.layers[layer].mlp.output = written
+                else:  # (the MLP module's output: `nncanon.graphs.streams`, a block that is not a sum)
+                    write_mlp_module_output(model, layer, written)
             elif step in plan.parts[layer] and step not in FROZEN:
                 parts[step] = read(model, layer, step)
             elif step == MIXER:

@@ -332,9 +332,9 @@ def point_reason(model: Any, layer: int, value: str) -> str | None:
             return (f"layers[{layer}] runs its MLP inline, not as one module ({mlp!r}): it has no one input or output "
                     "to read; its input is the stream its norm reads, its output mlp_output")
         if value == "mlp_module_output":
-            returned = _mlp_returns(model, layer)
-            if returned != "Tensor":
-                return (f"layers[{layer}]'s MLP module returns a {returned}, not one tensor: its output as a value is "
+            returned = mlp_returns(model, layer)
+            if returned not in ("Tensor", "tuple"):  # (a tuple: its first element, the rest passed on)
+                return (f"layers[{layer}]'s MLP module returns a {returned}, not a tensor: its output as a value is "
                         "mlp_output (blocks.L.hook_mlp_out)")
         return None
     if value not in POINT_VALUES:
@@ -364,7 +364,7 @@ def _head_result_reason(model: Any, layer: int) -> str | None:
     return None
 
 
-def _mlp_returns(model: Any, layer: int) -> str:
+def mlp_returns(model: Any, layer: int) -> str:
     """The type name of what block ``layer``'s MLP module returns, asked of the model once per block kind (a plain
     forward hook on the module during a one-token trace)."""
     known, key = _asked_once(model, "_nncanon_sae_mlp_returns", layer, f"what layers[{layer}]'s MLP module returns")

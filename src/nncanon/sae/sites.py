@@ -27,7 +27,7 @@ from ..reading import read as read_value
 from ..served import Binding, Site, read_site
 from ..tools.heads import projection_input, projection_weights
 from ..traced import outside_trace
-from .names import Point, mixers, resolve
+from .names import Point, mixers, mlp_returns, resolve
 
 
 @dataclass
@@ -119,10 +119,13 @@ def _open_norm(model: Any, point: Point, label: str) -> NormPointRead:
 
 def binding_of(model: Any, layer: int, value: str) -> Binding:
     """The `Binding` of a standard value of block ``layer`` (raising `ValueNotAvailable` with the reason where it
-    is declined), or, for ``mlp_input``, one made for the MLP module's first input."""
+    is declined), or, for ``mlp_input`` and ``mlp_module_output``, one made for the MLP module's first input and its
+    output (the first element where it returns a tuple)."""
     if value in ("mlp_input", "mlp_module_output"):
         mlp = model.layers[layer].mlp
         key, site = ("input", _MLP_INPUT) if value == "mlp_input" else ("output", _MLP_OUTPUT)
+        if value == "mlp_module_output" and mlp_returns(model, layer) == "tuple":  # (RWKV's, ZAYA's: state after it)
+            site = _MLP_OUTPUT_FIRST
         return Binding(value, f"{mlp.path}.{key}", site, model._text_config, f"layers[{layer}].mlp")
     component = host(model, layer, value)
     binding = component._nncanon_binding(value)
@@ -131,6 +134,7 @@ def binding_of(model: Any, layer: int, value: str) -> Binding:
 
 _MLP_INPUT = Site(key="input")
 _MLP_OUTPUT = Site(key="output")
+_MLP_OUTPUT_FIRST = Site(key="output", index=0)
 
 
 def _read(binding: Binding, label: str) -> tuple[Any, torch.Tensor, bool, bool, Any, int]:
