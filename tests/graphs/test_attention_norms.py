@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import pytest
 
-from nncanon import graphs
 from nncanon.components import attention_gates
 from nncanon.graphs import replacement
 from nncanon.graphs.proof import prove
 from nncanon.testing import tiny_model
 
 from ..conftest import variant_params
-from .test_mixers import PROMPT, _second_difference
+from .conftest import assert_exact_graph
+from .test_mixers import _second_difference
 
 #: One registry variant per kind of inner norm: its attention class, the norm, where it runs, and the attention
 #: implementation its graph is built under (the pattern frozen as probabilities, or through sdpa's query and key).
@@ -39,12 +39,7 @@ def test_inner_norm_graph_is_exact(variant):
         pattern = [i for i, step in enumerate(steps)
                    if step in ("attention_probabilities", *replacement.PATTERN_INPUTS)]
         assert steps.index(replacement.ATTENTION) == (pattern[0] - 1 if place == "before" else pattern[-1] + 1)
-    assert graphs.support(model) is None
-    transcoders = graphs.random_transcoders(model, n_features=12, seed=1)
-    graph = graphs.attribute(model, PROMPT, transcoders, max_n_logits=3, max_feature_nodes=20, batch_size=16)
-    check = graphs.verify(model, graph, transcoders, samples=4)
-    assert check.ok, f"{variant.name}: {check}"
-    assert check.forward < 1e-5
+    assert_exact_graph(model, variant.name)
 
 
 @pytest.mark.parametrize("variant", variant_params(KINDS))

@@ -18,13 +18,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nncanon import graphs
 from nncanon.components import attention_gates, norm_gates
 from nncanon.graphs import replacement
 from nncanon.graphs.proof import prove
 from nncanon.testing import tiny_model
 
 from ..conftest import variant_params
+from .conftest import assert_exact_graph
 from .test_mixers import PROMPT, _second_difference
 
 #: Per registry variant: the table its frozen value is named in, and the class that names it.
@@ -59,12 +59,7 @@ def test_graph_through_frozen_values_is_exact(variant):
     if variant.name in ("modernbert_decoder", "nanochat"):
         kinds = {"modernbert_decoder": ["activation", "norm"], "nanochat": ["final"]}[variant.name]
         assert [kind for _, _, kind in plan.head_stages] == kinds
-    assert graphs.support(model) is None
-    transcoders = graphs.random_transcoders(model, n_features=12, seed=1)
-    graph = graphs.attribute(model, PROMPT, transcoders, max_n_logits=3, max_feature_nodes=20, batch_size=16)
-    check = graphs.verify(model, graph, transcoders, samples=4)
-    assert check.ok, f"{variant.name}: {check}"
-    assert check.forward < 1e-5
+    assert_exact_graph(model, variant.name)
 
 
 def test_the_clamp_bites_on_the_prompt():
