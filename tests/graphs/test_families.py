@@ -30,7 +30,7 @@ BUILT = ("llama", "gpt2", "gemma2", "qwen3", "gpt_neox_parallel", "mixtral", "ol
          "olmo_hybrid", "stablelm", "granitemoe_swa", "kolibri1_1", "hy_v4", "deepseek_v4", "qwen4_exp",
          "qwen4_exp_text", "doge", "beam", "ergo", "bloom_residual_post_ln", "gemma4_text", "gemma4_multimodal",
          "gemma4_unified", "gemma4_unified_text", "nemotron_h",
-         "openai_gpt", "minimax", "gemma4_text_ple", "rwkv", "zaya")
+         "openai_gpt", "minimax", "gemma4_text_ple", "rwkv", "zaya", "zamba", "zamba2")
 #: Families declined: by structure (Mamba: no block has an MLP; OPT post-LN: its MLP runs inline), or by the
 #: linearity proof
 #: (Gemma-3n: AltUp and LAuReL left live). (HY-V4, DeepSeek-V4 and Qwen4-Exp keep several
@@ -41,8 +41,8 @@ BUILT = ("llama", "gpt2", "gemma2", "qwen3", "gpt_neox_parallel", "mixtral", "ol
 #: BioGPT's inline MLP is read where its norm reads; the linear mixers whose gates are frozen:
 #: tests/graphs/test_mixers.py; the norms inside attention whose scales are frozen, DeepSeek's compressed-KV norm,
 #: BitNet's sub-norm and Gemma-4's value norm: tests/graphs/test_attention_norms.py; OLMo's clamp, JetMoE's attention
-#: routing, AXK2's gated norms, ModernBERT-decoder's prediction head, OpenAI GPT's post-LN norm on the block's sum:
-#: tests/graphs/test_inner_gates.py.)
+#: routing, AXK2's gated norms, ModernBERT-decoder's prediction head, OpenAI GPT's post-LN norm on the block's sum,
+#: Zamba's hybrid blocks' norms: tests/graphs/test_inner_gates.py.)
 DECLINED = {"mamba": "no block has an MLP for a transcoder", "opt_postln_proj": "runs its MLP inline",
             "gemma3n_text": "is not affine in the graph's sources"}
 

@@ -7,7 +7,9 @@ a gated norm's scale and gate (AXK2: `nncanon.components.norm_gates`) and a pred
 frozen through their query and key inputs, with its per-head group norm's scale), an attention sink's scale after the
 kernel (GraniteMoE-SWA), a rounding with a straight-through gradient (Kolibri-1.1's NVFP4 values) and a post-LN
 block's norm on its own sum (OpenAI GPT's ``ln_2``: `nncanon.components.norm_gates.BLOCK_GATES`) and Gemma-4's
-per-layer-input branch (its per-layer input frozen at the block's entry; its GELU's slope and its norm's scale last).
+per-layer-input branch (its per-layer input frozen at the block's entry; its GELU's slope and its norm's scale last),
+and Zamba2's hybrid block's norms, none on the stream alone (its shared transformer's on ``cat[x, embeddings]`` at
+its entry and on the attention's output before the transcoder's input, its Mamba block's before the mixer).
 On each tiny registry variant the graph is one `nncanon.graphs.verify`
 proves (forward, completeness, sampled removals) and `graphs.support` is ``None``; with the value left live the
 frozen model is not affine along a direction of the token nodes and the linearity proof declines the model.
@@ -37,13 +39,17 @@ KINDS = {"olmo_clipqkv": (attention_gates.ATTENTION_GATES, "OlmoAttention"),
          "granitemoe_swa": (attention_gates.ATTENTION_GATES, "GraniteMoeSWAAttention"),
          "kolibri1_1": (attention_gates.ATTENTION_GATES, "Kolibri1_1Attention"),
          "openai_gpt": (norm_gates.BLOCK_GATES, "Block"),
-         "gemma4_text_ple": (norm_gates.BLOCK_GATES, "Gemma4TextDecoderLayer")}
+         "gemma4_text_ple": (norm_gates.BLOCK_GATES, "Gemma4TextDecoderLayer"),
+         "zamba2": (norm_gates.BLOCK_GATES, "Zamba2HybridLayer")}
 #: What is left live where not the whole entry (DiffLlama's pattern, or its group norm; without the entry its
 #: structure is declined: its pattern is not served).
 LIVE = {"diffllama": {"pattern": lambda entry: (entry[0][2:], entry[1]),
                       "group norm": lambda entry: (entry[0][:2], entry[1])},
         "gemma4_text_ple": {place: (lambda entry, place=place: lambda block: {
-            at: gates for at, gates in entry(block).items() if at != place}) for place in ("first", "last")}}
+            at: gates for at, gates in entry(block).items() if at != place}) for place in ("first", "last")},
+        # (Zamba2's hybrid block: its shared transformer's two norms, its Mamba block's; Zamba's are the same table's)
+        "zamba2": {place: (lambda entry, place=place: {at: gates for at, gates in entry.items() if at != place})
+                   for place in ("first", "mlp", "mixer")}}
 
 
 @pytest.mark.parametrize("variant", variant_params(KINDS))
@@ -54,6 +60,9 @@ def test_graph_through_frozen_values_is_exact(variant):
         steps = plan.steps[1]
         assert steps[0] == replacement.NORM_GATES + "input_layernorm"
         assert steps[steps.index(replacement.INPUT) - 1] == replacement.NORM_GATES + "post_attention_layernorm"
+    if variant.name == "zamba2":  # (each hybrid block's norms: at its entry, before the MLP, before the mixer)
+        owners = [step for step in plan.steps[1] if step.startswith(replacement.NORM_GATES)]
+        assert owners == [replacement.NORM_GATES + owner for owner in ("<block entry>", "<block mlp>", "<block mixer>")]
     if variant.name == "openai_gpt":  # (the norm on the block's sum: its last step)
         assert all(steps[-1] == replacement.NORM_GATES + "<block>" for steps in plan.steps)
     if variant.name in ("modernbert_decoder", "nanochat"):

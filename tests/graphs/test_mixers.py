@@ -27,7 +27,11 @@ from ..conftest import variant_params
 #: One registry variant per kind of mixer linearised (`mixer_gates.KINDS`).
 KINDS = {"lfm2": "short convolution", "jamba": "Mamba", "bamba": "Mamba-2", "qwen3_5_text": "gated DeltaNet",
          "recurrent_gemma": "RG-LRU", "xlstm": "mLSTM", "minimax": "lightning attention",
-         "rwkv": "WKV (RWKV's time mix)"}
+         "rwkv": "WKV (RWKV's time mix)", "zamba": "Mamba (one scan per head)"}
+#: The token nodes' step of `test_every_gate_is_needed` where not 10 times their spread: Zamba's tiny scan (its
+#: ``dt``, ``B`` and ``C`` small beside the skip ``D·x``) is near linear there (dt, B, C left live: 1e-6; at 1000
+#: times: 3e-3, its frozen model 1e-6).
+SIZES = {"zamba": 1000.0}
 
 PROMPT = "The cat sat on the mat"
 #: The mixer kinds whose forwards spell their calls otherwise before transformers 5.25 (``causal_conv1d_fn``,
@@ -93,10 +97,11 @@ def test_every_gate_is_needed(variant, monkeypatch):
     model = tiny_model(variant)
     _, name = _mixer_layer(model)
     gates, kind = _gates_in_use(variant, model), mixer_gates.GATES[name][1]
-    assert _second_difference(model) < 1e-5
+    size = SIZES.get(variant.name, 10.0)
+    assert _second_difference(model, size) < 1e-5
     for left in gates:
         monkeypatch.setitem(mixer_gates.GATES, name, ((tuple(gate for gate in gates if gate != left),), kind))
-        assert _second_difference(model) > 1e-4, f"{name}: {left} left live"
+        assert _second_difference(model, size) > 1e-4, f"{name}: {left} left live"
 
 
 @pytest.mark.parametrize("variant", variant_params(["bamba"]))

@@ -27,6 +27,8 @@ from torch import nn
 KINDS = {
     "short convolution": "B and C (the stream-computed multipliers around the convolution)",
     "Mamba": "dt, B, C and the output gate at the scan's call, and the convolution's SiLU as its slope",
+    "Mamba (one scan per head)": "the output gate at the input projection's chunk, the convolution's SiLU as its "
+                                 "slope, dt, B and C at the split of the per-head projection",
     "Mamba-2": "dt, B and C at the scan's call, the convolution's SiLU as its slope, the gated norm's gate and scale",
     "gated DeltaNet": "queries, keys (before the kernel's L2 norm), beta and the decay at the kernel's call, the "
                       "convolution's SiLU as its slope, the gated output norm's gate and scale",
@@ -67,6 +69,8 @@ class Gate:
             mixer's child at ``path`` (``""``: the mixer) compares its first input's positions with its
             ``attribute`` (DeepSeek-V4's compressor forms a window from ``compress_rate`` positions); on a shorter
             prompt there is nothing to freeze. ``None``: the call always runs.
+        batch: The dimension of an ``"output"`` or ``"inputs"`` value that holds the batch (Zamba's per-head values
+            hold the heads first, the batch second), repeated over the frozen run's batch.
     """
 
     op: str | None
@@ -74,6 +78,7 @@ class Gate:
     items: tuple[int | str, ...] = ()
     module: str | None = None
     runs_from: tuple[str, str] | None = None
+    batch: int = 0
 
     @property
     def key(self) -> str:
@@ -98,6 +103,9 @@ SHORT_CONV = (Gate("BCx_chunk_0", "output", (0, 1)),)
 #: z=gate)`` (5.21-5.24).
 MAMBA = (CONV_SLOPE, Gate("mamba_scan_forward_0", "inputs", (2, 3, 4, 5)))
 MAMBA_OLD = (CONV_FN_SLOPE, Gate("mamba_selective_scan_0", "inputs", (1, 3, 4, "z")))
+#: Zamba's Mamba, one ``mamba_selective_scan`` per head: ``xBC, gate = chunk(in_proj(h))``, ``dt, B, C =
+#: split(x_proj(silu(conv(xBC))))`` per head (frozen there: ``dt``'s projection and softplus then constants).
+ZAMBA_MAMBA = (Gate("chunk_0", "output", (1,)), CONV_SLOPE, Gate("torch_split_0", "output", (0, 1, 2), batch=1))
 #: Mamba-2: ``mamba2_scan_forward(self, x, B, C, dt, ...)`` (5.25); ``mamba2_chunk_scan(x, dt, A, B, C, ...)``
 #: (5.21-5.24).
 MAMBA2 = (CONV_SLOPE, Gate("mamba2_scan_forward_0", "inputs", (2, 3, 4)), *_gated_norm("norm"))
@@ -152,6 +160,7 @@ GATES: dict[str, tuple[tuple[Spelling, ...], str]] = {
     "Lfm2MoeShortConv": ((SHORT_CONV,), "short convolution"),
     "Lfm3ShortConv": ((SHORT_CONV,), "short convolution"),
     "JambaMambaMixer": ((MAMBA, MAMBA_OLD), "Mamba"),
+    "ZambaMambaMixer": ((ZAMBA_MAMBA,), "Mamba (one scan per head)"),
     "BambaMixer": ((MAMBA2, MAMBA2_OLD), "Mamba-2"),
     "NemotronHMamba2Mixer": ((MAMBA2, MAMBA2_OLD), "Mamba-2"),
     "Zamba2MambaMixer": ((MAMBA2, MAMBA2_OLD), "Mamba-2"),

@@ -40,18 +40,31 @@ def _gemma4(block: nn.Module) -> dict[str, tuple[Gate, ...]]:
             "last": (Gate(None, "ratio", module="act_fn"), Gate(None, "scale", module="post_per_layer_input_norm"))}
 
 
-#: Per block class: its own frozen values, at its entry (``"first"``) and after all else it computes (``"last"``), or
-#: a function of the block giving them.
+def _zamba_hybrid(shared: str) -> dict[str, tuple[Gate, ...]]:
+    """A Zamba hybrid block's norms, none on the stream alone: its shared transformer's (its own module, the weights
+    tied) on ``cat[x, embeddings]`` at its entry and on the attention's output before the MLP, and its Mamba block's
+    on ``x + linear(T)`` before the mixer."""
+    return {"first": (Gate(None, "scale", module=f"{shared}.input_layernorm"),),
+            "mlp": (Gate(None, "scale", module=f"{shared}.pre_ff_layernorm"),),
+            "mixer": (Gate(None, "scale", module="mamba_decoder.input_layernorm"),)}
+
+
+#: Per block class: its own frozen values, at its entry (``"first"``), before its transcoder's input (``"mlp"``),
+#: before its linear mixer (``"mixer"``) and after all else it computes (``"last"``), or a function of the block
+#: giving them.
 BLOCK_GATES: dict[str, dict[str, tuple[Gate, ...]] | Callable[[nn.Module], dict[str, tuple[Gate, ...]]]] = {
     "Block": {"last": (Gate(None, "scale", module="ln_2"),)},  # (OpenAI GPT; its ln_1 is served as the MLP's norm)
     "Gemma4TextDecoderLayer": _gemma4,
     # (RWKV's block 0 norms the stream entering it, pre_ln, before anything else)
+    "ZambaHybridLayer": _zamba_hybrid("shared_transf"),
+    "Zamba2HybridLayer": _zamba_hybrid("shared_transformer"),
     "RwkvBlock": lambda block: {"first": (Gate(None, "scale", module="pre_ln"),)} if block.layer_id == 0 else {},
 }
 
 
 def block_gates_of(block: nn.Module, place: str = "last") -> tuple[Gate, ...]:
-    """The frozen values of ``block`` itself at ``place`` (``"first"``: its entry; ``"last"``: after all else)."""
+    """The frozen values of ``block`` itself at ``place`` (``"first"``: its entry; ``"mlp"``: before its transcoder's
+    input; ``"mixer"``: before its linear mixer; ``"last"``: after all else)."""
     gates = BLOCK_GATES.get(type(block).__name__, {})
     return (gates(block) if callable(gates) else gates).get(place, ())
 

@@ -36,6 +36,9 @@ SILU = ("silu", "swish")
 #: The owner of a block's linear mixer's gates, of its attention's frozen values, and of the block's own
 #: (`nncanon.components.norm_gates.block_gates_of`).
 MIXER, ATTENTION, BLOCK, BLOCK_ENTRY = "linear_attn", "self_attn", "<block>", "<block entry>"
+#: The owners of a block's own values, per place in the block (`nncanon.components.norm_gates.BLOCK_GATES`): its
+#: entry, before its transcoder's input, before its linear mixer, after all else.
+BLOCK_PLACES = {BLOCK_ENTRY: "first", "<block mlp>": "mlp", "<block mixer>": "mixer", BLOCK: "last"}
 
 
 def _mixer(model: Any, layer: int | None, owner: str = MIXER) -> Any:
@@ -44,7 +47,7 @@ def _mixer(model: Any, layer: int | None, owner: str = MIXER) -> Any:
     if layer is None:
         return model._optional(owner)
     block = model.layers[layer]
-    return block if owner in (BLOCK, BLOCK_ENTRY) else getattr(block, owner)
+    return block if owner in BLOCK_PLACES else getattr(block, owner)
 
 
 def _child(envoy: Any, path: str | None) -> Any:
@@ -62,8 +65,8 @@ def _spellings(module: Any, owner: str) -> tuple[tuple[Gate, ...], ...]:
         return spellings_of(module)
     if owner == ATTENTION:
         return (attention_gates.gates_of(module),)
-    if owner in (BLOCK, BLOCK_ENTRY):
-        return (norm_gates.block_gates_of(module, "first" if owner == BLOCK_ENTRY else "last"),)
+    if owner in BLOCK_PLACES:
+        return (norm_gates.block_gates_of(module, BLOCK_PLACES[owner]),)
     return (norm_gates.gates_of(module) or stream_gates.gates_of(module),)
 
 
@@ -186,12 +189,14 @@ def detached(saved: dict[str, Any]) -> dict[str, tuple[torch.Tensor, ...]]:
     return {key: tuple(value.detach() for value in values) for key, values in saved.items()}
 
 
-def _like(clean: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
-    """``clean`` (batch 1) repeated over ``live``'s batch (its first dimension, the batch or the batch folded in)."""
-    if clean.shape[1:] != live.shape[1:] or live.shape[0] % clean.shape[0]:
+def _like(clean: torch.Tensor, live: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """``clean`` (batch 1) repeated over ``live``'s batch (its dimension ``dim``, the batch or the batch folded in)."""
+    other = [size for i, size in enumerate(clean.shape) if i != dim]
+    if clean.dim() != live.dim() or other != [size for i, size in enumerate(live.shape) if i != dim] \
+            or live.shape[dim] % clean.shape[dim]:
         raise ValueNotAvailable(f"a mixer gate of shape {tuple(live.shape)} on the frozen run does not match its clean "
                                 f"value's {tuple(clean.shape)}")
-    return clean.repeat(live.shape[0] // clean.shape[0], *[1] * (clean.dim() - 1))
+    return clean.repeat(*[live.shape[dim] // clean.shape[dim] if i == dim else 1 for i in range(clean.dim())])
 
 
 def ratio(y: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -243,20 +248,20 @@ def freeze(model: Any, layer: int | None, clean: dict[str, tuple[torch.Tensor, .
         elif gate.part == "output":
             output = site.output
             if not gate.items:
-                site.output = _like(values[0], output)
+                site.output = _like(values[0], output, gate.batch)
                 continue
             parts = list(output)
             for item, value in zip(gate.items, values, strict=True):
-                parts[item] = _like(value, parts[item])
+                parts[item] = _like(value, parts[item], gate.batch)
             site.output = type(output)(parts)
         elif gate.part == "inputs":
             args, kwargs = site.inputs
             args, kwargs = list(args), dict(kwargs)
             for item, value in zip(gate.items, values, strict=True):
                 if isinstance(item, str):
-                    kwargs[item] = _like(value, kwargs[item])
+                    kwargs[item] = _like(value, kwargs[item], gate.batch)
                 else:
-                    args[item] = _like(value, args[item])
+                    args[item] = _like(value, args[item], gate.batch)
             site.inputs = (tuple(args), kwargs)
         else:
             args, kwargs = site.inputs
