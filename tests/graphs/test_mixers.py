@@ -37,7 +37,7 @@ PROMPT = "The cat sat on the mat"
 #: The mixer kinds whose forwards spell their calls otherwise before transformers 5.25 (``causal_conv1d_fn``,
 #: ``mamba_selective_scan``, ``mamba2_chunk_scan`` for 5.25's ``causal_conv1d_forward``, ``mamba_scan_forward``,
 #: ``mamba2_scan_forward``): `mixer_gates.GATES`' second spelling is used there.
-RESPELT = ("jamba", "bamba", "qwen3_5_text")
+RESPELT = ("jamba", "bamba", "qwen3_5_text", "zamba")
 
 
 def _mixer_layer(model) -> tuple[int, str]:

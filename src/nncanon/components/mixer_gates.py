@@ -105,7 +105,10 @@ MAMBA = (CONV_SLOPE, Gate("mamba_scan_forward_0", "inputs", (2, 3, 4, 5)))
 MAMBA_OLD = (CONV_FN_SLOPE, Gate("mamba_selective_scan_0", "inputs", (1, 3, 4, "z")))
 #: Zamba's Mamba, one ``mamba_selective_scan`` per head: ``xBC, gate = chunk(in_proj(h))``, ``dt, B, C =
 #: split(x_proj(silu(conv(xBC))))`` per head (frozen there: ``dt``'s projection and softplus then constants).
-ZAMBA_MAMBA = (Gate("chunk_0", "output", (1,)), CONV_SLOPE, Gate("torch_split_0", "output", (0, 1, 2), batch=1))
+#: (5.21-5.24 call ``causal_conv1d_fn(x, weight, bias, activation=...)``.)
+_ZAMBA_GATE, _ZAMBA_SPLIT = Gate("chunk_0", "output", (1,)), Gate("torch_split_0", "output", (0, 1, 2), batch=1)
+ZAMBA_MAMBA = (_ZAMBA_GATE, CONV_SLOPE, _ZAMBA_SPLIT)
+ZAMBA_MAMBA_OLD = (_ZAMBA_GATE, CONV_FN_SLOPE, _ZAMBA_SPLIT)
 #: Mamba-2: ``mamba2_scan_forward(self, x, B, C, dt, ...)`` (5.25); ``mamba2_chunk_scan(x, dt, A, B, C, ...)``
 #: (5.21-5.24).
 MAMBA2 = (CONV_SLOPE, Gate("mamba2_scan_forward_0", "inputs", (2, 3, 4)), *_gated_norm("norm"))
@@ -160,7 +163,7 @@ GATES: dict[str, tuple[tuple[Spelling, ...], str]] = {
     "Lfm2MoeShortConv": ((SHORT_CONV,), "short convolution"),
     "Lfm3ShortConv": ((SHORT_CONV,), "short convolution"),
     "JambaMambaMixer": ((MAMBA, MAMBA_OLD), "Mamba"),
-    "ZambaMambaMixer": ((ZAMBA_MAMBA,), "Mamba (one scan per head)"),
+    "ZambaMambaMixer": ((ZAMBA_MAMBA, ZAMBA_MAMBA_OLD), "Mamba (one scan per head)"),
     "BambaMixer": ((MAMBA2, MAMBA2_OLD), "Mamba-2"),
     "NemotronHMamba2Mixer": ((MAMBA2, MAMBA2_OLD), "Mamba-2"),
     "Zamba2MambaMixer": ((MAMBA2, MAMBA2_OLD), "Mamba-2"),
