@@ -2,12 +2,13 @@
 stream (`nncanon.graphs.mixers` reads and writes them through nnsight's ``.source``).
 
 A linear mixer multiplies what it carries along the sequence by values it computes from the stream itself: a short
-convolution's ``B`` and ``C`` (LFM2), Mamba's ``dt``, ``B``, ``C`` and output gate, a gated DeltaNet's queries, keys,
-``beta`` and decay, the RG-LRU's input and recurrent gates and its GELU output branch (RecurrentGemma). With those
-written back at the clean run's values (detached), what is left is linear in the carried input, except the SiLU
-after the causal convolution and the gated norm on the output: the SiLU is frozen as its own slope
-(``silu(u) = u · sigmoid(u)`` with ``sigmoid(u)`` the clean run's: its gate, frozen as a pattern or an output gate
-is; the forward value is unchanged), the gated norm's gate and its ``rsqrt`` scale as clean values.
+convolution's ``B`` and ``C`` (LFM2), Mamba's ``dt``, ``B``, ``C`` and output gate (Zamba's, one scan per head:
+where they are made, before the per-head scans), a gated DeltaNet's queries, keys, ``beta`` and decay, the RG-LRU's
+input and recurrent gates and its GELU output branch (RecurrentGemma). With those written back at the clean run's
+values (detached), what is left is linear in the carried input, except the SiLU after the causal convolution and the
+gated norm on the output: the SiLU is frozen as its own slope (``silu(u) = u · sigmoid(u)`` with ``sigmoid(u)`` the
+clean run's: its gate, frozen as a pattern or an output gate is; the forward value is unchanged), the gated norm's
+gate and its ``rsqrt`` scale as clean values.
 
 Each `Gate` names one operation of the mixer's forward (nnsight's ``.source`` name) or one child module's call, and
 which of its values are frozen. `GATES` maps a mixer class to its spellings, transformers 5.25's first, then the
