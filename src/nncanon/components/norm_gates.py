@@ -40,18 +40,23 @@ def _gemma4(block: nn.Module) -> dict[str, tuple[Gate, ...]]:
             "last": (Gate(None, "ratio", module="act_fn"), Gate(None, "scale", module="post_per_layer_input_norm"))}
 
 
-#: Per block class: its own frozen values, at its entry (``"first"``) and after all else it computes (``"last"``), or
-#: a function of the block giving them.
+#: Per block class: its own frozen values, at its entry (``"first"``), between its token mixer and its MLP's input
+#: (``"mlp"``) and after all else it computes (``"last"``), or a function of the block giving them.
 BLOCK_GATES: dict[str, dict[str, tuple[Gate, ...]] | Callable[[nn.Module], dict[str, tuple[Gate, ...]]]] = {
     "Block": {"last": (Gate(None, "scale", module="ln_2"),)},  # (OpenAI GPT; its ln_1 is served as the MLP's norm)
     "Gemma4TextDecoderLayer": _gemma4,
     # (RWKV's block 0 norms the stream entering it, pre_ln, before anything else)
     "RwkvBlock": lambda block: {"first": (Gate(None, "scale", module="pre_ln"),)} if block.layer_id == 0 else {},
+    # (post-LN OPT: each norm on the block's sum, its attention's before the MLP, its MLP's last; pre-LN OPT: served)
+    "OPTDecoderLayer": lambda block: {} if block.do_layer_norm_before else {
+        "mlp": (Gate(None, "scale", module="self_attn_layer_norm"),),
+        "last": (Gate(None, "scale", module="final_layer_norm"),)},
 }
 
 
 def block_gates_of(block: nn.Module, place: str = "last") -> tuple[Gate, ...]:
-    """The frozen values of ``block`` itself at ``place`` (``"first"``: its entry; ``"last"``: after all else)."""
+    """The frozen values of ``block`` itself at ``place`` (``"first"``: its entry; ``"mlp"``: before its MLP's input;
+    ``"last"``: after all else)."""
     gates = BLOCK_GATES.get(type(block).__name__, {})
     return (gates(block) if callable(gates) else gates).get(place, ())
 

@@ -35,7 +35,9 @@ from ..errors import ValueNotAvailable
 SILU = ("silu", "swish")
 #: The owner of a block's linear mixer's gates, of its attention's frozen values, and of the block's own
 #: (`nncanon.components.norm_gates.block_gates_of`).
-MIXER, ATTENTION, BLOCK, BLOCK_ENTRY = "linear_attn", "self_attn", "<block>", "<block entry>"
+MIXER, ATTENTION, BLOCK, BLOCK_ENTRY, BLOCK_MLP = "linear_attn", "self_attn", "<block>", "<block entry>", "<block mlp>"
+#: The place (`nncanon.components.norm_gates.block_gates_of`) of each owner of a block's own frozen values.
+BLOCK_PLACES = {BLOCK_ENTRY: "first", BLOCK_MLP: "mlp", BLOCK: "last"}
 
 
 def _mixer(model: Any, layer: int | None, owner: str = MIXER) -> Any:
@@ -44,7 +46,7 @@ def _mixer(model: Any, layer: int | None, owner: str = MIXER) -> Any:
     if layer is None:
         return model._optional(owner)
     block = model.layers[layer]
-    return block if owner in (BLOCK, BLOCK_ENTRY) else getattr(block, owner)
+    return block if owner in BLOCK_PLACES else getattr(block, owner)
 
 
 def _child(envoy: Any, path: str | None) -> Any:
@@ -62,8 +64,8 @@ def _spellings(module: Any, owner: str) -> tuple[tuple[Gate, ...], ...]:
         return spellings_of(module)
     if owner == ATTENTION:
         return (attention_gates.gates_of(module),)
-    if owner in (BLOCK, BLOCK_ENTRY):
-        return (norm_gates.block_gates_of(module, "first" if owner == BLOCK_ENTRY else "last"),)
+    if owner in BLOCK_PLACES:
+        return (norm_gates.block_gates_of(module, BLOCK_PLACES[owner]),)
     return (norm_gates.gates_of(module) or stream_gates.gates_of(module),)
 
 
