@@ -102,7 +102,8 @@ def host(model: Any, layer: int, name: str) -> Any:
 def read(model: Any, layer: int, name: str) -> torch.Tensor:
     """The standard value ``name`` of block ``layer``, inside a trace (a served tensor: writes reach the model); or
     `MLP_MODULE_OUTPUT`, the MLP module's output (its first element where it returns a tuple; an inline MLP's down
-    projection's, ``(b·s, d)`` where it runs on the tokens flattened: `nncanon.sae.value_at` of its point unflattens)."""
+    projection's, ``(b·s, d)`` where it runs on the tokens flattened: `nncanon.sae.value_at` of its point
+    unflattens)."""
     if name == MLP_MODULE_OUTPUT:
         output = _mlp_module(model, layer).output
         return output[0] if isinstance(output, tuple) else output
