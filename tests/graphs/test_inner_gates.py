@@ -7,7 +7,8 @@ a gated norm's scale and gate (AXK2: `nncanon.components.norm_gates`) and a pred
 frozen through their query and key inputs, with its per-head group norm's scale), an attention sink's scale after the
 kernel (GraniteMoE-SWA), a rounding with a straight-through gradient (Kolibri-1.1's NVFP4 values) and a post-LN
 block's norm on its own sum (OpenAI GPT's ``ln_2``: `nncanon.components.norm_gates.BLOCK_GATES`) and Gemma-4's
-per-layer-input branch (its per-layer input frozen at the block's entry; its GELU's slope and its norm's scale last).
+per-layer-input branch (its per-layer input frozen at the block's entry; its GELU's slope and its norm's scale last),
+and post-LN OPT's two norms on its sums (the attention's before its inline MLP, the MLP's last).
 On each tiny registry variant the graph is one `nncanon.graphs.verify`
 proves (forward, completeness, sampled removals) and `graphs.support` is ``None``; with the value left live the
 frozen model is not affine along a direction of the token nodes and the linearity proof declines the model.
@@ -37,13 +38,16 @@ KINDS = {"olmo_clipqkv": (attention_gates.ATTENTION_GATES, "OlmoAttention"),
          "granitemoe_swa": (attention_gates.ATTENTION_GATES, "GraniteMoeSWAAttention"),
          "kolibri1_1": (attention_gates.ATTENTION_GATES, "Kolibri1_1Attention"),
          "openai_gpt": (norm_gates.BLOCK_GATES, "Block"),
-         "gemma4_text_ple": (norm_gates.BLOCK_GATES, "Gemma4TextDecoderLayer")}
+         "gemma4_text_ple": (norm_gates.BLOCK_GATES, "Gemma4TextDecoderLayer"),
+         "opt_postln_proj": (norm_gates.BLOCK_GATES, "OPTDecoderLayer")}
 #: What is left live where not the whole entry (DiffLlama's pattern, or its group norm; without the entry its
 #: structure is declined: its pattern is not served).
 LIVE = {"diffllama": {"pattern": lambda entry: (entry[0][2:], entry[1]),
                       "group norm": lambda entry: (entry[0][:2], entry[1])},
         "gemma4_text_ple": {place: (lambda entry, place=place: lambda block: {
-            at: gates for at, gates in entry(block).items() if at != place}) for place in ("first", "last")}}
+            at: gates for at, gates in entry(block).items() if at != place}) for place in ("first", "last")},
+        "opt_postln_proj": {place: (lambda entry, place=place: lambda block: {
+            at: gates for at, gates in entry(block).items() if at != place}) for place in ("mlp", "last")}}
 
 
 @pytest.mark.parametrize("variant", variant_params(KINDS))
