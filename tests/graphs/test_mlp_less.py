@@ -69,18 +69,11 @@ def test_a_non_additive_block_writes_its_mlp_module_output(name):
     assert transcoders[0].cfg.hook_name_out == "blocks.0.mlp.hook_out"
     s = attribution.setup(model, PROMPT, transcoders, max_n_logits=2)
     assert s.plan.writes == "mlp_module_output"
-    seen = {}
-    hooks = [layer.mlp._module.register_forward_hook(lambda m, i, o, at=at: seen.__setitem__(at, o))
-             for at, layer in enumerate(model.layers)]
-    try:
-        with torch.no_grad():
-            model._module(s.ids)
-    finally:
-        for hook in hooks:
-            hook.remove()
+    seen = _hooked(model, s.ids, {at: layer.mlp._module for at, layer in enumerate(model.layers)})
     for layer, leaf in enumerate(s.leaves):
-        output = seen[layer][0] if isinstance(seen[layer], tuple) else seen[layer]
-        assert isinstance(seen[layer], tuple) == (name == "zaya")
+        output = seen[layer][1]
+        output = output[0] if isinstance(output, tuple) else output
+        assert isinstance(seen[layer][1], tuple) == (name == "zaya")
         torch.testing.assert_close(leaf, output[0], rtol=0, atol=0)
 
 
@@ -94,20 +87,26 @@ def test_an_inline_mlp_writes_its_down_projections_output():
                                                                                 "blocks.0.mlp.hook_out")
     s = attribution.setup(model, PROMPT, transcoders, max_n_logits=2)
     assert s.plan.writes == "mlp_module_output"
-    seen = {}
     blocks = model._module.model.decoder.layers
-    hooks = [*(layer.fc1.register_forward_hook(lambda m, i, o, at=at: seen.__setitem__(("in", at), i[0]))
-               for at, layer in enumerate(blocks)),
-             *(layer.fc2.register_forward_hook(lambda m, i, o, at=at: seen.__setitem__(("out", at), o))
-               for at, layer in enumerate(blocks))]
+    seen = _hooked(model, s.ids, {**{("in", at): block.fc1 for at, block in enumerate(blocks)},
+                                  **{("out", at): block.fc2 for at, block in enumerate(blocks)}})
+    for layer, leaf in enumerate(s.leaves):
+        assert seen["out", layer][1].dim() == 2  # (run on the tokens flattened)
+        torch.testing.assert_close(leaf, seen["out", layer][1].reshape(leaf.shape), rtol=0, atol=0)
+        torch.testing.assert_close(s.clean.inputs[layer], seen["in", layer][0].reshape(leaf.shape), rtol=0, atol=0)
+    assert_exact_graph(model, "opt_postln_proj")
+
+
+def _hooked(model, ids, modules: dict) -> dict:
+    """Per key of ``modules``, ``(first input, output)`` of that module of the unwrapped model on ``ids``, read by a
+    plain PyTorch forward hook."""
+    seen = {}
+    hooks = [module.register_forward_hook(lambda m, i, o, key=key: seen.__setitem__(key, (i[0], o)))
+             for key, module in modules.items()]
     try:
         with torch.no_grad():
-            model._module(s.ids)
+            model._module(ids)
     finally:
         for hook in hooks:
             hook.remove()
-    for layer, leaf in enumerate(s.leaves):
-        assert seen["out", layer].dim() == 2  # (run on the tokens flattened)
-        torch.testing.assert_close(leaf, seen["out", layer].reshape(leaf.shape), rtol=0, atol=0)
-        torch.testing.assert_close(s.clean.inputs[layer], seen["in", layer].reshape(leaf.shape), rtol=0, atol=0)
-    assert_exact_graph(model, "opt_postln_proj")
+    return seen
