@@ -101,20 +101,38 @@ def host(model: Any, layer: int, name: str) -> Any:
 
 def read(model: Any, layer: int, name: str) -> torch.Tensor:
     """The standard value ``name`` of block ``layer``, inside a trace (a served tensor: writes reach the model); or
-    `MLP_MODULE_OUTPUT`, the MLP module's output (its first element where it returns a tuple)."""
+    `MLP_MODULE_OUTPUT`, the MLP module's output (its first element where it returns a tuple; an inline MLP's down
+    projection's, ``(b·s, d)`` where it runs on the tokens flattened: `nncanon.sae.value_at` of its point
+    unflattens)."""
     if name == MLP_MODULE_OUTPUT:
-        output = model.layers[layer].mlp.output
+        output = _mlp_module(model, layer).output
         return output[0] if isinstance(output, tuple) else output
     return getattr(host(model, layer, name), name)
+
+
+def _mlp_module(model: Any, layer: int) -> Any:
+    """Block ``layer``'s MLP module, or where the block runs its MLP inline (OPT's ``fc1``/``fc2``: `VirtualMLP`) its
+    down projection (`nncanon.families.MLPAnatomy.down`), whose output is the MLP's (``(b·s, d)`` where flat)."""
+    mlp = model.layers[layer].mlp
+    if hasattr(mlp, "_module"):
+        return mlp
+    envoy = model.layers[layer]
+    for part in mlp._nncanon.anatomy.down.split("."):
+        envoy = getattr(envoy, part)
+    return envoy
 
 
 def write_mlp_module_output(model: Any, layer: int, value: torch.Tensor) -> None:
     """Write block ``layer``'s MLP module's output with ``value`` (inside a trace); where the module returns a
     tuple (RWKV's feed-forward its state, ZAYA's MLP its router's state for the next block), its first element,
-    the rest passed on as the module returned them."""
-    mlp = model.layers[layer].mlp
+    the rest passed on as the module returned them; where the block runs its MLP inline, its down projection's output
+    (``value`` ``[b, s, d]`` reshaped to it: OPT's runs on the tokens flattened)."""
+    mlp = _mlp_module(model, layer)
     output = mlp.output
-    mlp.output = (value, *output[1:]) if isinstance(output, tuple) else value
+    if isinstance(output, tuple):
+        mlp.output = (value, *output[1:])
+    else:  # (an inline MLP's down projection may run on the tokens flattened: value in its shape)
+        mlp.output = value.reshape(output.shape)
 
 
 def head_count(model: Any, layer: int, name: str = "attention_head_outputs") -> int:

@@ -171,8 +171,9 @@ NO_MLP = "it has no MLP"
 
 
 def has_mlp(row: LayerSupport) -> bool:
-    """Whether ``row``'s block has an MLP (a block of a hybrid may have none: Nemotron-H's, Zamba's Mamba blocks)."""
-    return not (row.reasons.get("mlp") or "").endswith(NO_MLP)
+    """Whether ``row``'s block has an MLP that runs (a block of a hybrid may have none: Nemotron-H's, Zamba's Mamba
+    blocks; a block the model does not run, `LayerSupport.runs`, runs none)."""
+    return row.runs and not (row.reasons.get("mlp") or "").endswith(NO_MLP)
 
 
 def graph_reason(report: SupportReport, attn_implementation: str | None) -> str | None:
@@ -182,11 +183,14 @@ def graph_reason(report: SupportReport, attn_implementation: str | None) -> str 
     linear mixer whose data-dependent gates are frozen, `nncanon.components.mixer_gates`), and each block with an MLP
     must serve ``mlp_output`` or its MLP module (whose output a transcoder then writes: the block need not be
     additive, its edges are gradients through the frozen model) for a transcoder to write; some block must have
-    one. A block without an MLP has no transcoder."""
+    one. A block without an MLP has no transcoder; a block the model does not run (`LayerSupport.runs`) has no steps
+    at all."""
     if not any(has_mlp(row) for row in report.layers):
         return f"no block has an MLP for a transcoder ({report.layers[0].reasons['mlp']})"
     for row in report.layers:
         layer = row.index
+        if not row.runs:  # (the stream passes it: nothing to freeze, no transcoder)
+            continue
         if has_mlp(row) and row.reasons["mlp_output"] is not None and row.reasons["mlp"] is not None:
             return f"layers[{layer}] serves no mlp_output for a transcoder to write: {row.reasons['mlp_output']}"
         if row.mixer is not None and mixer_reason(row.mixer) is not None:  # (served contribution or not)
@@ -268,6 +272,7 @@ class LayerSupport:
     gradient_reasons: dict = field(default_factory=dict)
     mixer: str | None = None  # the linear mixer's class, where the block has one
     attention: str | None = None  # the softmax attention's class, where the block has one
+    runs: bool = True  # False: the model does not run the block (`nncanon.families.base.Family.idle`)
 
 
 class SupportReport:
@@ -334,7 +339,8 @@ class SupportReport:
             attention = layer.__dict__.get("self_attn") if states.get("self_attn") is not None else None
             rows.append(LayerSupport(index, type(layer._module).__name__, reasons, absent, gradients,
                                      type(mixer._module).__name__ if mixer is not None else None,
-                                     type(attention._module).__name__ if attention is not None else None))
+                                     type(attention._module).__name__ if attention is not None else None,
+                                     model.family.idle_reason(model._text_config, index) is None))
         provenance = model.__dict__.get("_provenance")
         report = cls(rows, model._text_config.model_type, model.family.name,
                      provenance.text if provenance is not None else "", model.__dict__.get("_model_declines"),

@@ -8,7 +8,8 @@ formula of the processing applied to the value plain forward hooks read on the u
 - ``fold_value_biases``: at ``hook_z`` it reads ``z - b_V`` (each head's), and ``b_V`` is what TransformerLens folds:
   the heads' outputs less ``b_V`` are the softmax pattern times the values less ``b_V``
   (``hook_z == pattern @ hook_v``, TransformerLens's definition, on the served pattern and values).
-- ``mlp.hook_out``: where it resolves, the MLP module's output as a plain forward hook reads it.
+- ``mlp.hook_out``: where it resolves, the MLP module's output as a plain forward hook reads it (an MLP run inline:
+  its down projection's).
 """
 
 from __future__ import annotations
@@ -170,7 +171,9 @@ def test_mlp_hook_out_is_the_mlp_modules_output(variant, model):
         assert "MLP" in str(error) or "mlp" in str(error)
         return
     captured: list = []
-    module = model.layers[layer].mlp._module
+    mlp = model.layers[layer].mlp  # (an MLP run inline, OPT's: its down projection, on the tokens flattened)
+    module = mlp._module if hasattr(mlp, "_module") else model.layers[layer]._module.get_submodule(
+        mlp._nncanon.anatomy.down)
     handle = module.register_forward_hook(lambda m, a, out: captured.append(out))
     inputs = encode(model)
     try:

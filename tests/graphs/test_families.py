@@ -30,21 +30,21 @@ BUILT = ("llama", "gpt2", "gemma2", "qwen3", "gpt_neox_parallel", "mixtral", "ol
          "olmo_hybrid", "stablelm", "granitemoe_swa", "kolibri1_1", "hy_v4", "deepseek_v4", "qwen4_exp",
          "qwen4_exp_text", "doge", "beam", "ergo", "bloom_residual_post_ln", "gemma4_text", "gemma4_multimodal",
          "gemma4_unified", "gemma4_unified_text", "nemotron_h",
-         "openai_gpt", "minimax", "gemma4_text_ple", "rwkv", "zaya", "zamba", "zamba2")
-#: Families declined: by structure (Mamba: no block has an MLP; OPT post-LN: its MLP runs inline), or by the
-#: linearity proof
+         "openai_gpt", "minimax", "gemma4_text_ple", "rwkv", "zaya", "zamba", "zamba2", "opt_postln_proj",
+         "mllama")
+#: Families declined: by structure (Mamba: no block has an MLP), or by the linearity proof
 #: (Gemma-3n: AltUp and LAuReL left live). (HY-V4, DeepSeek-V4 and Qwen4-Exp keep several
 #: streams per position: their hyper-connections' weights are frozen and their transcoders write the MLP module's
 #: output: tests/graphs/test_streams.py; Doge, Beam, Ergo, Gemma-4 and BLOOM with the residual after the norm are not
 #: additive: their transcoders write the MLP module's output, and Nemotron-H's blocks without an MLP have no
-#: transcoder: tests/graphs/test_mlp_less.py; AFMoE's output gate is frozen;
+#: transcoder, nor Mllama's cross-attention blocks (not run on text alone), and post-LN OPT's transcoders write its
+#: inline MLP's down projection: tests/graphs/test_mlp_less.py; AFMoE's output gate is frozen;
 #: BioGPT's inline MLP is read where its norm reads; the linear mixers whose gates are frozen:
 #: tests/graphs/test_mixers.py; the norms inside attention whose scales are frozen, DeepSeek's compressed-KV norm,
 #: BitNet's sub-norm and Gemma-4's value norm: tests/graphs/test_attention_norms.py; OLMo's clamp, JetMoE's attention
-#: routing, AXK2's gated norms, ModernBERT-decoder's prediction head, OpenAI GPT's post-LN norm on the block's sum,
-#: Zamba's hybrid blocks' norms: tests/graphs/test_inner_gates.py.)
-DECLINED = {"mamba": "no block has an MLP for a transcoder", "opt_postln_proj": "runs its MLP inline",
-            "gemma3n_text": "is not affine in the graph's sources"}
+#: routing, AXK2's gated norms, ModernBERT-decoder's prediction head, OpenAI GPT's and post-LN OPT's norms on the
+#: block's sums, Zamba's hybrid blocks' norms: tests/graphs/test_inner_gates.py.)
+DECLINED = {"mamba": "no block has an MLP for a transcoder", "gemma3n_text": "is not affine in the graph's sources"}
 
 
 PROMPT = "The cat sat on the mat"

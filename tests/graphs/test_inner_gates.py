@@ -9,7 +9,8 @@ kernel (GraniteMoE-SWA), a rounding with a straight-through gradient (Kolibri-1.
 block's norm on its own sum (OpenAI GPT's ``ln_2``: `nncanon.components.norm_gates.BLOCK_GATES`) and Gemma-4's
 per-layer-input branch (its per-layer input frozen at the block's entry; its GELU's slope and its norm's scale last),
 and Zamba2's hybrid block's norms, none on the stream alone (its shared transformer's on ``cat[x, embeddings]`` at
-its entry and on the attention's output before the transcoder's input, its Mamba block's before the mixer).
+its entry and on the attention's output before the transcoder's input, its Mamba block's before the mixer), and
+post-LN OPT's two norms on its sums (the attention's before its inline MLP, the MLP's last).
 On each tiny registry variant the graph is one `nncanon.graphs.verify`
 proves (forward, completeness, sampled removals) and `graphs.support` is ``None``; with the value left live the
 frozen model is not affine along a direction of the token nodes and the linearity proof declines the model.
@@ -40,7 +41,8 @@ KINDS = {"olmo_clipqkv": (attention_gates.ATTENTION_GATES, "OlmoAttention"),
          "kolibri1_1": (attention_gates.ATTENTION_GATES, "Kolibri1_1Attention"),
          "openai_gpt": (norm_gates.BLOCK_GATES, "Block"),
          "gemma4_text_ple": (norm_gates.BLOCK_GATES, "Gemma4TextDecoderLayer"),
-         "zamba2": (norm_gates.BLOCK_GATES, "Zamba2HybridLayer")}
+         "zamba2": (norm_gates.BLOCK_GATES, "Zamba2HybridLayer"),
+         "opt_postln_proj": (norm_gates.BLOCK_GATES, "OPTDecoderLayer")}
 #: What is left live where not the whole entry (DiffLlama's pattern, or its group norm; without the entry its
 #: structure is declined: its pattern is not served).
 LIVE = {"diffllama": {"pattern": lambda entry: (entry[0][2:], entry[1]),
@@ -49,7 +51,9 @@ LIVE = {"diffllama": {"pattern": lambda entry: (entry[0][2:], entry[1]),
             at: gates for at, gates in entry(block).items() if at != place}) for place in ("first", "last")},
         # (Zamba2's hybrid block: its shared transformer's two norms, its Mamba block's; Zamba's are the same table's)
         "zamba2": {place: (lambda entry, place=place: {at: gates for at, gates in entry.items() if at != place})
-                   for place in ("first", "mlp", "mixer")}}
+                   for place in ("first", "mlp", "mixer")},
+        "opt_postln_proj": {place: (lambda entry, place=place: lambda block: {
+            at: gates for at, gates in entry(block).items() if at != place}) for place in ("mlp", "last")}}
 
 
 @pytest.mark.parametrize("variant", variant_params(KINDS))

@@ -61,6 +61,10 @@ BLOCK_GATES: dict[str, dict[str, tuple[Gate, ...]] | Callable[[nn.Module], dict[
     "ZambaHybridLayer": _zamba_hybrid("shared_transf"),
     "Zamba2HybridLayer": _zamba_hybrid("shared_transformer"),
     "RwkvBlock": lambda block: {"first": (Gate(None, "scale", module="pre_ln"),)} if block.layer_id == 0 else {},
+    # (post-LN OPT: each norm on the block's sum, its attention's before the MLP, its MLP's last; pre-LN OPT: served)
+    "OPTDecoderLayer": lambda block: {} if block.do_layer_norm_before else {
+        "mlp": (Gate(None, "scale", module="self_attn_layer_norm"),),
+        "last": (Gate(None, "scale", module="final_layer_norm"),)},
 }
 
 

@@ -35,10 +35,10 @@ from ..errors import ValueNotAvailable
 SILU = ("silu", "swish")
 #: The owner of a block's linear mixer's gates, of its attention's frozen values, and of the block's own
 #: (`nncanon.components.norm_gates.block_gates_of`).
-MIXER, ATTENTION, BLOCK, BLOCK_ENTRY = "linear_attn", "self_attn", "<block>", "<block entry>"
+MIXER, ATTENTION, BLOCK, BLOCK_ENTRY, BLOCK_MLP = "linear_attn", "self_attn", "<block>", "<block entry>", "<block mlp>"
 #: The owners of a block's own values, per place in the block (`nncanon.components.norm_gates.BLOCK_GATES`): its
 #: entry, before its transcoder's input, before its linear mixer, after all else.
-BLOCK_PLACES = {BLOCK_ENTRY: "first", "<block mlp>": "mlp", "<block mixer>": "mixer", BLOCK: "last"}
+BLOCK_PLACES = {BLOCK_ENTRY: "first", BLOCK_MLP: "mlp", "<block mixer>": "mixer", BLOCK: "last"}
 
 
 def _mixer(model: Any, layer: int | None, owner: str = MIXER) -> Any:

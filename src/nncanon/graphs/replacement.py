@@ -13,7 +13,8 @@ So it is on a model whose blocks with an MLP serve no ``mlp_output`` (their upda
 residual gains, post-norms; `nncanon.graphs.coders.writes_of`): what the block does with the module's output is part
 of the frozen model, the post-norm's scale (``mlp_post_norm_scale``) frozen, and the linearity proof checks the rest.
 A block without an MLP (a hybrid's Mamba block) has no transcoder: no `INPUT` and no MLP leaf step, its transcoder
-input and MLP leaf zero (`Plan.mlp`).
+input and MLP leaf zero (`Plan.mlp`); a block the model does not run (`nncanon.support.LayerSupport.runs`: Mllama's
+cross-attention blocks on text alone) has no steps at all.
 
 Frozen means written back: each norm's scale (``attention_norm_scale``, ``attention_post_norm_scale``,
 ``mlp_norm_scale``, ``model.final_norm_scale``), each block's ``attention_probabilities`` and ``attention_gate`` (an
@@ -160,6 +161,10 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
     steps, parts = [], []
     for layer, kind in enumerate(reads):
         assert kind in READS, kind
+        if not report.layers[layer].runs:  # (the model does not run it: the stream passes it, no steps at all)
+            steps.append([])
+            parts.append(())
+            continue
         mlp, stream = _mlp_steps(model, report, layer, kind, writes) if mlps[layer] else ([], ())
         mixer = ["linear_attention_input"] if report.available("linear_attention_input", layer) else []
         if mixer:
@@ -177,8 +182,9 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
     family = model._family
     scale = [(step.op, step.factor(model.config)) for step in family.logit_steps
              if step.op in ("divide", "multiply", "truncate") and step.factor(model.config) is not None]
+    projected = family.embeddings.project is not None and model._optional(family.embeddings.project) is not None
     tokens = ("token_embeddings" if report.available("token_embeddings") and family.embeddings.norm is None
-              else "layer_input")
+              and not projected else "layer_input")
     points = [resolve(model, f"layers.{layer}.mlp_input") if kind == "mlp_input" and mlps[layer] else None
               for layer, kind in enumerate(reads)]
     return Plan(steps=steps, reads=reads, parts=parts, final_norm=report.available("final_norm_scale"),
@@ -251,7 +257,7 @@ def _place_gated_norms(model: Any, layer: int, ordered: list[str]) -> None:
     if norm_gates.block_gates_of(block._module, "first"):  # (the block's own values: at its entry, after all else)
         mixers.check(model, layer, mixers.BLOCK_ENTRY)
         ordered.insert(int(ordered[:1] == ["layer_input"]), NORM_GATES + mixers.BLOCK_ENTRY)
-    for owner, before in (("<block mlp>", INPUT), ("<block mixer>", MIXER)):  # (before the step they feed)
+    for owner, before in ((mixers.BLOCK_MLP, INPUT), ("<block mixer>", MIXER)):  # (before the step they feed)
         if norm_gates.block_gates_of(block._module, mixers.BLOCK_PLACES[owner]) and before in ordered:
             mixers.check(model, layer, owner)
             ordered.insert(ordered.index(before), NORM_GATES + owner)
@@ -381,7 +387,10 @@ def _owner(step: str) -> str:
 
 
 def _mlp_leaf(model: Any, layer: int, plan: Plan) -> Any:
-    """Where block ``layer``'s MLP leaf is (`Plan.writes`): its served ``mlp_output``, or the MLP module's output."""
+    """Where block ``layer``'s MLP leaf is (`Plan.writes`): its served ``mlp_output``, or the MLP module's output (of
+    an MLP run inline, its down projection's, read through its point: unflattened where it runs on ``(b·s, d)``)."""
+    if plan.writes != WRITES and not hasattr(model.layers[layer].mlp, "_module"):
+        return value_at(model, f"layers.{layer}.{MLP_MODULE_OUTPUT}")
     return read(model, layer, WRITES if plan.writes == WRITES else MLP_MODULE_OUTPUT)
 
 

@@ -176,7 +176,11 @@ def random_transcoders(model: Any, n_features: int = 16, seed: int = 0, threshol
 
 
 def _default_read(model: Any, layer: int) -> str:
-    """``mlp.hook_in`` where block ``layer`` has an MLP module to read, else ``hook_mlp_in`` (what its norm reads)."""
+    """``mlp.hook_in`` where block ``layer`` has an MLP module to read, else ``hook_mlp_in`` (what its norm reads);
+    where it runs its MLP inline, ``hook_mlp_in`` where the block is a sum (serves ``mlp_output``), else ``mlp.hook_in``
+    (its up projection's input: post-LN OPT's, the stream after its attention's norm)."""
+    if not hasattr(model.layers[layer].mlp, "_module"):
+        return "hook_mlp_in" if model.support().available("mlp_output", layer=layer) else "mlp.hook_in"
     try:
         resolve(model, f"blocks.{layer}.mlp.hook_in")
     except ValueNotAvailable:

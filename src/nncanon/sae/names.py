@@ -328,6 +328,8 @@ def point_reason(model: Any, layer: int, value: str) -> str | None:
         if reason is not None:
             return reason
         mlp = model.layers[layer].mlp
+        if not hasattr(mlp, "_module") and mlp._nncanon.anatomy is not None:  # (run inline: its projections')
+            return None
         if not hasattr(mlp, "_module"):
             return (f"layers[{layer}] runs its MLP inline, not as one module ({mlp!r}): it has no one input or output "
                     "to read; its input is the stream its norm reads, its output mlp_output")

@@ -123,6 +123,8 @@ def binding_of(model: Any, layer: int, value: str) -> Binding:
     output (the first element where it returns a tuple)."""
     if value in ("mlp_input", "mlp_module_output"):
         mlp = model.layers[layer].mlp
+        if not hasattr(mlp, "_module"):  # (run inline, OPT's: its up projection's input, its down projection's output)
+            return _inline_binding(model, layer, value)
         key, site = ("input", _MLP_INPUT) if value == "mlp_input" else ("output", _MLP_OUTPUT)
         if value == "mlp_module_output" and mlp_returns(model, layer) == "tuple":  # (RWKV's, ZAYA's: state after it)
             site = _MLP_OUTPUT_FIRST
@@ -130,6 +132,17 @@ def binding_of(model: Any, layer: int, value: str) -> Binding:
     component = host(model, layer, value)
     binding = component._nncanon_binding(value)
     return binding
+
+
+def _inline_binding(model: Any, layer: int, value: str) -> Binding:
+    """The `Binding` of ``mlp_input`` or ``mlp_module_output`` of block ``layer``'s MLP run inline (no module of its
+    own: OPT's ``fc1``/``fc2`` on the block): the input of its projection to the pre-activations, the output of its
+    down projection (`nncanon.families.MLPAnatomy`, relative to the block; ``[b, s, d]``, unflattened where the
+    projections run on ``(b·s, d)``)."""
+    anatomy = model.layers[layer].mlp._nncanon.anatomy
+    path, key = (anatomy.pre, "input") if value == "mlp_input" else (anatomy.down, "output")
+    return Binding(value, f"{model.layers[layer].path}.{path}.{key}", Site(key=key, flat=anatomy.flat),
+                   model._text_config, f"layers[{layer}].mlp")
 
 
 _MLP_INPUT = Site(key="input")
