@@ -21,10 +21,12 @@ from torch import nn
 
 from ..components.norms import NormAnatomy, formula, is_norm, norm_anatomy, statistics
 from ..errors import ValueNotAvailable
-from .mixers import ratio
+from .mixers import read_module, write_module
 
 #: Where an activation module's class is defined (every one has ``act(0) = 0``: a slope through the origin).
 ACTIVATION_MODULES = ("transformers.activations", "torch.nn.modules.activation")
+#: How each kind of stage is frozen (`nncanon.graphs.mixers.read_module`'s parts).
+PARTS = {"norm": "scale", "activation": "ratio"}
 #: The stage of a final norm frozen at the head's input (its path in `stages`).
 FINAL = "<final norm at the head>"
 
@@ -86,12 +88,7 @@ def read(model: Any, frozen: list[tuple[str, str, str]]) -> list[Any]:
         if kind == "final":
             values.append(statistics(norm_anatomy(model.norm._module), model.layers[-1].layer_output)[1].save())
             continue
-        envoy = _envoy(model, path, child)
-        x = envoy.input
-        if kind == "norm":
-            values.append(statistics(norm_anatomy(envoy._module), x)[1].save())
-        else:
-            values.append(ratio(envoy.output, x).save())
+        values.append(read_module(_envoy(model, path, child), PARTS[kind]).save())
     return values
 
 
@@ -102,9 +99,4 @@ def freeze(model: Any, frozen: list[tuple[str, str, str]], clean: list[torch.Ten
             h = model.layers[-1].layer_output
             model.lm_head.input = formula(norm_anatomy(model.norm._module), model.norm._module, h, scale=value)
             continue
-        envoy = _envoy(model, path, child)
-        x = envoy.input
-        if kind == "norm":
-            envoy.output = formula(norm_anatomy(envoy._module), envoy._module, x, scale=value)
-        else:
-            envoy.output = (x.float() * value).to(x.dtype)
+        write_module(_envoy(model, path, child), PARTS[kind], value)

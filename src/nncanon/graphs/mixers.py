@@ -166,11 +166,8 @@ def read(model: Any, layer: int | None, owner: str = MIXER) -> dict[str, Any]:
         site = _site(mixer, gate)
         if gate.part == "bounds":
             values = list(_bounds(site))
-        elif gate.part == "scale":
-            values = [statistics(norm_anatomy(site._module), site.input)[1]]
-        elif gate.part == "ratio":
-            u = site.input  # (before the output: the order the call makes them)
-            values = [ratio(site.output, u)]
+        elif gate.part in MODULE_PARTS:
+            values = [read_module(site, gate.part)]
         elif gate.part == "output":
             output = site.output
             values = [output[i] for i in gate.items] if gate.items else [output]
@@ -197,6 +194,29 @@ def _like(clean: torch.Tensor, live: torch.Tensor, dim: int = 0) -> torch.Tensor
         raise ValueNotAvailable(f"a mixer gate of shape {tuple(live.shape)} on the frozen run does not match its clean "
                                 f"value's {tuple(clean.shape)}")
     return clean.repeat(*[live.shape[dim] // clean.shape[dim] if i == dim else 1 for i in range(clean.dim())])
+
+
+#: The parts frozen as a whole module's call: a norm by its scale, an activation by its slope through the origin.
+MODULE_PARTS = ("scale", "ratio")
+
+
+def read_module(site: Any, part: str) -> torch.Tensor:
+    """On the clean run, the frozen value of module call ``site`` (an envoy): its norm's scale ``[1, ..., 1]``
+    (``"scale"``) or its activation's ``act(u) / u`` (``"ratio"``)."""
+    u = site.input  # (before the output: the order the call makes them)
+    if part == "scale":
+        return statistics(norm_anatomy(site._module), u)[1]
+    return ratio(site.output, u)
+
+
+def write_module(site: Any, part: str, value: torch.Tensor) -> None:
+    """On the frozen run, write module call ``site``'s output as its live input's frozen form: the norm over the clean
+    scale ``value`` times its weight, or the input times the clean slope ``value``."""
+    x = site.input
+    if part == "scale":
+        site.output = formula(norm_anatomy(site._module), site._module, x, scale=value)
+    else:
+        site.output = (x.float() * _like(value, x)).to(x.dtype)
 
 
 def ratio(y: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -240,11 +260,8 @@ def freeze(model: Any, layer: int | None, clean: dict[str, tuple[torch.Tensor, .
             args, kwargs = site.inputs
             kwargs = {**kwargs, "min": values[0], "max": values[1]}
             site.inputs = (tuple(args[2:]), kwargs)
-        elif gate.part == "scale":
-            site.output = formula(norm_anatomy(site._module), site._module, site.input, scale=values[0])
-        elif gate.part == "ratio":
-            x = site.input
-            site.output = (x.float() * _like(values[0], x)).to(x.dtype)
+        elif gate.part in MODULE_PARTS:
+            write_module(site, gate.part, values[0])
         elif gate.part == "output":
             output = site.output
             if not gate.items:
