@@ -9,6 +9,8 @@ run. The overrides of nnsight's own methods are listed, with why, in `nncanon.nn
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import nnsight
@@ -62,6 +64,10 @@ def apply_logit_steps(logits: torch.Tensor, family: Family, config: Any) -> torc
         else:  # pragma: no cover - a family definition error
             raise ValueError(f"unknown logit step {step.op!r}")
     return logits
+
+
+#: Where `MountedModel.support_held` keeps its report.
+_HELD_SUPPORT = "_nncanon_held_support"
 
 
 class MountedModel(TransformersModel):
@@ -587,4 +593,18 @@ class MountedModel(TransformersModel):
 
     def support(self) -> SupportReport:
         """Which standard values each layer serves, and why not where it does not. No forward runs."""
-        return SupportReport.of(self)
+        held = self.__dict__.get(_HELD_SUPPORT)
+        return held if held is not None else SupportReport.of(self)
+
+    @contextmanager
+    def support_held(self) -> Iterator[SupportReport]:
+        """Within the block, `support` returns one report, made on entry: for work that asks it many times and
+        changes nothing it says (an attribution graph asks it per block and per name it resolves)."""
+        if self.__dict__.get(_HELD_SUPPORT) is not None:
+            yield self.__dict__[_HELD_SUPPORT]
+            return
+        self.__dict__[_HELD_SUPPORT] = report = SupportReport.of(self)
+        try:
+            yield report
+        finally:
+            del self.__dict__[_HELD_SUPPORT]

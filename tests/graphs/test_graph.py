@@ -127,3 +127,18 @@ def test_feature_columns_blockwise_are_the_whole_products_bit_for_bit(model, tra
     monkeypatch.setattr(attribution, "DOTS_BLOCK", 1)
     again = graphs.attribute(model, PROMPT, transcoders, max_n_logits=3)
     assert torch.equal(again.adjacency_matrix, graph.adjacency_matrix)
+
+
+def test_support_is_held_while_a_graph_is_built_and_released_after(model, transcoders):
+    """`support_held` hands out one report, made on entry (nested blocks share it), and lets go on exit, an error
+    included; the report it holds says what a fresh one says."""
+    with model.support_held() as held:
+        assert model.support() is held
+        with model.support_held() as inner:
+            assert inner is held
+        assert model.support() is held
+    assert model.support() is not held
+    assert model.support().to_dict() == held.to_dict()
+    with pytest.raises(InvalidInput):
+        graphs.attribute(model, "", transcoders)
+    assert model.support() is not model.support()  # (nothing held after a graph that failed)

@@ -191,15 +191,17 @@ class Coders:
 def check_transcoders(model: Any, transcoders: Any) -> Coders:
     """The `Coders` of ``transcoders``, checked against ``model``.
 
-    ``transcoders``: a `CrossLayerTranscoder`; or per-layer transcoders, a sequence with one entry per block (``None``:
-    that block's whole MLP output is its error node) or a mapping ``{layer: transcoder}``. Each reads one of
-    `READS` at its block and writes its ``mlp_output``, where its config names them (unnamed: ``mlp_input``); its
-    widths must be the model's.
+    ``transcoders``: a `CrossLayerTranscoder`; or per-layer transcoders, a sequence with one entry per block
+    (``None``: that block's whole MLP output is its error node) or a mapping ``{layer: transcoder}``; or a `Coders`
+    (returned as it is: checked when it was made). Each reads one of `READS` at its block and writes its
+    ``mlp_output``, where its config names them (unnamed: ``mlp_input``); its widths must be the model's.
 
     Raises:
         InvalidDictionary: another width, a point not of its block or not one of `READS`, an architecture without a
             linear pre-activation, an input normalisation, NaN weights.
     """
+    if isinstance(transcoders, Coders):
+        return transcoders  # (checked already)
     n_layers = len(model.layers)
     hidden = model.config.get_text_config().hidden_size
     if isinstance(transcoders, CrossLayerTranscoder):

@@ -61,7 +61,8 @@ def support(model: Any, reads: Sequence[str] | None = None) -> str | None:
     key = tuple(reads) if reads is not None else default
     proved = _PROVED.setdefault(model._module, {})
     if key not in proved:
-        proved[key] = prove(model, key)
+        with model.support_held():
+            proved[key] = prove(model, key)
         _PROVED[model._module] = proved  # (a model loaded on meta has another module once the proof dispatched it)
     if key == default:
         model.__dict__[GRAPH_PROOF] = proved[key]  # (support()'s line on graphs: the default reads' proof)
@@ -220,11 +221,12 @@ def attribute(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 
             ``offload_dir`` cannot hold the rows.
         CannotWrite: ``offload_dir`` missing, not a folder or read-only.
     """
-    reads = check_transcoders(model, transcoders).reads if structural(model) is None else None
-    reason = support(model, reads)
-    if reason is not None:
-        raise ValueNotAvailable(f"no attribution graph on this {model.config.model_type} model: {reason}")
-    return build(model, prompt, transcoders, max_n_logits=max_n_logits, desired_logit_prob=desired_logit_prob,
-                 max_feature_nodes=max_feature_nodes, batch_size=batch_size, offload=offload,
-                 update_interval=update_interval, zero_bos=zero_bos, verbose=verbose, memory_limit=memory_limit,
-                 remote=remote, offload_dir=offload_dir)
+    with model.support_held():  # (its line on graphs, which the proof may set, is not read while a graph is built)
+        coders = check_transcoders(model, transcoders) if structural(model) is None else None
+        reason = support(model, coders.reads if coders is not None else None)
+        if reason is not None:
+            raise ValueNotAvailable(f"no attribution graph on this {model.config.model_type} model: {reason}")
+        return build(model, prompt, coders, max_n_logits=max_n_logits, desired_logit_prob=desired_logit_prob,
+                     max_feature_nodes=max_feature_nodes, batch_size=batch_size, offload=offload,
+                     update_interval=update_interval, zero_bos=zero_bos, verbose=verbose, memory_limit=memory_limit,
+                     remote=remote, offload_dir=offload_dir)
