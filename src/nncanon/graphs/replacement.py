@@ -252,12 +252,13 @@ def _place_gated_norms(model: Any, layer: int, ordered: list[str]) -> None:
     """Insert a `NORM_GATES` step in block ``layer``'s steps for each gated norm it calls: first (after the stream
     entering it) for the norm before its token mixer, before the transcoder's input for the one before its MLP; and
     the block's own values (`nncanon.components.norm_gates.BLOCK_GATES`) at its entry, before its transcoder's input,
-    before its linear mixer and last."""
+    before its linear mixer, before its attention's pattern (and its inner norms) and last."""
     block = model.layers[layer]
     if norm_gates.block_gates_of(block._module, "first"):  # (the block's own values: at its entry, after all else)
         mixers.check(model, layer, mixers.BLOCK_ENTRY)
         ordered.insert(int(ordered[:1] == ["layer_input"]), NORM_GATES + mixers.BLOCK_ENTRY)
-    for owner, before in ((mixers.BLOCK_MLP, INPUT), ("<block mixer>", MIXER)):  # (before the step they feed)
+    pattern = next((name for name in ordered if name in (ATTENTION, "attention_probabilities", *PATTERN_INPUTS)), None)
+    for owner, before in ((mixers.BLOCK_MLP, INPUT), ("<block mixer>", MIXER), ("<block attention>", pattern)):
         if norm_gates.block_gates_of(block._module, mixers.BLOCK_PLACES[owner]) and before in ordered:
             mixers.check(model, layer, owner)
             ordered.insert(ordered.index(before), NORM_GATES + owner)
