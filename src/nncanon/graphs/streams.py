@@ -12,11 +12,19 @@ A transcoder maps the MLP module's input ``u`` ``[b, s, d]`` to its output ``[b,
 ``[b, s, k·d]`` injection into the streams (``mlp_output``); so the frozen model writes the MLP module's output leaf
 (clean module output less the transcoder's skip), and an error node is the module's output less the reconstruction,
 ``d`` wide like every node.
+
+A model whose blocks take ``k`` streams stacked (Gemma-3n's AltUp: `nncanon.families.Family.rescale`) makes them from
+the embeddings by ``k - 1`` projections, each rescaled to the embeddings' magnitude (a ratio computed from the
+stream): the frozen model writes the stream entering block 0 as the token nodes' leaf stacked with its projections
+times the clean run's ratios (`expand`), linear in the leaf; the collapse before the head is frozen alike
+(`nncanon.graphs.head`).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from ..components import stream_gates
 from ..errors import ValueNotAvailable
@@ -79,6 +87,26 @@ def collapse(model: Any) -> str | None:
     mixers.check(model, None, path)
     _ = module.source.names
     return path
+
+
+def stacked(model: Any) -> bool:
+    """Whether ``model`` makes its stacked streams from the embeddings by ratios of their magnitudes
+    (`nncanon.families.Family.rescale`), frozen by `expand_ratios` and `expand`."""
+    return model._family.rescale is not None
+
+
+def expand_ratios(model: Any, embeddings: torch.Tensor) -> list[torch.Tensor]:
+    """The clean run's ratios of the stacked streams' rescaling, from its token vectors ``[n, d]``: ``[1, n, 1]``
+    per projection."""
+    with torch.no_grad():
+        _, ratios = model._family.rescale(model._module, "expand", embeddings[None])
+    return [ratio.detach() for ratio in ratios]
+
+
+def expand(model: Any, embeddings: torch.Tensor, ratios: list[torch.Tensor]) -> None:
+    """Write the stream entering block 0 as the leaf ``embeddings`` ``[B, n, d]`` stacked with its projections times
+    the clean ``ratios`` (inside the frozen run's trace): linear in the leaf."""
+    model.layers[0].layer_input = model._family.rescale(model._module, "expand", embeddings, ratios)[0]
 
 
 def owner(step: str) -> str:
