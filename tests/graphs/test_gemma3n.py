@@ -21,7 +21,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from nncanon import StandardizedTransformer
+from nncanon import StandardizedTransformer, graphs
 from nncanon.components import attention_gates, norm_gates
 from nncanon.graphs import head, replacement, streams
 from nncanon.graphs.proof import prove
@@ -147,3 +147,11 @@ def test_multimodal_text_path_builds(monkeypatch):
     model = StandardizedTransformer(_multimodal(monkeypatch), tokenizer=tiny_tokenizer(300), verify="never")
     assert model.family.name == "gemma3n"
     assert_exact_graph(model, "gemma3n")
+
+
+def test_under_sdpa():
+    """Under sdpa the pattern is frozen through the kernel's query and key: the 2-stream variant builds an exact
+    graph; the KV-sharing one is declined by name (a block's keys are one tensor shared with a later block's)."""
+    assert_exact_graph(tiny_model("gemma3n_text_unshared", attn_implementation="sdpa"), "gemma3n_text_unshared")
+    reason = graphs.support(tiny_model("gemma3n_text", attn_implementation="sdpa"))
+    assert reason is not None and "KV sharing" in reason and "key_states" in reason

@@ -15,10 +15,14 @@ per-layer-input branch after the MLP, ``norm(proj(gelu(gate(h)) · p))``, multip
 block's per-layer input ``p`` (made from the token's own per-layer embedding and a normed projection of its
 embedding): ``p`` is frozen at the block's entry (its argument; the token's path through it is in every target's
 bias term, as absolute position embeddings are), the GELU as its slope through the origin (part ``"ratio"``) and the
-branch's norm as its scale, at the block's end. RWKV's first block norms the stream entering it (``pre_ln``) before
-anything else: that norm's scale, at the block's entry. A Zamba hybrid block's norms read no stream alone (its shared
-transformer's ``cat[x, embeddings]`` and attention output, its Mamba block's ``x + linear(T)``): their scales at its
-entry, before its transcoder's input (``"mlp"``) and before its linear mixer (``"mixer"``).
+branch's norm as its scale, at the block's end. Gemma-3n's block (`nncanon.families.gemma3n`) freezes the same
+branch, and AltUp's routed coefficients: the router's output in ``altup.predict`` (at its entry) and in
+``altup.correct`` (last), one module called twice, each call read through its caller's operation; and LAuReL's
+post-norm scale, before the attention's pattern (``"attention"``). RWKV's first block norms the stream entering it
+(``pre_ln``) before anything else: that norm's scale, at the block's entry. A Zamba hybrid block's norms read no
+stream alone (its shared transformer's ``cat[x, embeddings]`` and attention output, its Mamba block's ``x +
+linear(T)``): their scales at its entry, before its transcoder's input (``"mlp"``) and before its linear mixer
+(``"mixer"``).
 """
 
 from __future__ import annotations

@@ -30,6 +30,11 @@ its own output; and the per-layer-input term is computed from the corrected stre
 declined where blocks share keys/values (``num_kv_shared_layers > 0``): the blocks after the sharing
 point read keys/values an earlier block stores during the same forward, which a resumed forward never
 runs; a skip that would leave such a block without them is refused with that reason.
+
+Attribution graphs (`nncanon.graphs`): the frozen replacement model freezes AltUp's routed coefficients, LAuReL's
+post-norm scale and the per-layer-input branch (`nncanon.components.norm_gates.BLOCK_GATES`), the value norm, and
+the magnitude ratios of the stacking and of the collapse (``rescale``, with the final norm's scale:
+`nncanon.graphs.streams`, `nncanon.graphs.head`); a transcoder writes the MLP module's output.
 """
 
 from __future__ import annotations
