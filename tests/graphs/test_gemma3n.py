@@ -9,7 +9,7 @@ embeddings' magnitude, and collapses them before the final norm alike. Frozen at
 output in each call (read through its caller, ``self_altup_predict_0`` / ``self_altup_correct_0``), LAuReL's
 post-norm scale, the per-layer input ``p`` at the block's entry, the branch's GELU as its slope and its norm's scale
 (`nncanon.components.norm_gates.BLOCK_GATES`), the value norm (`nncanon.components.attention_gates`), the
-magnitude ratios of the stacking and of the collapse with the final norm's scale (`nncanon.graphs.streams`,
+magnitudes rescaling the stacking and the collapse, with the final norm's scale (`nncanon.graphs.streams`,
 `nncanon.graphs.head`). With all frozen the graph is exact; with any one left live the frozen model is not affine
 along a direction of the token nodes, and the linearity proof declines it.
 """
@@ -82,9 +82,9 @@ def test_graph_is_exact(variant):
 @pytest.mark.parametrize("variant", variant_params(["gemma3n_text_unshared"]))
 def test_every_frozen_value_is_needed(variant, monkeypatch):
     """Frozen, the model is affine along a direction of the token nodes (second difference ~1e-6); with any one value
-    left live (each block value, the value norm, the stacking's ratios, the collapse's with the final norm) it is
-    not, and the linearity proof declines the model ("not affine"; but for the stacking's ratios: `_assert_live_caught`
-    says why)."""
+    left live (each block value, the value norm, the stacking's magnitudes, the collapse's with the final norm) it is
+    not, and the linearity proof declines the model ("not affine"; but for the stacking's: `_assert_live_caught` says
+    why)."""
     with _sharpened(tiny_model(variant)) as model:
         assert _second_difference(model) < 1e-5
         entry = norm_gates.BLOCK_GATES[BLOCK]
@@ -99,15 +99,15 @@ def test_every_frozen_value_is_needed(variant, monkeypatch):
             _assert_live_caught(model, "the value norm")
         with monkeypatch.context() as patch:
             patch.setattr(replacement.streams, "stacked", lambda model: False)
-            _assert_live_caught(model, "the stacking's magnitude ratios", proof=False)
+            _assert_live_caught(model, "the stacking's magnitudes", proof=False)
         with monkeypatch.context() as patch:
             patch.setattr(replacement.before_head, "stages", lambda model: [])
-            _assert_live_caught(model, "the collapse's ratios and the final norm's scale")
+            _assert_live_caught(model, "the collapse's magnitudes and the final norm's scale")
 
 
 def _assert_live_caught(model, what: str, proof: bool = True) -> None:
     """Left live, ``what`` makes the frozen model non-affine along a direction of the token nodes, and (``proof``)
-    the linearity proof declines the model. (The stacking's ratios left live are not seen by the proof: each
+    the linearity proof declines the model. (The stacking's magnitudes left live are not seen by the proof: each
     position's stacked stream is then ``e ↦ P·e·|e|/|P·e|``, positively homogeneous of degree 1 in that position's
     token vector alone, so by Euler's theorem its gradient times the vector is its value, and the rows still sum and a
     token node's removal still moves the targets by its edges; the edges are those of a gradient at a live ratio, not
@@ -121,23 +121,24 @@ def _assert_live_caught(model, what: str, proof: bool = True) -> None:
 
 
 def test_frozen_stacking_and_collapse_are_the_models():
-    """The family's rescaling with the clean ratios given is its own computation: the stacked stream entering block 0
-    and the collapse before the final norm equal the model's (the served ``layers[0].layer_input``, and the family's
-    ``collapse`` of the last block's output), and the ratios are ``[1, n, 1]`` per projection."""
+    """The family's rescaling with the clean magnitudes given is its own computation, bit for bit: the stacked stream
+    entering block 0 and the collapse before the final norm equal the model's (the served ``layers[0].layer_input``,
+    and the family's ``collapse`` of the last block's output); the magnitudes are ``[1, n, 1]``, the embeddings' and
+    each projection's."""
     model = tiny_model("gemma3n_text")
     ids = model.tokenizer("The cat sat", return_tensors="pt").input_ids
     with torch.no_grad(), model.trace(ids):
         embeddings = model.token_embeddings.save()
         entering = model.layers[0].layer_input.save()
         last = model.layers[-1].layer_output.save()
-    ratios = streams.expand_ratios(model, embeddings[0])
-    assert len(ratios) == model.config.altup_num_inputs - 1 and ratios[0].shape == (1, ids.shape[1], 1)
+    magnitudes = streams.expand_magnitudes(model, embeddings[0])
+    assert len(magnitudes) == model.config.altup_num_inputs and magnitudes[0].shape == (1, ids.shape[1], 1)
     rescale = model._family.rescale
-    stacked, _ = rescale(model._module, "expand", embeddings, ratios)
-    torch.testing.assert_close(stacked, entering, rtol=1e-6, atol=1e-6)
-    _, clean = rescale(model._module, "collapse", last)
-    frozen, _ = rescale(model._module, "collapse", last, clean)
-    torch.testing.assert_close(frozen, model._family.collapse(model._module, last), rtol=1e-6, atol=1e-6)
+    with torch.no_grad():
+        assert torch.equal(rescale(model._module, "expand", embeddings, magnitudes)[0], entering)
+        _, clean = rescale(model._module, "collapse", last)
+        assert torch.equal(rescale(model._module, "collapse", last, clean)[0],
+                           model._family.collapse(model._module, last))
     assert head.COLLAPSE in [path for path, _, _ in head.stages(model)]
 
 

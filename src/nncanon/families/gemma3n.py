@@ -33,7 +33,7 @@ runs; a skip that would leave such a block without them is refused with that rea
 
 Attribution graphs (`nncanon.graphs`): the frozen replacement model freezes AltUp's routed coefficients, LAuReL's
 post-norm scale and the per-layer-input branch (`nncanon.components.norm_gates.BLOCK_GATES`), the value norm, and
-the magnitude ratios of the stacking and of the collapse (``rescale``, with the final norm's scale:
+the magnitudes rescaling the stacking and the collapse (``rescale``, with the final norm's scale:
 `nncanon.graphs.streams`, `nncanon.graphs.head`); a transcoder writes the MLP module's output.
 """
 
@@ -51,32 +51,30 @@ from .base import Family, LogitStep, stranded_readers
 
 
 def _rescale(text_model: str, model: torch.nn.Module, where: str, stream: torch.Tensor,
-             ratios: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+             magnitudes: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Gemma-3n's AltUp stacking of the embeddings (``where`` ``"expand"``: ``[b, s, d]`` to the stream entering
     block 0, ``[b, s, k·d]``) or unembedding of the stream (``"collapse"``: ``[b, s, k·d]`` to ``[b, s, d]``, before
     the final norm), as the model computes it: each of the ``k - 1`` projections rescaled to the first stream's
-    magnitude, ``current · target / magnitude``. With ``ratios`` (``[b or 1, s, 1]`` per projection) those factors
-    are used instead of ``target / magnitude`` (an attribution graph's frozen values, the clean run's). Returns the
-    result and the factors (``target / magnitude``, or ``ratios``)."""
+    magnitude, ``current · target / magnitude``. With ``magnitudes`` (``[b or 1, s, 1]`` each: ``target``, then each
+    projection's ``magnitude``) those are used instead of the ones computed from ``stream`` (an attribution graph's
+    frozen values, the clean run's; the same operations, so the same values where they are the same). Returns the
+    result and the magnitudes used."""
     text = model.get_submodule(text_model)
     k = text.config.altup_num_inputs
     projections = text.altup_projections if where == "expand" else text.altup_unembed_projections
     streams = [stream] if where == "expand" else list(stream.unflatten(-1, (k, -1)).unbind(-2))
     first = streams[0].contiguous()
-    target = torch.mean(first**2, dim=-1, keepdim=True) ** 0.5
-    parts, used = [first], []
+    found = [torch.mean(first**2, dim=-1, keepdim=True) ** 0.5]
+    parts = [first]
     for index, projection in enumerate(projections, start=1):
         # (the layer's own computation, a quantized one's kernel included, without the module's hooks: the model
         # has run past it in the trace)
         source = streams[0 if where == "expand" else index].contiguous()
         current = type(projection).forward(projection, source).to(first.dtype)
-        if ratios is None:
-            magnitude = torch.sqrt(torch.mean(current**2, dim=-1, keepdim=True).clamp(min=1e-5))
-            parts.append(current * target / magnitude)
-            used.append(target / magnitude)
-        else:
-            parts.append(current * ratios[index - 1].to(current.dtype))
-    used = used if ratios is None else list(ratios)
+        found.append(torch.sqrt(torch.mean(current**2, dim=-1, keepdim=True).clamp(min=1e-5)))
+        target, magnitude = (found[0], found[index]) if magnitudes is None else (magnitudes[0], magnitudes[index])
+        parts.append(current * target.to(current.dtype) / magnitude.to(current.dtype))
+    used = found if magnitudes is None else list(magnitudes)
     if where == "expand":
         return torch.stack(parts, dim=-2).flatten(-2), used
     return torch.mean(torch.stack(parts), dim=0), used

@@ -7,9 +7,9 @@ ModernBERT-decoder's prediction head (``dense``, a GELU, a LayerNorm, then ``dec
 Where the final norm's scale is not served because the module also runs elsewhere (nanochat norms the embeddings
 with it: `nncanon.support.SupportReport.final_norm_at_head`), its last call is frozen at the head: the head's input
 written as the last block's output centred over the clean run's scale (`FINAL`). Where a stacked-stream model
-collapses its streams before the final norm by ratios of their magnitudes (Gemma-3n's AltUp unembedding:
+collapses its streams before the final norm rescaled by their magnitudes (Gemma-3n's AltUp unembedding:
 `nncanon.families.Family.rescale`), the head's input is written as the last block's output collapsed with the clean
-run's ratios, normed over the clean run's scale (`COLLAPSE`).
+run's magnitudes, normed over the clean run's scale (`COLLAPSE`).
 
 `stages` says what is frozen (or why a head cannot be), `read` saves the clean values inside the clean run's trace,
 `freeze` writes them inside the frozen run's trace; both run after the final norm, before the head's output is read.
@@ -90,17 +90,17 @@ def _kind(module: nn.Module) -> str | None:
 
 def read(model: Any, frozen: list[tuple[str, str, str]]) -> list[Any]:
     """The clean run's frozen values (inside its trace), saved: a norm's scale ``[1, n, 1]`` (the final norm's: of
-    the last block's output), an activation's slope ``[1, n, d]``, a stacked-stream collapse's ratios and final
-    norm's scale ``[1, n, k]``."""
+    the last block's output), an activation's slope ``[1, n, d]``, a stacked-stream collapse's magnitudes and
+    final norm's scale ``[1, n, k + 1]``."""
     values = []
     for path, child, kind in frozen:
         if kind == "final":
             values.append(statistics(norm_anatomy(model.norm._module), model.layers[-1].layer_output)[1].save())
             continue
-        if kind == "collapse":  # (the ratios per projection, then the final norm's scale: [1, n, k])
-            collapsed, ratios = model._family.rescale(model._module, "collapse", model.layers[-1].layer_output)
+        if kind == "collapse":  # (the k magnitudes, then the final norm's scale: [1, n, k + 1])
+            collapsed, magnitudes = model._family.rescale(model._module, "collapse", model.layers[-1].layer_output)
             scale = statistics(norm_anatomy(model.norm._module), collapsed)[1]
-            values.append(torch.cat([*ratios, scale.to(collapsed.dtype)], dim=-1).save())
+            values.append(torch.cat([*(m.to(scale.dtype) for m in magnitudes), scale], dim=-1).save())
             continue
         values.append(read_module(_envoy(model, path, child), PARTS[kind]).save())
     return values
@@ -114,8 +114,8 @@ def freeze(model: Any, frozen: list[tuple[str, str, str]], clean: list[torch.Ten
             model.lm_head.input = formula(norm_anatomy(model.norm._module), model.norm._module, h, scale=value)
             continue
         if kind == "collapse":
-            *ratios, scale = value.split(1, dim=-1)
-            h, _ = model._family.rescale(model._module, "collapse", model.layers[-1].layer_output, ratios)
+            *magnitudes, scale = value.split(1, dim=-1)
+            h, _ = model._family.rescale(model._module, "collapse", model.layers[-1].layer_output, magnitudes)
             model.lm_head.input = formula(norm_anatomy(model.norm._module), model.norm._module, h, scale=scale)
             continue
         write_module(_envoy(model, path, child), PARTS[kind], value)

@@ -309,7 +309,8 @@ class Clean:
         head: The head's output with the linear logit steps ``[n, vocab]`` (what `frozen_run` returns).
         head_frozen: The values of ``plan.head_stages`` (`nncanon.graphs.head.read`), detached.
         collapse: The frozen values of ``plan.collapse`` (keyed as `nncanon.graphs.mixers.read` keys them).
-        expand: Where ``plan.stacked``, the stacked streams' rescaling ratios (`nncanon.graphs.streams.expand_ratios`).
+        expand: Where ``plan.stacked``, the stacked streams' rescaling magnitudes
+            (`nncanon.graphs.streams.expand_magnitudes`).
     """
 
     frozen: list[dict[str, torch.Tensor]]
@@ -378,7 +379,7 @@ def clean_run(model: Any, ids: torch.Tensor, plan: Plan, remote: Any = None) -> 
                  head=_linear_steps(saved["head"], plan)[0].detach(),
                  head_frozen=[value.detach() for value in saved["before_head"]],
                  collapse=mixers.detached(saved["collapse"]) if "collapse" in saved else {},
-                 expand=streams.expand_ratios(model, saved["embeddings"][0].detach()) if plan.stacked else [])
+                 expand=streams.expand_magnitudes(model, saved["embeddings"][0].detach()) if plan.stacked else [])
 
 
 def _per_block(values: list[torch.Tensor], plan: Plan, zero: torch.Tensor) -> list[torch.Tensor]:
