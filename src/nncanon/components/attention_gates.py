@@ -107,8 +107,10 @@ ATTENTION_GATES: dict[str, tuple[Gates, str]] = {
     # (a sliding-window block, without an indexer, makes no rounding call)
     "Kolibri1_1Attention": (lambda module: (Gate("detach_1", "output"),) if module.indexer is not None else (),
                             "before"),
-    # (Gemma-4's scale-free value norm, ``x · pow(mean(x²) + eps, -0.5)``; a KV-shared layer reuses an earlier one's)
-    **{name: (_value_norm, "before") for name in ("Gemma4TextAttention", "Gemma4UnifiedTextAttention")},
+    # (Gemma-4's and Gemma-3n's scale-free value norm, ``x · pow(mean(x²) + eps, -0.5)``; a KV-shared layer reuses an
+    # earlier one's)
+    **{name: (_value_norm, "before")
+       for name in ("Gemma4TextAttention", "Gemma4UnifiedTextAttention", "Gemma3nTextAttention")},
     "DiffLlamaAttention": ((Gate("attention_interface_1", "inputs", (1, 2)),
                             Gate("attention_interface_2", "inputs", (1, 2)),
                             Gate(None, "scale", module="groupnorm")), "pattern"),

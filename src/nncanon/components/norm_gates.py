@@ -15,10 +15,14 @@ per-layer-input branch after the MLP, ``norm(proj(gelu(gate(h)) · p))``, multip
 block's per-layer input ``p`` (made from the token's own per-layer embedding and a normed projection of its
 embedding): ``p`` is frozen at the block's entry (its argument; the token's path through it is in every target's
 bias term, as absolute position embeddings are), the GELU as its slope through the origin (part ``"ratio"``) and the
-branch's norm as its scale, at the block's end. RWKV's first block norms the stream entering it (``pre_ln``) before
-anything else: that norm's scale, at the block's entry. A Zamba hybrid block's norms read no stream alone (its shared
-transformer's ``cat[x, embeddings]`` and attention output, its Mamba block's ``x + linear(T)``): their scales at its
-entry, before its transcoder's input (``"mlp"``) and before its linear mixer (``"mixer"``).
+branch's norm as its scale, at the block's end. Gemma-3n's block (`nncanon.families.gemma3n`) freezes the same
+branch, and AltUp's routed coefficients: the router's output in ``altup.predict`` (at its entry) and in
+``altup.correct`` (last), one module called twice, each call read through its caller's operation; and LAuReL's
+post-norm scale, before the attention's pattern (``"attention"``). RWKV's first block norms the stream entering it
+(``pre_ln``) before anything else: that norm's scale, at the block's entry. A Zamba hybrid block's norms read no
+stream alone (its shared transformer's ``cat[x, embeddings]`` and attention output, its Mamba block's ``x +
+linear(T)``): their scales at its entry, before its transcoder's input (``"mlp"``) and before its linear mixer
+(``"mixer"``).
 """
 
 from __future__ import annotations
@@ -42,6 +46,19 @@ def _gemma4(block: nn.Module) -> dict[str, tuple[Gate, ...]]:
             "last": (Gate(None, "ratio", module="act_fn"), Gate(None, "scale", module="post_per_layer_input_norm"))}
 
 
+def _gemma3n(block: nn.Module) -> dict[str, tuple[Gate, ...]]:
+    """A Gemma-3n block's own values: its per-layer input (argument 2) and AltUp's prediction coefficients (the
+    router's ``tanh`` output in ``altup.predict``) at its entry; LAuReL's post-norm scale before the attention's
+    pattern; AltUp's correction coefficients (the router's output in ``altup.correct``), the per-layer-input branch's
+    GELU as its slope and its norm's scale last. (The router runs twice per block, through one module: each call is
+    read by its caller's operation, ``self_altup_predict_0`` and ``self_altup_correct_0``.)"""
+    router = "self_compute_router_modalities_0"
+    return {"first": (Gate(None, "inputs", (2,)), Gate(f"self_altup_predict_0.{router}", "output")),
+            "attention": (Gate(None, "scale", module="laurel.post_laurel_norm"),),
+            "last": (Gate(f"self_altup_correct_0.{router}", "output"), Gate(None, "ratio", module="act_fn"),
+                     Gate(None, "scale", module="post_per_layer_input_norm"))}
+
+
 def _zamba_hybrid(shared: str) -> dict[str, tuple[Gate, ...]]:
     """A Zamba hybrid block's norms, none on the stream alone: its shared transformer's (its own module, the weights
     tied) on ``cat[x, embeddings]`` at its entry and on the attention's output before the MLP, and its Mamba block's
@@ -51,12 +68,13 @@ def _zamba_hybrid(shared: str) -> dict[str, tuple[Gate, ...]]:
             "mixer": (Gate(None, "scale", module="mamba_decoder.input_layernorm"),)}
 
 
-#: Per block class: its own frozen values, at its entry (``"first"``), before its transcoder's input (``"mlp"``),
-#: before its linear mixer (``"mixer"``) and after all else it computes (``"last"``), or a function of the block
-#: giving them.
+#: Per block class: its own frozen values, at its entry (``"first"``), before its attention's pattern
+#: (``"attention"``), before its transcoder's input (``"mlp"``), before its linear mixer (``"mixer"``) and after all
+#: else it computes (``"last"``), or a function of the block giving them.
 BLOCK_GATES: dict[str, dict[str, tuple[Gate, ...]] | Callable[[nn.Module], dict[str, tuple[Gate, ...]]]] = {
     "Block": {"last": (Gate(None, "scale", module="ln_2"),)},  # (OpenAI GPT; its ln_1 is served as the MLP's norm)
     "Gemma4TextDecoderLayer": _gemma4,
+    "Gemma3nTextDecoderLayer": _gemma3n,
     # (RWKV's block 0 norms the stream entering it, pre_ln, before anything else)
     "ZambaHybridLayer": _zamba_hybrid("shared_transf"),
     "Zamba2HybridLayer": _zamba_hybrid("shared_transformer"),

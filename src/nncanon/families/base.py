@@ -232,6 +232,12 @@ class Family:
             stream into one before its final norm, where no module does it (Gemma-3n's AltUp
             unembedding, inline in the model's forward); ``model`` is the unwrapped transformers model.
             ``None``: the final norm takes the stream as it is.
+        rescale: ``(model, where, x, magnitudes=None) -> (y, magnitudes)``: a stacked-stream model's rescaling
+            of its streams by their magnitudes, computed from the streams (Gemma-3n's AltUp): ``where``
+            ``"expand"``, the embeddings ``[b, s, d]`` to the stream entering block 0 ``[b, s, k·d]``;
+            ``"collapse"``, as ``collapse``. ``magnitudes`` given: those instead of the computed ones (an
+            attribution graph freezes them at the clean run's: `nncanon.graphs.streams`); the ones used are
+            returned.
         refuse_skip: ``(config, start, end) -> reason or None``: skips of blocks ``start..end`` the model
             cannot run (Gemma-3n: a skipped block that stores keys/values a later block reuses).
         embeddings: How the embeddings become the stream entering block 0 (`Embeddings`): the position
@@ -291,6 +297,7 @@ class Family:
     stacked_streams: bool = False
     merged_streams: bool = False
     collapse: Callable[[Any, Any], Any] | None = field(default=None, compare=False)
+    rescale: Callable[..., tuple[Any, list]] | None = field(default=None, compare=False)
     refuse_skip: Callable[[Any, int, int], str | None] | None = field(default=None, compare=False)
     mlp_anatomy: MLPAnatomy | str = "auto"
     norms: dict[str, str] = field(default_factory=dict, compare=False)

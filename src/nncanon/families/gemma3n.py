@@ -30,6 +30,11 @@ its own output; and the per-layer-input term is computed from the corrected stre
 declined where blocks share keys/values (``num_kv_shared_layers > 0``): the blocks after the sharing
 point read keys/values an earlier block stores during the same forward, which a resumed forward never
 runs; a skip that would leave such a block without them is refused with that reason.
+
+Attribution graphs (`nncanon.graphs`): the frozen replacement model freezes AltUp's routed coefficients, LAuReL's
+post-norm scale and the per-layer-input branch (`nncanon.components.norm_gates.BLOCK_GATES`), the value norm, and
+the magnitudes rescaling the stacking and the collapse (``rescale``, with the final norm's scale:
+`nncanon.graphs.streams`, `nncanon.graphs.head`); a transcoder writes the MLP module's output.
 """
 
 from __future__ import annotations
@@ -45,20 +50,39 @@ from ..versions import transformers_minor
 from .base import Family, LogitStep, stranded_readers
 
 
-def _collapse(text_model: str, model: torch.nn.Module, stream: torch.Tensor) -> torch.Tensor:
-    """Gemma-3n's AltUp unembedding of a ``[b, s, k·d]`` stream: ``[b, s, d]``, as the model computes it."""
+def _rescale(text_model: str, model: torch.nn.Module, where: str, stream: torch.Tensor,
+             magnitudes: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Gemma-3n's AltUp stacking of the embeddings (``where`` ``"expand"``: ``[b, s, d]`` to the stream entering
+    block 0, ``[b, s, k·d]``) or unembedding of the stream (``"collapse"``: ``[b, s, k·d]`` to ``[b, s, d]``, before
+    the final norm), as the model computes it: each of the ``k - 1`` projections rescaled to the first stream's
+    magnitude, ``current · target / magnitude``. With ``magnitudes`` (``[b or 1, s, 1]`` each: ``target``, then each
+    projection's ``magnitude``) those are used instead of the ones computed from ``stream`` (an attribution graph's
+    frozen values, the clean run's; the same operations, so the same values where they are the same). Returns the
+    result and the magnitudes used."""
     text = model.get_submodule(text_model)
-    streams = stream.unflatten(-1, (text.config.altup_num_inputs, -1))
-    first = streams[..., 0, :].contiguous()
-    target = torch.mean(first**2, dim=-1, keepdim=True) ** 0.5
+    k = text.config.altup_num_inputs
+    projections = text.altup_projections if where == "expand" else text.altup_unembed_projections
+    streams = [stream] if where == "expand" else list(stream.unflatten(-1, (k, -1)).unbind(-2))
+    first = streams[0].contiguous()
+    found = [torch.mean(first**2, dim=-1, keepdim=True) ** 0.5]
     parts = [first]
-    for index, projection in enumerate(text.altup_unembed_projections, start=1):
+    for index, projection in enumerate(projections, start=1):
         # (the layer's own computation, a quantized one's kernel included, without the module's hooks: the model
         # has run past it in the trace)
-        current = type(projection).forward(projection, streams[..., index, :].contiguous()).to(first.dtype)
-        magnitude = torch.sqrt(torch.mean(current**2, dim=-1, keepdim=True).clamp(min=1e-5))
-        parts.append(current * target / magnitude)
-    return torch.mean(torch.stack(parts), dim=0)
+        source = streams[0 if where == "expand" else index].contiguous()
+        current = type(projection).forward(projection, source).to(first.dtype)
+        found.append(torch.sqrt(torch.mean(current**2, dim=-1, keepdim=True).clamp(min=1e-5)))
+        target, magnitude = (found[0], found[index]) if magnitudes is None else (magnitudes[0], magnitudes[index])
+        parts.append(current * target.to(current.dtype) / magnitude.to(current.dtype))
+    used = found if magnitudes is None else list(magnitudes)
+    if where == "expand":
+        return torch.stack(parts, dim=-2).flatten(-2), used
+    return torch.mean(torch.stack(parts), dim=0), used
+
+
+def _collapse(text_model: str, model: torch.nn.Module, stream: torch.Tensor) -> torch.Tensor:
+    """Gemma-3n's AltUp unembedding of a ``[b, s, k·d]`` stream: ``[b, s, d]``, as the model computes it."""
+    return _rescale(text_model, model, "collapse", stream)[0]
 
 
 _MIXING = (
@@ -151,6 +175,7 @@ GEMMA3N_TEXT = Family(
     mlp_output=Site("post_feedforward_layernorm"),
     stacked_streams=True,
     collapse=partial(_collapse, "model"),
+    rescale=partial(_rescale, "model"),
     refuse_skip=_refuse_skip,
     model_declines=_model_declines,
     declines=_declines,
@@ -166,6 +191,7 @@ GEMMA3N = replace(
     embed_tokens="model.language_model.embed_tokens",
     norm="model.language_model.norm",
     collapse=partial(_collapse, "model.language_model"),
+    rescale=partial(_rescale, "model.language_model"),
 )
 
 FAMILIES = [GEMMA3N_TEXT, GEMMA3N]

@@ -37,8 +37,9 @@ SILU = ("silu", "swish")
 #: (`nncanon.components.norm_gates.block_gates_of`).
 MIXER, ATTENTION, BLOCK, BLOCK_ENTRY, BLOCK_MLP = "linear_attn", "self_attn", "<block>", "<block entry>", "<block mlp>"
 #: The owners of a block's own values, per place in the block (`nncanon.components.norm_gates.BLOCK_GATES`): its
-#: entry, before its transcoder's input, before its linear mixer, after all else.
-BLOCK_PLACES = {BLOCK_ENTRY: "first", BLOCK_MLP: "mlp", "<block mixer>": "mixer", BLOCK: "last"}
+#: entry, before its attention's pattern, before its transcoder's input, before its linear mixer, after all else.
+BLOCK_PLACES = {BLOCK_ENTRY: "first", "<block attention>": "attention", BLOCK_MLP: "mlp", "<block mixer>": "mixer",
+                BLOCK: "last"}
 
 
 def _mixer(model: Any, layer: int | None, owner: str = MIXER) -> Any:

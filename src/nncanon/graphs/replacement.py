@@ -114,6 +114,8 @@ class Plan:
             weights are frozen (`nncanon.graphs.streams.collapse`), or ``None``.
         mlp: Per block, whether it has an MLP (a block without one, a hybrid's Mamba block, has no transcoder, no
             `INPUT` and no ``mlp_output`` step: its transcoder input and MLP leaf are zero, its error nodes too).
+        stacked: Whether the stream entering block 0 is written from the token nodes' leaf with the stacked streams'
+            rescaling frozen (`nncanon.graphs.streams.expand`).
     """
 
     steps: list[list[str]]
@@ -128,6 +130,7 @@ class Plan:
     writes: str = WRITES
     collapse: str | None = None
     mlp: list[bool] = field(default_factory=list)
+    stacked: bool = False
 
 
 def support(model: Any) -> str | None:
@@ -189,7 +192,8 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
               for layer, kind in enumerate(reads)]
     return Plan(steps=steps, reads=reads, parts=parts, final_norm=report.available("final_norm_scale"),
                 head=family.lm_head, tokens=tokens, scale=scale, points=points, head_stages=before_head.stages(model),
-                writes=writes, collapse=streams.collapse(model), mlp=mlps)
+                writes=writes, collapse=streams.collapse(model), mlp=mlps,
+                stacked=streams.stacked(model) and tokens == "token_embeddings")
 
 
 def _mlp_steps(model: Any, report: Any, layer: int, kind: str, writes: str) -> tuple[list[str], tuple[str, ...]]:
@@ -252,12 +256,13 @@ def _place_gated_norms(model: Any, layer: int, ordered: list[str]) -> None:
     """Insert a `NORM_GATES` step in block ``layer``'s steps for each gated norm it calls: first (after the stream
     entering it) for the norm before its token mixer, before the transcoder's input for the one before its MLP; and
     the block's own values (`nncanon.components.norm_gates.BLOCK_GATES`) at its entry, before its transcoder's input,
-    before its linear mixer and last."""
+    before its linear mixer, before its attention's pattern (and its inner norms) and last."""
     block = model.layers[layer]
     if norm_gates.block_gates_of(block._module, "first"):  # (the block's own values: at its entry, after all else)
         mixers.check(model, layer, mixers.BLOCK_ENTRY)
         ordered.insert(int(ordered[:1] == ["layer_input"]), NORM_GATES + mixers.BLOCK_ENTRY)
-    for owner, before in ((mixers.BLOCK_MLP, INPUT), ("<block mixer>", MIXER)):  # (before the step they feed)
+    pattern = next((name for name in ordered if name in (ATTENTION, "attention_probabilities", *PATTERN_INPUTS)), None)
+    for owner, before in ((mixers.BLOCK_MLP, INPUT), ("<block mixer>", MIXER), ("<block attention>", pattern)):
         if norm_gates.block_gates_of(block._module, mixers.BLOCK_PLACES[owner]) and before in ordered:
             mixers.check(model, layer, owner)
             ordered.insert(ordered.index(before), NORM_GATES + owner)
@@ -304,6 +309,8 @@ class Clean:
         head: The head's output with the linear logit steps ``[n, vocab]`` (what `frozen_run` returns).
         head_frozen: The values of ``plan.head_stages`` (`nncanon.graphs.head.read`), detached.
         collapse: The frozen values of ``plan.collapse`` (keyed as `nncanon.graphs.mixers.read` keys them).
+        expand: Where ``plan.stacked``, the stacked streams' rescaling magnitudes
+            (`nncanon.graphs.streams.expand_magnitudes`).
     """
 
     frozen: list[dict[str, torch.Tensor]]
@@ -315,6 +322,7 @@ class Clean:
     head: torch.Tensor
     head_frozen: list[torch.Tensor] = field(default_factory=list)
     collapse: dict[str, Any] = field(default_factory=dict)
+    expand: list[torch.Tensor] = field(default_factory=list)
 
 
 def _token_site(model: Any, plan: Plan) -> tuple[Any, str]:
@@ -370,7 +378,8 @@ def clean_run(model: Any, ids: torch.Tensor, plan: Plan, remote: Any = None) -> 
                  embeddings=saved["embeddings"][0].detach(), logits=saved["logits"][0].detach(),
                  head=_linear_steps(saved["head"], plan)[0].detach(),
                  head_frozen=[value.detach() for value in saved["before_head"]],
-                 collapse=mixers.detached(saved["collapse"]) if "collapse" in saved else {})
+                 collapse=mixers.detached(saved["collapse"]) if "collapse" in saved else {},
+                 expand=streams.expand_magnitudes(model, saved["embeddings"][0].detach()) if plan.stacked else [])
 
 
 def _per_block(values: list[torch.Tensor], plan: Plan, zero: torch.Tensor) -> list[torch.Tensor]:
@@ -439,6 +448,8 @@ def frozen_body(model: Any, plan: Plan, clean: Clean, embeddings: torch.Tensor, 
     inputs: list[torch.Tensor] = []
     owner, name = _token_site(model, plan)
     setattr(owner, name, embeddings)
+    if plan.stacked:
+        streams.expand(model, embeddings, clean.expand)
     for layer, steps in enumerate(plan.steps):
         parts: dict[str, torch.Tensor] = {}
         for step in steps:

@@ -12,11 +12,19 @@ A transcoder maps the MLP module's input ``u`` ``[b, s, d]`` to its output ``[b,
 ``[b, s, k·d]`` injection into the streams (``mlp_output``); so the frozen model writes the MLP module's output leaf
 (clean module output less the transcoder's skip), and an error node is the module's output less the reconstruction,
 ``d`` wide like every node.
+
+A model whose blocks take ``k`` streams stacked (Gemma-3n's AltUp: `nncanon.families.Family.rescale`) makes them from
+the embeddings by ``k - 1`` projections, each rescaled to the embeddings' magnitude (a ratio of magnitudes computed
+from the stream): the frozen model writes the stream entering block 0 as the token nodes' leaf stacked with its
+projections rescaled by the clean run's magnitudes (`expand`), linear in the leaf; the collapse before the head is
+frozen alike (`nncanon.graphs.head`).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from ..components import stream_gates
 from ..errors import ValueNotAvailable
@@ -79,6 +87,26 @@ def collapse(model: Any) -> str | None:
     mixers.check(model, None, path)
     _ = module.source.names
     return path
+
+
+def stacked(model: Any) -> bool:
+    """Whether ``model`` makes its stacked streams from the embeddings rescaled by their magnitudes
+    (`nncanon.families.Family.rescale`), frozen by `expand_magnitudes` and `expand`."""
+    return model._family.rescale is not None
+
+
+def expand_magnitudes(model: Any, embeddings: torch.Tensor) -> list[torch.Tensor]:
+    """The clean run's magnitudes of the stacked streams' rescaling, from its token vectors ``[n, d]``: ``[1, n, 1]``
+    each (the embeddings', then each projection's)."""
+    with torch.no_grad():
+        _, magnitudes = model._family.rescale(model._module, "expand", embeddings[None])
+    return [magnitude.detach() for magnitude in magnitudes]
+
+
+def expand(model: Any, embeddings: torch.Tensor, magnitudes: list[torch.Tensor]) -> None:
+    """Write the stream entering block 0 as the leaf ``embeddings`` ``[B, n, d]`` stacked with its projections
+    rescaled by the clean ``magnitudes`` (inside the frozen run's trace): linear in the leaf."""
+    model.layers[0].layer_input = model._family.rescale(model._module, "expand", embeddings, magnitudes)[0]
 
 
 def owner(step: str) -> str:
