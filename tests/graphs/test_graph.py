@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nncanon import InvalidArgument, InvalidDictionary, InvalidInput, graphs
+from nncanon import InvalidArgument, InvalidDictionary, InvalidInput, StandardizedTransformer, graphs
 from nncanon.sae import Dictionary
+from nncanon.testing import tiny_hf_model, tiny_tokenizer
 
 from .conftest import PROMPT
 
@@ -142,3 +143,15 @@ def test_support_is_held_while_a_graph_is_built_and_released_after(model, transc
     with pytest.raises(InvalidInput):
         graphs.attribute(model, "", transcoders)
     assert model.support() is not model.support()  # (nothing held after a graph that failed)
+
+
+def test_a_model_loaded_from_a_folder_is_proved_before_its_first_trace(tmp_path):
+    """A model loaded by path is built on meta and loads its weights at its first trace; a block whose MLP module's
+    output a transcoder writes (Doge's is not a sum of contributions) is asked what that module returns, which must
+    be asked of the loaded modules: the graph is proved at once, not declined as "it did not run"."""
+    folder = tmp_path / "doge"
+    tiny_hf_model("doge").save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    model = StandardizedTransformer(str(folder), attn_implementation="eager")
+    assert not model.dispatched
+    assert graphs.support(model) is None

@@ -371,6 +371,8 @@ def mlp_returns(model: Any, layer: int) -> str:
     forward hook on the module during a one-token trace)."""
     known, key = _asked_once(model, "_nncanon_sae_mlp_returns", layer, f"what layers[{layer}]'s MLP module returns")
     if key not in known:
+        if not getattr(model, "dispatched", True):
+            model.dispatch()  # (a model built on meta swaps its modules for loaded ones at dispatch: hook those)
         seen: list = []
         handle = model.layers[layer].mlp._module.register_forward_hook(lambda m, a, out: seen.append(out))
         try:
