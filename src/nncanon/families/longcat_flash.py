@@ -45,6 +45,8 @@ LONGCAT_FLASH = Family(
     declines=_declines,
     # (lists of norms, one per sublayer: the first attention's, and the one the shortcut MoE reads)
     norms={"attention_norm": "input_layernorm.0", "mlp_norm": "post_attention_layernorm.0"},
+    # (no transcoder maps the dense MLPs: an attribution graph folds their outputs into the block's error node)
+    frozen_sublayers=("mlps.0", "mlps.1"),
     residual=(
         "h1 = x + attn0(n0(x)); h2 = h1 + mlp0(p0(h1)); h3 = h2 + attn1(n1(h2)); y = h3 + mlp1(p1(h3)) + moe(p0(h1))"
     ),
