@@ -436,8 +436,8 @@ def frozen_run(model: Any, ids: torch.Tensor, plan: Plan, clean: Clean, embeddin
                outputs: list[torch.Tensor], coders: Any = None) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The frozen model on ``embeddings`` ``[B, n, d]`` (the token nodes' leaf, written where ``plan.tokens`` says)
     and ``outputs`` (per block ``[B, n, d]``, written to ``mlp_output``, plus the live skip connection of the
-    transcoders ``coders``, a `nncanon.graphs.coders.Coders`; then one ``[B, n, d]`` per `Plan.sublayers` entry,
-    written as that sublayer's output).
+    transcoders ``coders``, a `nncanon.graphs.coders.Coders`; then, optionally, one ``[B, n, d]`` per
+    `Plan.sublayers` entry, written as that sublayer's output, else its clean value).
 
     Returns each block's transcoder input ``[B, n, d]`` and the head's output ``[B, n, vocab]`` with the family's
     linear logit steps (before any soft-cap), both in the autograd graph of the leaves given.
@@ -498,9 +498,10 @@ def frozen_body(model: Any, plan: Plan, clean: Clean, embeddings: torch.Tensor, 
 def _with_leaves(plan: Plan, layer: int, step: str, values: dict[str, Any], outputs: list[torch.Tensor]
                  ) -> dict[str, Any]:
     """A gate step's clean ``values`` with each sublayer output it writes (`Plan.sublayers`) replaced by its leaf in
-    ``outputs`` (after the blocks' MLP leaves, in `Plan.sublayers`' order)."""
+    ``outputs`` (after the blocks' MLP leaves, in `Plan.sublayers`' order; where ``outputs`` holds the blocks' only,
+    the clean value stays: a constant of the frozen model)."""
     for index, (at, name, key) in enumerate(plan.sublayers):
-        if (at, name) == (layer, step):
+        if (at, name) == (layer, step) and len(outputs) > len(plan.steps) + index:
             values = {**values, key: (outputs[len(plan.steps) + index],)}
     return values
 

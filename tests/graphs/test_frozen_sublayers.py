@@ -1,0 +1,54 @@
+"""LongCat-Flash's dense MLPs, which no transcoder maps (`nncanon.families.Family.frozen_sublayers`): the graph writes
+each one's output as a leaf at its clean value where the block adds it, and folds it into the block's error node.
+The error node is then the MoE's output less the transcoder's reconstruction plus both dense MLPs' outputs (each at
+its own place in the block), measured here by plain PyTorch hooks on the unwrapped model; every error node's removal
+moves every target by its column (`graphs.verify` with every source sampled).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nncanon import graphs
+from nncanon.graphs.attribution import setup
+from nncanon.testing import tiny_model
+
+from .conftest import PROMPT
+
+
+def _clean_outputs(model, ids):
+    """Per block, the shortcut MoE's input and output and the two dense MLPs' outputs ``[n, d]``, by plain hooks."""
+    found, hooks = {}, []
+    for layer, block in enumerate(model._module.model.layers):
+        hooks.append(block.mlp.register_forward_pre_hook(
+            lambda module, args, layer=layer: found.__setitem__((layer, "in"), args[0][0])))
+        for name, module in (("moe", block.mlp), ("mlp0", block.mlps[0]), ("mlp1", block.mlps[1])):
+            hooks.append(module.register_forward_hook(
+                lambda module, args, out, key=(layer, name): found.__setitem__(key, out[0])))
+    try:
+        with torch.no_grad():
+            model._module(ids)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return found
+
+
+def test_error_node_holds_the_dense_mlps():
+    model = tiny_model("longcat_flash")
+    transcoders = graphs.random_transcoders(model, n_features=12, seed=1)
+    s = setup(model, PROMPT, transcoders, max_n_logits=2, zero_bos=False)
+    assert [(layer, key.split(":")[1]) for layer, _, key in s.plan.sublayers] == [
+        (layer, path) for layer in range(len(model.layers)) for path in ("mlps.0", "mlps.1")]
+    found = _clean_outputs(model, s.ids)
+    for layer in range(len(model.layers)):
+        with torch.no_grad():
+            reconstruction = transcoders[layer](found[layer, "in"])
+        expected = found[layer, "moe"] - reconstruction + found[layer, "mlp0"] + found[layer, "mlp1"]
+        node = s.errors[layer] + sum(vector for at, vector in s.folded if at == layer)
+        torch.testing.assert_close(node, expected, rtol=1e-5, atol=1e-6)
+        assert all(float(vector.abs().max()) > 0 for at, vector in s.folded if at == layer)
+    graph = graphs.attribute(model, PROMPT, transcoders, max_n_logits=2, max_feature_nodes=8, zero_bos=False)
+    check = graphs.verify(model, graph, transcoders, samples=graph.n_nodes)
+    errors = range(graph.n_features, graph.n_features + graph.n_layers * graph.n_pos)
+    assert check.ok and set(errors) <= set(check.sampled), check
