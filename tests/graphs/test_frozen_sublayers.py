@@ -38,7 +38,7 @@ def test_error_node_holds_the_dense_mlps():
     model = tiny_model("longcat_flash")
     transcoders = graphs.random_transcoders(model, n_features=12, seed=1)
     s = setup(model, PROMPT, transcoders, max_n_logits=2, zero_bos=False)
-    assert [(layer, key.split(":")[1]) for layer, _, key in s.plan.sublayers] == [
+    assert [(layer, path) for layer, _, path, _ in s.plan.sublayers] == [
         (layer, path) for layer in range(len(model.layers)) for path in ("mlps.0", "mlps.1")]
     found = _clean_outputs(model, s.ids)
     for layer in range(len(model.layers)):
@@ -52,3 +52,4 @@ def test_error_node_holds_the_dense_mlps():
     check = graphs.verify(model, graph, transcoders, samples=graph.n_nodes)
     errors = range(graph.n_features, graph.n_features + graph.n_layers * graph.n_pos)
     assert check.ok and set(errors) <= set(check.sampled), check
+    assert graph.cfg["in_errors"] == [["mlps.0", "mlps.1"]] * len(model.layers)  # (what a reader of the graph is told)

@@ -159,7 +159,7 @@ def setup(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, 
         values.append(found[pos, feature])
         sources.append((found[pos, feature, None, None] * coders.decoders(layer, feature)).to(out.dtype))
     folded = []
-    for layer, step, key in plan.sublayers:  # (the sublayers no transcoder maps: in their block's error node)
+    for layer, step, _, key in plan.sublayers:  # (the sublayers no transcoder maps: in their block's error node)
         out = clean.frozen[layer][step][key][0][0]
         leaves.append(out)
         folded.append((layer, torch.cat([torch.zeros_like(out[:start]), out[start:]])))
@@ -354,7 +354,9 @@ def build(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, 
                                  "reads": list(s.plan.reads), "tokens": s.plan.tokens,
                                  "cross_layer": s.transcoders.clt is not None, "batch": batch,
                                  "frozen": [[name for name in steps if name in s.clean.frozen[i]]
-                                            for i, steps in enumerate(s.plan.steps)]})
+                                            for i, steps in enumerate(s.plan.steps)],
+                                 "in_errors": [[path for at, _, path, _ in s.plan.sublayers if at == i]
+                                               for i in range(n_layers)]})
 
 
 #: The forward check's tolerance (relative to the clean value's largest entry), as the proof's.

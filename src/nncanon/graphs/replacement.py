@@ -115,7 +115,8 @@ class Plan:
         mlp: Per block, whether it has an MLP (a block without one, a hybrid's Mamba block, has no transcoder, no
             `INPUT` and no ``mlp_output`` step: its transcoder input and MLP leaf are zero, its error nodes too).
         sublayers: The sublayers no transcoder maps (`nncanon.families.Family.frozen_sublayers`), as ``(layer,
-            step, gate key)``: the block gate step writing the sublayer's output, and its key there. Each is a
+            step, path, gate key)``: the block gate step writing the output of the block's child ``path``, and its
+            key there. Each is a
             leaf of the frozen model after the blocks' MLP leaves (its clean output), folded into its block's error
             node.
     """
@@ -132,7 +133,7 @@ class Plan:
     writes: str = WRITES
     collapse: str | None = None
     mlp: list[bool] = field(default_factory=list)
-    sublayers: list[tuple[int, str, str]] = field(default_factory=list)
+    sublayers: list[tuple[int, str, str, str]] = field(default_factory=list)
 
 
 def support(model: Any) -> str | None:
@@ -282,7 +283,7 @@ def _place_gated_norms(model: Any, layer: int, ordered: list[str]) -> None:
         ordered.insert(at, NORM_GATES + name)
 
 
-def _sublayers(model: Any, layer: int, ordered: list[str]) -> list[tuple[int, str, str]]:
+def _sublayers(model: Any, layer: int, ordered: list[str]) -> list[tuple[int, str, str, str]]:
     """`Plan.sublayers` of block ``layer``: the block gates among its steps ``ordered`` that write the output of a
     sublayer of ``Family.frozen_sublayers`` (the whole output of that child module's call)."""
     paths = model._family.frozen_sublayers
@@ -291,7 +292,7 @@ def _sublayers(model: Any, layer: int, ordered: list[str]) -> list[tuple[int, st
         owner = step[len(NORM_GATES):] if step.startswith(NORM_GATES) else None
         if owner in mixers.BLOCK_PLACES:
             gates = norm_gates.block_gates_of(model.layers[layer]._module, mixers.BLOCK_PLACES[owner])
-            found += [(layer, step, gate.key) for gate in gates
+            found += [(layer, step, gate.module, gate.key) for gate in gates
                       if gate.module in paths and gate.op is None and gate.part == "output" and not gate.items]
     return found
 
@@ -500,7 +501,7 @@ def _with_leaves(plan: Plan, layer: int, step: str, values: dict[str, Any], outp
     """A gate step's clean ``values`` with each sublayer output it writes (`Plan.sublayers`) replaced by its leaf in
     ``outputs`` (after the blocks' MLP leaves, in `Plan.sublayers`' order; where ``outputs`` holds the blocks' only,
     the clean value stays: a constant of the frozen model)."""
-    for index, (at, name, key) in enumerate(plan.sublayers):
+    for index, (at, name, _, key) in enumerate(plan.sublayers):
         if (at, name) == (layer, step) and len(outputs) > len(plan.steps) + index:
             values = {**values, key: (outputs[len(plan.steps) + index],)}
     return values
