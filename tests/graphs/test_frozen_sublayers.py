@@ -14,24 +14,7 @@ from nncanon.graphs.attribution import setup
 from nncanon.testing import tiny_model
 
 from .conftest import PROMPT
-
-
-def _clean_outputs(model, ids):
-    """Per block, the shortcut MoE's input and output and the two dense MLPs' outputs ``[n, d]``, by plain hooks."""
-    found, hooks = {}, []
-    for layer, block in enumerate(model._module.model.layers):
-        hooks.append(block.mlp.register_forward_pre_hook(
-            lambda module, args, layer=layer: found.__setitem__((layer, "in"), args[0][0])))
-        for name, module in (("moe", block.mlp), ("mlp0", block.mlps[0]), ("mlp1", block.mlps[1])):
-            hooks.append(module.register_forward_hook(
-                lambda module, args, out, key=(layer, name): found.__setitem__(key, out[0])))
-    try:
-        with torch.no_grad():
-            model._module(ids)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return found
+from .test_mlp_less import _hooked
 
 
 def test_error_node_holds_the_dense_mlps():
@@ -40,11 +23,15 @@ def test_error_node_holds_the_dense_mlps():
     s = setup(model, PROMPT, transcoders, max_n_logits=2, zero_bos=False)
     assert [(layer, path) for layer, _, path, _ in s.plan.sublayers] == [
         (layer, path) for layer in range(len(model.layers)) for path in ("mlps.0", "mlps.1")]
-    found = _clean_outputs(model, s.ids)
+    blocks = model._module.model.layers  # (each block's shortcut MoE and dense MLPs, by plain PyTorch hooks)
+    seen = _hooked(model, s.ids, {(name, layer): module for layer, block in enumerate(blocks)
+                                  for name, module in (("moe", block.mlp), ("mlp0", block.mlps[0]),
+                                                       ("mlp1", block.mlps[1]))})
     for layer in range(len(model.layers)):
+        (moe_in, moe), (_, mlp0), (_, mlp1) = (seen[name, layer] for name in ("moe", "mlp0", "mlp1"))
         with torch.no_grad():
-            reconstruction = transcoders[layer](found[layer, "in"])
-        expected = found[layer, "moe"] - reconstruction + found[layer, "mlp0"] + found[layer, "mlp1"]
+            reconstruction = transcoders[layer](moe_in[0])
+        expected = moe[0] - reconstruction + mlp0[0] + mlp1[0]
         node = s.errors[layer] + sum(vector for at, vector in s.folded if at == layer)
         torch.testing.assert_close(node, expected, rtol=1e-5, atol=1e-6)
         assert all(float(vector.abs().max()) > 0 for at, vector in s.folded if at == layer)
