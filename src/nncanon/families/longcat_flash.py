@@ -14,6 +14,11 @@ per-head outputs and probabilities are served); the second is ``layers[i]._modul
 5.25 the experts module runs the identity experts itself; from 5.25 the MoE adds them around it and
 hands the experts module dummy routed indices with weight 0 in their place (what a hook on
 ``mlp.experts`` sees is not the routing).
+
+Attribution graphs: a transcoder maps the shortcut MoE (``mlp_input`` to the MoE module's output); the block's second
+half is frozen after the MoE (`nncanon.components.norm_gates.BLOCK_GATES`: the second norms' scales, the second
+attention's latent norm and pattern), and the dense MLPs' outputs are leaves folded into the block's error node
+(``frozen_sublayers``; docs/graphs.md, "Several sublayers beside the MLP").
 """
 
 from ..served import Site
