@@ -40,3 +40,7 @@ def test_error_node_holds_the_dense_mlps():
     errors = range(graph.n_features, graph.n_features + graph.n_layers * graph.n_pos)
     assert check.ok and set(errors) <= set(check.sampled), check
     assert graph.cfg["in_errors"] == [["mlps.0", "mlps.1"]] * len(model.layers)  # (what a reader of the graph is told)
+    labels = {node["clerp"] for node in graphs.graph_json(graph, "longcat", model.tokenizer, node_threshold=1.0,
+                                                          edge_threshold=1.0)["nodes"]
+              if node["feature_type"] == "mlp reconstruction error"}
+    assert labels == {"MLP error + mlps.0 + mlps.1 outputs"}  # (the frontend's label of each error node)
