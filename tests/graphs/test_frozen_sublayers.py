@@ -2,7 +2,8 @@
 each one's output as a leaf at its clean value where the block adds it, and folds it into the block's error node.
 The error node is then the MoE's output less the transcoder's reconstruction plus both dense MLPs' outputs (each at
 its own place in the block), measured here by plain PyTorch hooks on the unwrapped model; every error node's removal
-moves every target by its column (`graphs.verify` with every source sampled).
+moves every target by its column (`graphs.verify` with every source sampled). A sublayer the family names that no
+block gate writes would stay live: the model is declined, naming it.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import torch
 
 from nncanon import graphs
+from nncanon.components import norm_gates
 from nncanon.graphs.attribution import setup
+from nncanon.graphs.proof import prove
 from nncanon.testing import tiny_model
 
 from .conftest import PROMPT
@@ -44,3 +47,12 @@ def test_error_node_holds_the_dense_mlps():
                                                           edge_threshold=1.0)["nodes"]
               if node["feature_type"] == "mlp reconstruction error"}
     assert labels == {"MLP error + mlps.0 + mlps.1 outputs"}  # (the frontend's label of each error node)
+
+
+def test_a_sublayer_without_its_gate_is_declined_by_name(monkeypatch):
+    model = tiny_model("longcat_flash")
+    entry = norm_gates.BLOCK_GATES["LongcatFlashDecoderLayer"]
+    monkeypatch.setitem(norm_gates.BLOCK_GATES, "LongcatFlashDecoderLayer", {
+        "last": tuple(gate for gate in entry["last"] if gate.module != "mlps.1")})
+    reason = prove(model)
+    assert reason is not None and "layers[0]'s sublayers mlps.1 have no transcoder and no block gate" in reason

@@ -285,15 +285,21 @@ def _place_gated_norms(model: Any, layer: int, ordered: list[str]) -> None:
 
 def _sublayers(model: Any, layer: int, ordered: list[str]) -> list[tuple[int, str, str, str]]:
     """`Plan.sublayers` of block ``layer``: the block gates among its steps ``ordered`` that write the output of a
-    sublayer of ``Family.frozen_sublayers`` (the whole output of that child module's call)."""
+    sublayer of ``Family.frozen_sublayers`` (the whole output of that child module's call); `ValueNotAvailable`
+    where one has none (it would stay live)."""
     paths = model._family.frozen_sublayers
-    found = []
+    found: list[tuple[int, str, str, str]] = []
     for step in ordered:
         owner = step[len(NORM_GATES):] if step.startswith(NORM_GATES) else None
         if owner in mixers.BLOCK_PLACES:
             gates = norm_gates.block_gates_of(model.layers[layer]._module, mixers.BLOCK_PLACES[owner])
             found += [(layer, step, gate.module, gate.key) for gate in gates
                       if gate.module in paths and gate.op is None and gate.part == "output" and not gate.items]
+    missing = [path for path in paths if path not in [entry[2] for entry in found]]
+    if missing:
+        raise ValueNotAvailable(f"layers[{layer}]'s sublayers {', '.join(missing)} have no transcoder and no block "
+                                "gate writing their output (nncanon.components.norm_gates.BLOCK_GATES), so they "
+                                "cannot be folded into its error node")
     return found
 
 
