@@ -116,9 +116,8 @@ class Plan:
             `INPUT` and no ``mlp_output`` step: its transcoder input and MLP leaf are zero, its error nodes too).
         sublayers: The sublayers no transcoder maps (`nncanon.families.Family.frozen_sublayers`), as ``(layer,
             step, path, gate key)``: the block gate step writing the output of the block's child ``path``, and its
-            key there. Each is a
-            leaf of the frozen model after the blocks' MLP leaves (its clean output), folded into its block's error
-            node.
+            key there. Each is a leaf of the frozen model after the blocks' MLP leaves (its clean output), folded
+            into its block's error node.
     """
 
     steps: list[list[str]]
