@@ -31,7 +31,7 @@ BUILT = ("llama", "gpt2", "gemma2", "qwen3", "gpt_neox_parallel", "mixtral", "ol
          "qwen4_exp_text", "doge", "beam", "ergo", "bloom_residual_post_ln", "gemma4_text", "gemma4_multimodal",
          "gemma4_unified", "gemma4_unified_text", "nemotron_h",
          "openai_gpt", "minimax", "gemma4_text_ple", "rwkv", "zaya", "zamba", "zamba2", "opt_postln_proj",
-         "mllama", "gemma3n_text", "gemma3n_text_unshared")
+         "mllama", "gemma3n_text", "gemma3n_text_unshared", "longcat_flash")
 #: Families declined: by structure (Mamba: no block has an MLP). (Gemma-3n's AltUp, LAuReL and per-layer-input
 #: branch are frozen: tests/graphs/test_gemma3n.py; HY-V4, DeepSeek-V4 and Qwen4-Exp keep several
 #: streams per position: their hyper-connections' weights are frozen and their transcoders write the MLP module's
@@ -43,7 +43,9 @@ BUILT = ("llama", "gpt2", "gemma2", "qwen3", "gpt_neox_parallel", "mixtral", "ol
 #: tests/graphs/test_mixers.py; the norms inside attention whose scales are frozen, DeepSeek's compressed-KV norm,
 #: BitNet's sub-norm and Gemma-4's value norm: tests/graphs/test_attention_norms.py; OLMo's clamp, JetMoE's attention
 #: routing, AXK2's gated norms, ModernBERT-decoder's prediction head, OpenAI GPT's and post-LN OPT's norms on the
-#: block's sums, Zamba's hybrid blocks' norms: tests/graphs/test_inner_gates.py.)
+#: block's sums, Zamba's hybrid blocks' norms, LongCat-Flash's second attention and norms:
+#: tests/graphs/test_inner_gates.py; LongCat-Flash's dense MLPs, folded into its error nodes:
+#: tests/graphs/test_frozen_sublayers.py.)
 DECLINED = {"mamba": "no block has an MLP for a transcoder"}
 
 

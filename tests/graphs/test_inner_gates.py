@@ -10,7 +10,9 @@ block's norm on its own sum (OpenAI GPT's ``ln_2``: `nncanon.components.norm_gat
 per-layer-input branch (its per-layer input frozen at the block's entry; its GELU's slope and its norm's scale last),
 and Zamba2's hybrid block's norms, none on the stream alone (its shared transformer's on ``cat[x, embeddings]`` at
 its entry and on the attention's output before the transcoder's input, its Mamba block's before the mixer), and
-post-LN OPT's two norms on its sums (the attention's before its inline MLP, the MLP's last).
+post-LN OPT's two norms on its sums (the attention's before its inline MLP, the MLP's last), and LongCat-Flash's block
+after its shortcut MoE (its second attention's query and key at the kernel and latent norm, its second norms' scales;
+its dense MLPs' outputs are leaves folded into the block's error node: `tests/graphs/test_frozen_sublayers.py`).
 On each tiny registry variant the graph is one `nncanon.graphs.verify`
 proves (forward, completeness, sampled removals) and `graphs.support` is ``None``; with the value left live the
 frozen model is not affine along a direction of the token nodes and the linearity proof declines the model.
@@ -42,7 +44,8 @@ KINDS = {"olmo_clipqkv": (attention_gates.ATTENTION_GATES, "OlmoAttention"),
          "openai_gpt": (norm_gates.BLOCK_GATES, "Block"),
          "gemma4_text_ple": (norm_gates.BLOCK_GATES, "Gemma4TextDecoderLayer"),
          "zamba2": (norm_gates.BLOCK_GATES, "Zamba2HybridLayer"),
-         "opt_postln_proj": (norm_gates.BLOCK_GATES, "OPTDecoderLayer")}
+         "opt_postln_proj": (norm_gates.BLOCK_GATES, "OPTDecoderLayer"),
+         "longcat_flash": (norm_gates.BLOCK_GATES, "LongcatFlashDecoderLayer")}
 #: What is left live where not the whole entry (DiffLlama's pattern, or its group norm; without the entry its
 #: structure is declined: its pattern is not served).
 LIVE = {"diffllama": {"pattern": lambda entry: (entry[0][2:], entry[1]),
@@ -53,7 +56,12 @@ LIVE = {"diffllama": {"pattern": lambda entry: (entry[0][2:], entry[1]),
         "zamba2": {place: (lambda entry, place=place: {at: gates for at, gates in entry.items() if at != place})
                    for place in ("first", "mlp", "mixer")},
         "opt_postln_proj": {place: (lambda entry, place=place: lambda block: {
-            at: gates for at, gates in entry(block).items() if at != place}) for place in ("mlp", "last")}}
+            at: gates for at, gates in entry(block).items() if at != place}) for place in ("mlp", "last")},
+        # (LongCat-Flash's second half: each kind of its frozen values left live alone)
+        "longcat_flash": {part: (lambda entry, live=live: {"last": tuple(
+            gate for gate in entry["last"] if not live(gate))}) for part, live in (
+            ("second attention", lambda gate: (gate.module or "").startswith("self_attn.1")),
+            ("second norms", lambda gate: gate.part == "scale"))}}
 
 
 @pytest.mark.parametrize("variant", variant_params(KINDS))

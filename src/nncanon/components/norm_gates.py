@@ -83,6 +83,13 @@ BLOCK_GATES: dict[str, dict[str, tuple[Gate, ...]] | Callable[[nn.Module], dict[
     "OPTDecoderLayer": lambda block: {} if block.do_layer_norm_before else {
         "mlp": (Gate(None, "scale", module="self_attn_layer_norm"),),
         "last": (Gate(None, "scale", module="final_layer_norm"),)},
+    # (LongCat-Flash: after its shortcut MoE, the block's second half; the dense MLPs' outputs are leaves folded into
+    # the block's error node: `nncanon.families.Family.frozen_sublayers`)
+    "LongcatFlashDecoderLayer": {"last": (
+        Gate(None, "output", module="mlps.0"), Gate(None, "scale", module="input_layernorm.1"),
+        Gate("torch_rsqrt_0", "output", module="self_attn.1.kv_a_layernorm"),
+        Gate("attention_interface_1", "inputs", (1, 2), module="self_attn.1"),
+        Gate(None, "scale", module="post_attention_layernorm.1"), Gate(None, "output", module="mlps.1"))},
 }
 
 

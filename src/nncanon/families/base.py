@@ -251,6 +251,11 @@ class Family:
         norms: Which norm module (a path relative to the block) plays a role of `nncanon.components.norms.ROLES`
             (``{"mlp_norm": "norm_attn_norm.norm_2"}``), where the block's structure does not tell
             (`nncanon.components.norms.norm_roles` reads the rest from it).
+        frozen_sublayers: Paths (relative to the block) of sublayers that no transcoder maps, beside the MLP a
+            transcoder replaces (LongCat-Flash's dense MLPs ``mlps.0``, ``mlps.1`` beside its shortcut MoE): an
+            attribution graph writes each one's output as a leaf at the clean run's value where the block adds it
+            (a block gate of `nncanon.components.norm_gates.BLOCK_GATES` reads and writes it) and folds it into the
+            block's error node (`nncanon.graphs.replacement.Plan.sublayers`).
     """
 
     name: str
@@ -303,6 +308,7 @@ class Family:
     norms: dict[str, str] = field(default_factory=dict, compare=False)
     embeddings: Embeddings = Embeddings()
     final_norm: str | None = None
+    frozen_sublayers: tuple[str, ...] = ()
 
     def for_layer(self, config: Any, layer: int) -> tuple[Family, str | None]:
         """The layout of block ``layer`` (this record with its kind's fields), and the kind's name."""

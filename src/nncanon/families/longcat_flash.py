@@ -14,6 +14,11 @@ per-head outputs and probabilities are served); the second is ``layers[i]._modul
 5.25 the experts module runs the identity experts itself; from 5.25 the MoE adds them around it and
 hands the experts module dummy routed indices with weight 0 in their place (what a hook on
 ``mlp.experts`` sees is not the routing).
+
+Attribution graphs: a transcoder maps the shortcut MoE (``mlp_input`` to the MoE module's output); the block's second
+half is frozen after the MoE (`nncanon.components.norm_gates.BLOCK_GATES`: the second norms' scales, the second
+attention's latent norm and pattern), and the dense MLPs' outputs are leaves folded into the block's error node
+(``frozen_sublayers``; docs/graphs.md, "Several sublayers beside the MLP").
 """
 
 from ..served import Site
@@ -45,6 +50,8 @@ LONGCAT_FLASH = Family(
     declines=_declines,
     # (lists of norms, one per sublayer: the first attention's, and the one the shortcut MoE reads)
     norms={"attention_norm": "input_layernorm.0", "mlp_norm": "post_attention_layernorm.0"},
+    # (no transcoder maps the dense MLPs: an attribution graph folds their outputs into the block's error node)
+    frozen_sublayers=("mlps.0", "mlps.1"),
     residual=(
         "h1 = x + attn0(n0(x)); h2 = h1 + mlp0(p0(h1)); h3 = h2 + attn1(n1(h2)); y = h3 + mlp1(p1(h3)) + moe(p0(h1))"
     ),

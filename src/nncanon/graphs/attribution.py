@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +51,14 @@ class Setup:
         active: ``[n_active, 3]`` (layer, pos, feature), sorted; values: ``[n_active]`` activations.
         sources: ``[n_active, R, d]`` each active feature's source vectors ``activation · W_dec[f]`` into its layer
             and the ``R - 1`` after it (``R`` 1 for per-layer transcoders, ``n_layers`` for a cross-layer one).
-        errors: ``[n_layers, n, d]`` the error nodes' vectors (position 0 zeroed where ``zero_bos``).
+        errors: ``[n_layers, n, d]`` the error nodes' vectors at the MLP leaves (position 0 zeroed where
+            ``zero_bos``).
         leaves: Per block, the MLP output leaf's value ``[n, d]`` (the clean output less a skip connection; zero at a
-            block without an MLP, whose error nodes are zero too).
+            block without an MLP, whose error nodes are zero too); then each sublayer no transcoder maps
+            (`nncanon.graphs.replacement.Plan.sublayers`), its clean output ``[n, d]``.
+        folded: Per sublayer of ``plan.sublayers``, ``(layer, vector [n, d])``: its clean output (position 0 zeroed
+            where ``zero_bos``), part of block ``layer``'s error node, at its own leaf: the error node's edges are
+            the sum of the effects of its vectors, each where the block adds it.
         logit_ids, logit_probs: The logit targets and their probabilities.
         zero_bos: Whether position 0's features and errors are zeroed.
     """
@@ -71,6 +76,7 @@ class Setup:
     logit_ids: torch.Tensor
     logit_probs: torch.Tensor
     zero_bos: bool
+    folded: list[tuple[int, torch.Tensor]] = field(default_factory=list)
 
     @property
     def n_layers(self) -> int:
@@ -152,6 +158,11 @@ def setup(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, 
         actives.append(torch.stack([torch.full_like(pos, layer), pos, feature], dim=1))
         values.append(found[pos, feature])
         sources.append((found[pos, feature, None, None] * coders.decoders(layer, feature)).to(out.dtype))
+    folded = []
+    for layer, step, _, key in plan.sublayers:  # (the sublayers no transcoder maps: in their block's error node)
+        out = clean.frozen[layer][step][key][0][0]
+        leaves.append(out)
+        folded.append((layer, torch.cat([torch.zeros_like(out[:start]), out[start:]])))
     empty = torch.zeros(0, 3, dtype=torch.long, device=clean.embeddings.device)
     logits = clean.logits[-1].float()
     probs = torch.softmax(logits, dim=-1)
@@ -163,7 +174,7 @@ def setup(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, 
                  values=torch.cat(values) if values else torch.zeros(0, device=empty.device),
                  sources=torch.cat(sources) if sources else torch.zeros(0, coders.reach, d, device=empty.device),
                  errors=errors, leaves=leaves, logit_ids=top_ids[:cutoff], logit_probs=top_p[:cutoff],
-                 zero_bos=zero_bos)
+                 zero_bos=zero_bos, folded=folded)
 
 
 def target_values(s: Setup, inputs: list[torch.Tensor], head: torch.Tensor, features: torch.Tensor,
@@ -188,8 +199,9 @@ def target_values(s: Setup, inputs: list[torch.Tensor], head: torch.Tensor, feat
 
 def gradient_rows(s: Setup, grads: list[torch.Tensor], n: int) -> torch.Tensor:
     """Rows ``[n, n_active + (n_layers + 1) · n_pos]`` from the gradients at the leaves (batch rows ``:n``):
-    ``grads[0]`` at the stream into block 0 ``[B, n_pos, d]``, ``grads[1 + layer]`` at each MLP output."""
-    g_embed, g_out = grads[0][:n].float(), [g[:n].float() for g in grads[1:]]
+    ``grads[0]`` at the stream into block 0 ``[B, n_pos, d]``, ``grads[1 + layer]`` at each MLP output, then at each
+    sublayer output folded into an error node (``s.folded``)."""
+    g_embed, g_out = grads[0][:n].float(), [g[:n].float() for g in grads[1:1 + s.n_layers]]
     layers, positions, _ = s.active.unbind(1)
     feature_cols = torch.zeros(n, len(s.active), device=g_embed.device)
     start = 0
@@ -200,6 +212,8 @@ def gradient_rows(s: Setup, grads: list[torch.Tensor], n: int) -> torch.Tensor:
         for r in range(min(s.sources.shape[1], len(g_out) - layer)):  # into layer + r
             feature_cols[:, at] += _dots(g_out[layer + r], positions[at], s.sources[at, r].float())
     error_cols = torch.stack([(g * e.float()[None]).sum(-1) for g, e in zip(g_out, s.errors, strict=True)], dim=1)
+    for (layer, vector), g in zip(s.folded, grads[1 + s.n_layers:], strict=True):
+        error_cols[:, layer] += (g[:n].float() * vector.float()[None]).sum(-1)
     token_cols = (g_embed * s.clean.embeddings.float()[None]).sum(-1)
     return torch.cat([feature_cols, error_cols.flatten(1), token_cols], dim=1)
 
@@ -340,7 +354,9 @@ def build(model: Any, prompt: Any, transcoders: Any, *, max_n_logits: int = 10, 
                                  "reads": list(s.plan.reads), "tokens": s.plan.tokens,
                                  "cross_layer": s.transcoders.clt is not None, "batch": batch,
                                  "frozen": [[name for name in steps if name in s.clean.frozen[i]]
-                                            for i, steps in enumerate(s.plan.steps)]})
+                                            for i, steps in enumerate(s.plan.steps)],
+                                 "in_errors": [[path for at, _, path, _ in s.plan.sublayers if at == i]
+                                               for i in range(n_layers)]})
 
 
 #: The forward check's tolerance (relative to the clean value's largest entry), as the proof's.

@@ -67,6 +67,9 @@ def _nodes(graph: Graph, node_mask: torch.Tensor, scores: torch.Tensor, decode: 
             # (circuit-tracer's ids: feature -1 in them, so no feature's node_id or jsNodeId is an error's)
             node = {"node_id": f"{layer}_-1_{pos}", "feature": -1, "layer": str(layer), "ctx_idx": pos,
                     "feature_type": "mlp reconstruction error", "jsNodeId": f"{layer}_-1-{pos}"}
+            held = (graph.cfg.get("in_errors") or [[]] * graph.n_layers)[layer]
+            if held:  # (sublayers no transcoder maps, in this error node: LongCat-Flash's dense MLPs)
+                node["clerp"] = f"MLP error + {' + '.join(held)} outputs"
         elif index < tokens_end:
             pos = index - errors_end
             vocab = int(graph.input_tokens[pos])

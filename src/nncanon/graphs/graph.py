@@ -40,7 +40,9 @@ class Graph:
         logit_probabilities: ``[n_logits]`` their probabilities at the last position.
         n_layers: Blocks of the model (error nodes per position).
         scan: An identifier of the transcoder set (circuit-tracer's ``scan``), or ``None``.
-        cfg: What the graph was built from: the model's name and widths, the frozen values (plain data).
+        cfg: What the graph was built from: the model's name and widths, the frozen values (plain data);
+            ``in_errors``: per block, the sublayers no transcoder maps whose outputs its error nodes hold besides the
+            MLP's (LongCat-Flash's ``["mlps.0", "mlps.1"]``; ``[]`` elsewhere).
     """
 
     input_string: str

@@ -54,7 +54,11 @@ def _mixer(model: Any, layer: int | None, owner: str = MIXER) -> Any:
 def _child(envoy: Any, path: str | None) -> Any:
     """``envoy``'s descendant at dotted ``path`` (``None``: ``envoy``; a missing one: ``None``)."""
     for part in path.split(".") if path else ():
-        envoy = getattr(envoy, part, None)
+        if part in getattr(envoy, "_aliases", {}):  # (a standard name routed to another module: its native child)
+            native = f"{envoy.path}.{part}"
+            envoy = next(iter(envoy.modules(include_fn=lambda child, native=native: child.path == native)), None)
+        else:
+            envoy = getattr(envoy, part, None)
         if envoy is None:
             return None
     return envoy

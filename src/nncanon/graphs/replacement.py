@@ -116,6 +116,10 @@ class Plan:
             `INPUT` and no ``mlp_output`` step: its transcoder input and MLP leaf are zero, its error nodes too).
         stacked: Whether the stream entering block 0 is written from the token nodes' leaf with the stacked streams'
             rescaling frozen (`nncanon.graphs.streams.expand`).
+        sublayers: The sublayers no transcoder maps (`nncanon.families.Family.frozen_sublayers`), as ``(layer,
+            step, path, gate key)``: the block gate step writing the output of the block's child ``path``, and its
+            key there. Each is a leaf of the frozen model after the blocks' MLP leaves (its clean output), folded
+            into its block's error node.
     """
 
     steps: list[list[str]]
@@ -131,6 +135,7 @@ class Plan:
     collapse: str | None = None
     mlp: list[bool] = field(default_factory=list)
     stacked: bool = False
+    sublayers: list[tuple[int, str, str, str]] = field(default_factory=list)
 
 
 def support(model: Any) -> str | None:
@@ -161,7 +166,7 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
     reads = list(reads) if reads is not None else ["mlp_input"] * len(model.layers)
     eager = (implementation or "eager") == "eager"
     writes, mlps = _writes(model), mlp_blocks(model)
-    steps, parts = [], []
+    steps, parts, sublayers = [], [], []
     for layer, kind in enumerate(reads):
         assert kind in READS, kind
         if not report.layers[layer].runs:  # (the model does not run it: the stream passes it, no steps at all)
@@ -182,6 +187,7 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
         streams.place(model, layer, ordered, "mlp_norm_scale" if "mlp_norm_scale" in ordered else INPUT)
         steps.append(ordered)
         parts.append(stream)
+        sublayers += _sublayers(model, layer, ordered)
     family = model._family
     scale = [(step.op, step.factor(model.config)) for step in family.logit_steps
              if step.op in ("divide", "multiply", "truncate") and step.factor(model.config) is not None]
@@ -193,7 +199,7 @@ def plan_of(model: Any, reads: list[str] | None = None) -> Plan:
     return Plan(steps=steps, reads=reads, parts=parts, final_norm=report.available("final_norm_scale"),
                 head=family.lm_head, tokens=tokens, scale=scale, points=points, head_stages=before_head.stages(model),
                 writes=writes, collapse=streams.collapse(model), mlp=mlps,
-                stacked=streams.stacked(model) and tokens == "token_embeddings")
+                stacked=streams.stacked(model) and tokens == "token_embeddings", sublayers=sublayers)
 
 
 def _mlp_steps(model: Any, report: Any, layer: int, kind: str, writes: str) -> tuple[list[str], tuple[str, ...]]:
@@ -279,6 +285,26 @@ def _place_gated_norms(model: Any, layer: int, ordered: list[str]) -> None:
         _ = getattr(block, name).source.names  # (made outside a trace, as the attention's: `_place_inner_norms`)
         at = int(ordered[:1] == ["layer_input"]) if feeds == "mixer" else ordered.index(INPUT)
         ordered.insert(at, NORM_GATES + name)
+
+
+def _sublayers(model: Any, layer: int, ordered: list[str]) -> list[tuple[int, str, str, str]]:
+    """`Plan.sublayers` of block ``layer``: the block gates among its steps ``ordered`` that write the output of a
+    sublayer of ``Family.frozen_sublayers`` (the whole output of that child module's call); `ValueNotAvailable`
+    where one has none (it would stay live)."""
+    paths = model._family.frozen_sublayers
+    found: list[tuple[int, str, str, str]] = []
+    for step in ordered:
+        owner = step[len(NORM_GATES):] if step.startswith(NORM_GATES) else None
+        if owner in mixers.BLOCK_PLACES:
+            gates = norm_gates.block_gates_of(model.layers[layer]._module, mixers.BLOCK_PLACES[owner])
+            found += [(layer, step, gate.module, gate.key) for gate in gates
+                      if gate.module in paths and gate.op is None and gate.part == "output" and not gate.items]
+    missing = [path for path in paths if path not in [entry[2] for entry in found]]
+    if missing:
+        raise ValueNotAvailable(f"layers[{layer}]'s sublayers {', '.join(missing)} have no transcoder and no block "
+                                "gate writing their output (nncanon.components.norm_gates.BLOCK_GATES), so they "
+                                "cannot be folded into its error node")
+    return found
 
 
 def frozen_names(eager: bool) -> tuple[str, ...]:
@@ -425,7 +451,8 @@ def frozen_run(model: Any, ids: torch.Tensor, plan: Plan, clean: Clean, embeddin
                outputs: list[torch.Tensor], coders: Any = None) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The frozen model on ``embeddings`` ``[B, n, d]`` (the token nodes' leaf, written where ``plan.tokens`` says)
     and ``outputs`` (per block ``[B, n, d]``, written to ``mlp_output``, plus the live skip connection of the
-    transcoders ``coders``, a `nncanon.graphs.coders.Coders`).
+    transcoders ``coders``, a `nncanon.graphs.coders.Coders`; then, optionally, one ``[B, n, d]`` per
+    `Plan.sublayers` entry, written as that sublayer's output, else its clean value).
 
     Returns each block's transcoder input ``[B, n, d]`` and the head's output ``[B, n, vocab]`` with the family's
     linear logit steps (before any soft-cap), both in the autograd graph of the leaves given.
@@ -469,7 +496,8 @@ def frozen_body(model: Any, plan: Plan, clean: Clean, embeddings: torch.Tensor, 
             elif step == MIXER:
                 mixers.freeze(model, layer, clean.frozen[layer])
             elif step == ATTENTION or step.startswith((NORM_GATES, STREAMS)):
-                mixers.freeze(model, layer, clean.frozen[layer][step], _owner(step))
+                mixers.freeze(model, layer, _with_leaves(plan, layer, step, clean.frozen[layer][step], outputs),
+                              _owner(step))
             else:
                 _freeze(host(model, layer, step), step, clean.frozen[layer][step], batch)
                 if patterns is not None and step == _last_pattern_input(steps):
@@ -482,6 +510,17 @@ def frozen_body(model: Any, plan: Plan, clean: Clean, embeddings: torch.Tensor, 
         _freeze(model, "final_norm_scale", clean.final_scale, batch)
     before_head.freeze(model, plan.head_stages, clean.head_frozen)
     return inputs, _linear_steps(_envoy(model, plan.head).output, plan)
+
+
+def _with_leaves(plan: Plan, layer: int, step: str, values: dict[str, Any], outputs: list[torch.Tensor]
+                 ) -> dict[str, Any]:
+    """A gate step's clean ``values`` with each sublayer output it writes (`Plan.sublayers`) replaced by its leaf in
+    ``outputs`` (after the blocks' MLP leaves, in `Plan.sublayers`' order; where ``outputs`` holds the blocks' only,
+    the clean value stays: a constant of the frozen model)."""
+    for index, (at, name, _, key) in enumerate(plan.sublayers):
+        if (at, name) == (layer, step) and len(outputs) > len(plan.steps) + index:
+            values = {**values, key: (outputs[len(plan.steps) + index],)}
+    return values
 
 
 def _last_pattern_input(steps: list[str]) -> str | None:

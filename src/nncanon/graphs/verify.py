@@ -125,7 +125,10 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
 def _sources(s: Setup, graph: Graph) -> torch.Tensor:
     """The source nodes with a nonzero vector (features, errors, tokens)."""
     nodes = list(range(graph.n_features))
-    errors = s.errors.abs().sum(-1).flatten().nonzero()[:, 0] + graph.n_features
+    weights = s.errors.abs().sum(-1)
+    for layer, vector in s.folded:  # (a sublayer's output folded into the error node)
+        weights[layer] += vector.abs().sum(-1)
+    errors = weights.flatten().nonzero()[:, 0] + graph.n_features
     tokens = torch.arange(graph.n_pos) + graph.n_features + graph.n_layers * graph.n_pos
     return torch.cat([torch.tensor(nodes, dtype=torch.long), errors.cpu(), tokens])
 
@@ -142,6 +145,9 @@ def _remove(s: Setup, leaves: list[torch.Tensor], graph: Graph, nodes: Any, row:
         elif node < n_features + n_layers * n_pos:
             layer, pos = divmod(node - n_features, n_pos)
             leaves[1 + layer][row, pos] -= s.errors[layer, pos]
+            for k, (at, vector) in enumerate(s.folded):  # (its sublayers' outputs, each at its own leaf)
+                if at == layer:
+                    leaves[1 + n_layers + k][row, pos] -= vector[pos]
         else:
             leaves[0][row, node - n_features - n_layers * n_pos] = 0
 
