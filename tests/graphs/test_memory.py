@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from nncanon import InvalidArgument, graphs
-from nncanon.graphs.memory import per_row_bytes
+from nncanon.graphs.memory import _sublayers, per_row_bytes
+from nncanon.testing import tiny_model
 
 from .conftest import PROMPT
 
@@ -59,3 +60,15 @@ def test_rows_on_disk_are_the_same_graph(model, transcoders, reference, tmp_path
     assert torch.equal(graphs.Graph.from_pt(tmp_path / "g.pt").adjacency_matrix, reference.adjacency_matrix)
     with pytest.raises(InvalidArgument, match="offload"):
         graphs.attribute(model, PROMPT, transcoders, offload="gpu")
+
+
+def test_estimate_counts_every_attention_and_mlp_of_a_block():
+    """LongCat-Flash's blocks run two attentions and two dense MLPs beside the MoE: the pattern term is twice a
+    one-attention block's and the MLP term holds the dense MLPs too."""
+    model = tiny_model("longcat_flash")
+    config = model.config.get_text_config()
+    heads, layers, size, n = config.num_attention_heads, len(model.layers), 4, 16
+    quadratic = (per_row_bytes(model, 2 * n) - 2 * per_row_bytes(model, n)) // (2 * n * n)
+    assert quadratic == size * layers * 2 * 3 * heads
+    assert _sublayers(model) == (2, 3)
+    assert _sublayers(tiny_model("llama")) == (1, 1)

@@ -78,7 +78,8 @@ def available(device: torch.device) -> int:
 
 def per_row_bytes(model: Any, n_pos: int) -> int:
     """The frozen forward's activations of one batch row of ``n_pos`` positions (module docstring): under eager
-    attention quadratic in ``n_pos``, under sdpa linear but for the masks' ``2 · n²`` bytes."""
+    attention quadratic in ``n_pos`` (per attention sublayer of a block), under sdpa linear but for the masks'
+    ``2 · n²`` bytes."""
     config = model.config.get_text_config()
     size = torch.finfo(next(model._module.parameters()).dtype).bits // 8
     d = config.hidden_size
@@ -87,10 +88,20 @@ def per_row_bytes(model: Any, n_pos: int) -> int:
     experts = _largest(config, ("num_experts_per_tok",)) or 1
     streams = _largest(config, ("hc_mult", "hc_count")) or 1  # (hyper-connections: k streams per position)
     eager = (getattr(model.config, "_attn_implementation", None) or "eager") == "eager"
+    attentions, mlps = _sublayers(model)
     pattern = 3 * heads * n_pos * n_pos if eager else 2 * n_pos * d  # (the probabilities, or the query and key)
-    per_layer = pattern + 16 * n_pos * d * streams + 4 * n_pos * d_ff * experts
+    per_layer = attentions * pattern + 16 * n_pos * d * streams + 4 * n_pos * d_ff * (experts + mlps - 1)
     masks = 0 if eager else 2 * n_pos * n_pos  # (bytes: booleans, once per forward)
     return size * (len(model.layers) * per_layer + 2 * n_pos * config.vocab_size) + masks
+
+
+def _sublayers(model: Any) -> tuple[int, int]:
+    """Attention sublayers and MLPs per block (the first block's): LongCat-Flash's blocks run two attentions of the
+    surface's attention class, and two dense MLPs (`nncanon.families.Family.frozen_sublayers`) beside its MoE."""
+    attention = model.support().layers[0].attention
+    block = model.layers[0]._module
+    attentions = sum(type(module).__name__ == attention for module in block.modules()) if attention else 1
+    return max(1, attentions), 1 + len(model.family.frozen_sublayers)
 
 
 def _largest(config: Any, names: tuple[str, ...]) -> int | None:
