@@ -21,6 +21,7 @@ from nnsight.tracing.tracer import WithBlockNotFoundError
 from .components.norms import DESCRIPTIONS, FINAL_VALUES, NormBinding, NormSite, is_norm, norm_anatomy, norm_value
 from .errors import InvalidInput, InvalidSkip, InvalidWrite, NestedTrace, SizeNotAvailable, ValueNotAvailable
 from .families import Family
+from .families.base import apply_logit_steps
 from .gradients import forward_guard
 from .inputs import check_batch, refuse_no_prompt
 from .model_sites import final_norm_path, model_sites
@@ -43,27 +44,6 @@ from .traced import outside_trace, refuse_outside_trace, renamed
 # Remote (NDIF) requests ship nncanon's code by value, so a server without nncanon runs them: registered here, where
 # every model nncanon serves is built (``nncanon/__init__`` imports nothing heavy, for a fast command line).
 nnsight.register("nncanon")
-
-
-def apply_logit_steps(logits: torch.Tensor, family: Family, config: Any) -> torch.Tensor:
-    """The family's logit post-processing, in the model's own order of operations."""
-    for step in family.logit_steps:
-        factor = step.factor(config)
-        if factor is None or step.op in ("divide_input", "divide_stream"):
-            continue
-        if step.op == "truncate":
-            logits = logits[..., :factor] if factor < logits.shape[-1] else logits
-        elif step.op == "softcap":
-            logits = logits / factor
-            logits = torch.tanh(logits)
-            logits = logits * factor
-        elif step.op == "divide":
-            logits = logits / factor
-        elif step.op == "multiply":
-            logits = logits * factor
-        else:  # pragma: no cover - a family definition error
-            raise ValueError(f"unknown logit step {step.op!r}")
-    return logits
 
 
 #: Where `MountedModel.support_held` keeps its report.

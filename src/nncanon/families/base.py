@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..served import Site, config_factor, describe_factor
+
+if TYPE_CHECKING:
+    import torch
 
 #: A function of the model's config and a layer index that returns, for values the layer
 #: cannot serve exactly, the reason why (``{"mlp_output": "..."}``).
@@ -35,6 +38,27 @@ class LogitStep:
     def describe(self) -> str:
         """The step for the docs: ``divide `logits_scaling```."""
         return f"{self.op} {describe_factor(self.attribute)}"
+
+
+def apply_logit_steps(logits: torch.Tensor, family: Family, config: Any) -> torch.Tensor:
+    """The family's logit post-processing, in the model's own order of operations."""
+    for step in family.logit_steps:
+        factor = step.factor(config)
+        if factor is None or step.op in ("divide_input", "divide_stream"):
+            continue
+        if step.op == "truncate":
+            logits = logits[..., :factor] if factor < logits.shape[-1] else logits
+        elif step.op == "softcap":
+            logits = logits / factor
+            logits = logits.tanh()
+            logits = logits * factor
+        elif step.op == "divide":
+            logits = logits / factor
+        elif step.op == "multiply":
+            logits = logits * factor
+        else:  # pragma: no cover - a family definition error
+            raise ValueError(f"unknown logit step {step.op!r}")
+    return logits
 
 
 @dataclass(frozen=True)
