@@ -87,6 +87,9 @@ ATTENTION = "<attention inner norms>"
 #: Prefixes the name of a block's gated norm (its path in the block) where its scale and gate are read, or written
 #: back (`nncanon.components.norm_gates`); the clean values are kept under the step's name.
 NORM_GATES = "<norm gates> "
+#: Prefixes a value a frozen run reads live, not written, at its place among a block's steps (`frozen_body`'s
+#: ``taps``: a QK attribution's query and key, `nncanon.graphs.qk`).
+TAP = "<read> "
 
 
 @dataclass
@@ -465,12 +468,14 @@ def frozen_run(model: Any, ids: torch.Tensor, plan: Plan, clean: Clean, embeddin
 
 
 def frozen_body(model: Any, plan: Plan, clean: Clean, embeddings: torch.Tensor, outputs: list[torch.Tensor],
-                coders: Any = None, patterns: list | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
+                coders: Any = None, patterns: list | None = None, taps: list | None = None
+                ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """`frozen_run`'s writes and reads, inside an open trace of ``B`` copies of the prompt (a remote one too: the
     backward then runs in the same request, `nncanon.graphs.attribution`). ``patterns``: where the pattern is frozen
     through the kernel's query and key, each such block's ``(layer, attention_probabilities)`` ``[B, H, n, n]``
     (recomputed from the kernel call once both are written) is appended to it (the proof's check that the pattern
-    is a function of them alone: `nncanon.graphs.proof`)."""
+    is a function of them alone: `nncanon.graphs.proof`). ``taps``: each `TAP` step's ``(layer, value)`` is
+    appended to it, read live (saved, in the autograd graph of the leaves)."""
     batch = embeddings.shape[0]
     inputs: list[torch.Tensor] = []
     owner, name = _token_site(model, plan)
@@ -493,6 +498,8 @@ def frozen_body(model: Any, plan: Plan, clean: Clean, embeddings: torch.Tensor, 
                     write_mlp_module_output(model, layer, written)
             elif step in plan.parts[layer] and step not in FROZEN:
                 parts[step] = read(model, layer, step)
+            elif step.startswith(TAP) and taps is not None:
+                taps.append((layer, read(model, layer, step[len(TAP):]).save()))
             elif step == MIXER:
                 mixers.freeze(model, layer, clean.frozen[layer])
             elif step == ATTENTION or step.startswith((NORM_GATES, STREAMS)):

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ValueNotAvailable
+from ..errors import InvalidInput, ValueNotAvailable
 from ..sae import Dictionary, resolve
 from .attribution import Setup, setup, target_values
 from .coders import WRITE_HOOKS, CrossLayerTranscoder, mlp_blocks, writes_of
@@ -67,9 +67,7 @@ class GraphCheck:
 def verify(model: Any, graph: Graph, transcoders: Any, *, samples: int = 6, rtol: float = 1e-4,
            seed: int = 0) -> GraphCheck:
     """Check ``graph`` (built by `nncanon.graphs.attribute` on ``model`` with ``transcoders``) on the frozen model."""
-    s = setup(model, graph.input_tokens, transcoders, max_n_logits=len(graph.logit_targets),
-              desired_logit_prob=1.0, zero_bos=graph.cfg.get("zero_bos"))
-    s.logit_ids, s.logit_probs = graph.logit_targets.to(s.logit_ids.device), graph.logit_probabilities
+    s = graph_setup(model, graph, transcoders)
     selected = graph.selected_features.to(s.active.device)
     features = selected
     logits = torch.arange(len(s.logit_ids), device=s.active.device)
@@ -116,6 +114,86 @@ def verify(model: Any, graph: Graph, transcoders: Any, *, samples: int = 6, rtol
     block = int(failing.min()) if len(failing) else None
     return GraphCheck(forward=forward, completeness=completeness, edges=edges, rtol=rtol, sampled=picked,
                       block=block)
+
+
+def graph_setup(model: Any, graph: Graph, transcoders: Any) -> Setup:
+    """The `nncanon.graphs.attribution.Setup` of ``graph``'s prompt, logit targets and ``zero_bos``;
+    `InvalidInput` where ``graph`` was not built on ``model`` with ``transcoders`` (another model, other tokens'
+    vocabulary, other transcoders: its active features differ)."""
+    tokens, n_layers = graph.input_tokens, len(model.layers)
+    vocabulary = model.config.get_text_config().vocab_size
+    if graph.n_layers != n_layers or not len(tokens) or int(tokens.max()) >= vocabulary or int(tokens.min()) < 0:
+        raise InvalidInput(f"this graph ({graph.n_layers} layers, token ids up to {int(tokens.max(initial=0))}) was "
+                           f"not built on this {model.config.model_type} model ({n_layers} layers, a vocabulary of "
+                           f"{vocabulary})")
+    s = setup(model, tokens, transcoders, max_n_logits=len(graph.logit_targets), desired_logit_prob=1.0,
+              zero_bos=graph.cfg.get("zero_bos"))
+    if not torch.equal(s.active.cpu(), graph.active_features.cpu()):
+        raise InvalidInput(f"this graph was not built on this {model.config.model_type} model with these transcoders: "
+                           f"on its prompt they give {len(s.active)} active features, the graph holds "
+                           f"{len(graph.active_features)}, not the same ones")
+    s.logit_ids, s.logit_probs = graph.logit_targets.to(s.logit_ids.device), graph.logit_probabilities
+    return s
+
+
+@dataclass
+class QKCheck:
+    """What `verify_qk` measured, each relative to its scale (the sum of the absolute values of the terms).
+
+    Attributes:
+        forward: The frozen model's clean query and key against the surface's (``query_states``, ``key_states`` of
+            a trace of the graph's prompt).
+        completeness: The surface's query and key against the sum of their sources' contributions plus their bias.
+        edges: For sampled sources, the query and key with that source removed against the clean ones less its
+            contribution.
+        score: The clean score ``q·k·scaling`` from the surface's query and key against the sum of the pairs, the
+            cross terms with the biases and the biases' product.
+        rtol: The tolerance each is held to.
+    """
+
+    forward: float
+    completeness: float
+    edges: float
+    score: float
+    rtol: float
+
+    @property
+    def ok(self) -> bool:
+        """All four within ``rtol`` (NaN fails)."""
+        return max(self.forward, self.completeness, self.edges, self.score) <= self.rtol
+
+    def __str__(self) -> str:
+        return (f"forward {self.forward:.2e}, completeness {self.completeness:.2e}, edges {self.edges:.2e}, score "
+                f"{self.score:.2e} (relative; tolerance {self.rtol:.0e})")
+
+
+def verify_qk(model: Any, qk: Any, rtol: float = 1e-5) -> QKCheck:
+    """Check a `nncanon.graphs.QKAttribution` ``qk`` of ``model``: its query and key are sums of their sources'
+    contributions and biases, each sampled source's removal moves them by its contribution, and the pairs, cross
+    terms and biases' product sum to the clean score, recomputed from the surface's ``query_states`` and
+    ``key_states`` read in a trace of the prompt of its own."""
+    attention = model.layers[qk.layer].self_attn
+    with torch.no_grad(), model.trace(qk.input_tokens[None].to(model.device)):
+        query, key = attention.query_states.save(), attention.key_states.save()
+    q = query[0, qk.query_position, qk.head].double().cpu()
+    k = key[0, qk.key_position, qk.key_head].double().cpu()
+    forward, completeness, edges = 0.0, 0.0, 0.0
+    for clean, frozen, rows, bias, removed in ((q, qk.frozen_query, qk.query, qk.query_bias, qk.removed_query),
+                                               (k, qk.frozen_key, qk.key, qk.key_bias, qk.removed_key)):
+        rows, bias = rows.double(), bias.double()
+        scale = clean.abs() + rows.abs().sum(0) + bias.abs() + 1e-12
+        forward = max(forward, _relative(frozen, clean))
+        completeness = max(completeness, float(((clean - rows.sum(0) - bias).abs() / scale).max()))
+        for b, node in enumerate(qk.sampled):
+            effect = frozen.double() - removed[b].double()
+            edges = max(edges, float(((effect - rows[node]).abs() / scale).max()))
+    qs, ks, qb, kb = qk.query.double(), qk.key.double(), qk.query_bias.double(), qk.key_bias.double()
+    terms = [qk.pairs.double().flatten(), qs @ kb * qk.scaling, ks @ qb * qk.scaling, (qb @ kb * qk.scaling)[None]]
+    score = float(q @ k) * qk.scaling
+    total = sum(float(t.sum()) for t in terms)
+    scale = abs(score) + sum(float(t.abs().sum()) for t in terms) + 1e-12
+    return QKCheck(forward=forward, completeness=completeness, edges=edges, score=abs(score - total) / scale,
+                   rtol=rtol)
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
