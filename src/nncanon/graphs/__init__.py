@@ -12,6 +12,8 @@
   transcoders and CLTs (``gemma_scope``), read by `load_transcoders`.
 - `CrossLayerTranscoder` (``coders``): circuit-tracer's CLT; `random_clt`, `random_transcoders`: random sets for
   checks.
+- `qk_attribution`, `QKAttribution` (``qk``): one attention score split into pairs of a graph's source nodes,
+  checked by `verify_qk`.
 - `demo_transcoders` (``demo``): the demo models' shipped transcoders; ``cli``: the ``nncanon graph`` command.
 
 See ``docs/graphs.md``.
@@ -24,9 +26,10 @@ from .graph import Graph
 from .memory import GraphTooLarge, MemoryEstimate
 from .proof import attribute, support
 from .prune import PruneResult, graph_scores, node_influence, prune
-from .verify import GraphCheck, random_clt, random_transcoders, verify
+from .qk import QKAttribution, qk_attribution
+from .verify import GraphCheck, QKCheck, random_clt, random_transcoders, verify, verify_qk
 
 __all__ = ["CrossLayerTranscoder", "Graph", "GraphCheck", "GraphTooLarge", "MemoryEstimate", "PruneResult",
            "attribute", "demo_transcoders", "graph_json", "graph_scores", "load_clt", "load_transcoders",
-           "node_influence", "prune", "random_clt", "random_transcoders", "save_clt", "support", "verify",
-           "write_graph_json"]
+           "node_influence", "prune", "qk_attribution", "QKAttribution", "QKCheck", "random_clt",
+           "random_transcoders", "save_clt", "support", "verify", "verify_qk", "write_graph_json"]
