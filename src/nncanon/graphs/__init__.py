@@ -30,6 +30,6 @@ from .qk import QKAttribution, qk_attribution
 from .verify import GraphCheck, QKCheck, random_clt, random_transcoders, verify, verify_qk
 
 __all__ = ["CrossLayerTranscoder", "Graph", "GraphCheck", "GraphTooLarge", "MemoryEstimate", "PruneResult",
-           "attribute", "demo_transcoders", "graph_json", "graph_scores", "load_clt", "load_transcoders",
-           "node_influence", "prune", "qk_attribution", "QKAttribution", "QKCheck", "random_clt",
-           "random_transcoders", "save_clt", "support", "verify", "verify_qk", "write_graph_json"]
+           "QKAttribution", "QKCheck", "attribute", "demo_transcoders", "graph_json", "graph_scores", "load_clt",
+           "load_transcoders", "node_influence", "prune", "qk_attribution", "random_clt", "random_transcoders",
+           "save_clt", "support", "verify", "verify_qk", "write_graph_json"]
