@@ -26,11 +26,12 @@ from typing import Any
 
 import torch
 
+from ..components import attention_gates
 from ..errors import InvalidArgument, ValueNotAvailable
 from ..reading import in_execution_order
 from .attribution import gradient_rows
 from .graph import Graph
-from .replacement import NO_CACHE, PATTERN_INPUTS, TAP, frozen_body
+from .replacement import ATTENTION, NO_CACHE, PATTERN_INPUTS, TAP, frozen_body
 from .verify import QKCheck, _remove, _sources, graph_setup, verify_qk
 
 #: The query's and key's norms frozen at the block attributed (where its attention norms them).
@@ -131,6 +132,12 @@ def qk_attribution(model: Any, graph: Graph, transcoders: Any, layer: int, head:
                               "mask hides it from that query, so its score reaches no softmax")
     s = graph_setup(model, graph, transcoders)
     norms = [name for name in QK_NORMS if report.available(name, layer)]
+    for name, before in zip(QK_NORMS, ("query_states_before_norm", "key_states_before_norm"), strict=True):
+        if report.available(before, layer) and name not in norms:  # (a norm that cannot be frozen)
+            what = "queries" if name.startswith("query") else "keys"
+            raise ValueNotAvailable(f"no QK attribution at layers[{layer}] of this {model.config.model_type} model: "
+                                    f"its attention norms its {what}, and {name} is not available, so that norm "
+                                    f"cannot be frozen: {report.reason(name, layer)}")
     clean: dict[str, torch.Tensor] = {}  # (filled inside the trace: only saved values leave it)
     norms = in_execution_order(model, layer, norms) if norms else []
     with torch.no_grad(), model.trace(s.ids, **NO_CACHE):
@@ -184,6 +191,26 @@ def _upstream(s: Any, graph: Graph, layer: int, position: int) -> torch.Tensor:
     return nodes[(node_layer < layer) & (node_pos <= position)]
 
 
+def _steps(model: Any, layer: int, steps: list[str], norms: list[str]) -> list[str]:
+    """Block ``layer``'s steps (`nncanon.graphs.replacement.Plan.steps`) up to its attention kernel, its query and
+    key ``norms`` frozen, then its query and key read live (`TAP`): the block's frozen values before the pattern,
+    the norms (in the order the block computes them) before the attention's own frozen values (`ATTENTION`: a
+    compressed-KV norm, a value norm, a clamp), those before the kernel's inputs; where the attention's frozen
+    values are all computed inside the kernel call (a sink's scale), they are left out (they cannot move its
+    inputs)."""
+    cut = next((i for i, step in enumerate(steps) if step in ("attention_probabilities", *PATTERN_INPUTS)),
+               len(steps))
+    before = steps[:cut]
+    if ATTENTION in before:
+        gates = attention_gates.gates_of(model.layers[layer].self_attn._module)
+        at = before.index(ATTENTION)
+        inside = all(gate.op is not None and gate.op.startswith("attention_interface") for gate in gates)
+        before = before[:at] + norms + ([] if inside else [ATTENTION]) + before[at + 1:]
+    else:
+        before = before + norms
+    return [*before, *[TAP + name for name in PATTERN_INPUTS]]
+
+
 def _run(s: Any, graph: Graph, layer: int, norms: list[str], clean_norms: dict[str, torch.Tensor],
          picked: list[int], head_dim: int, query_at: tuple[int, int], key_at: tuple[int, int]
          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -192,14 +219,8 @@ def _run(s: Any, graph: Graph, layer: int, norms: list[str], clean_norms: dict[s
     present, one with every source node removed, one per source of ``picked`` removed. Returns the query and key
     at those places ``[B, head_dim]`` (detached) and the gradient rows ``[2·head_dim, n_active + (n_layers + 1) ·
     n_pos]``."""
-    plan = s.plan
-    steps = plan.steps[layer]
-    cut = next((i for i, step in enumerate(steps) if step in ("attention_probabilities", *PATTERN_INPUTS)),
-               len(steps))
-    model = s.model
-    names = in_execution_order(model, layer, [*norms, *PATTERN_INPUTS])
-    plan = replace(plan, steps=[*plan.steps[:layer], [*steps[:cut], *[name if name in norms else TAP + name
-                                                                    for name in names]],
+    plan, model = s.plan, s.model
+    plan = replace(plan, steps=[*plan.steps[:layer], _steps(model, layer, plan.steps[layer], norms),
                                 *[[] for _ in plan.steps[layer + 1:]]])
     frozen = list(s.clean.frozen)
     frozen[layer] = {**frozen[layer], **clean_norms}
@@ -216,7 +237,7 @@ def _run(s: Any, graph: Graph, layer: int, norms: list[str], clean_norms: dict[s
     with torch.enable_grad():
         with model.trace(s.ids.expand(batch, -1), **NO_CACHE):
             frozen_body(model, plan, clean, leaves[0], leaves[1:], s.transcoders, taps=taps)
-        states = {name: value for name, (_, value) in zip([n for n in names if n not in norms], taps, strict=True)}
+        states = {name: value for name, (_, value) in zip(PATTERN_INPUTS, taps, strict=True)}
         (q_pos, q_head), (k_pos, k_head) = query_at, key_at
         q, k = states["query_states"][:, q_pos, q_head], states["key_states"][:, k_pos, k_head]
         components = torch.arange(head_dim, device=q.device)

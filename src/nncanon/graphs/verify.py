@@ -138,7 +138,8 @@ def graph_setup(model: Any, graph: Graph, transcoders: Any) -> Setup:
 
 @dataclass
 class QKCheck:
-    """What `verify_qk` measured, each relative to its scale (the sum of the absolute values of the terms).
+    """What `verify_qk` measured, each relative to its scale: the sum of the absolute values of the terms (for the
+    query and key, its largest component: a vector's rounding is relative to its size, not to each component's).
 
     Attributes:
         forward: The frozen model's clean query and key against the surface's (``query_states``, ``key_states`` of
@@ -181,7 +182,7 @@ def verify_qk(model: Any, qk: Any, rtol: float = 1e-5) -> QKCheck:
     for clean, frozen, rows, bias, removed in ((q, qk.frozen_query, qk.query, qk.query_bias, qk.removed_query),
                                                (k, qk.frozen_key, qk.key, qk.key_bias, qk.removed_key)):
         rows, bias = rows.double(), bias.double()
-        scale = clean.abs() + rows.abs().sum(0) + bias.abs() + 1e-12
+        scale = float((clean.abs() + rows.abs().sum(0) + bias.abs()).max()) + 1e-12  # (the vector's)
         forward = max(forward, _relative(frozen, clean))
         completeness = max(completeness, float(((clean - rows.sum(0) - bias).abs() / scale).max()))
         for b, node in enumerate(qk.sampled):
