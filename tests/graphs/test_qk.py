@@ -129,7 +129,7 @@ def test_unselected_features_are_in_the_biases(model):
 def test_live_query_norms_are_declined(monkeypatch):
     model = tiny_model("qwen3")
     graph, transcoders = _graph(model)
-    monkeypatch.setattr(qk_module, "QK_NORMS", ())
+    monkeypatch.setattr(qk_module, "QK_NORMS", {})
     with pytest.raises(ValueNotAvailable, match=r"not affine in the graph's sources \(forward .* completeness"):
         graphs.qk_attribution(model, graph, transcoders, 1, 0, 5, 2)
 

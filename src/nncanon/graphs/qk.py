@@ -34,8 +34,9 @@ from .graph import Graph
 from .replacement import ATTENTION, NO_CACHE, PATTERN_INPUTS, TAP, frozen_body
 from .verify import QKCheck, _remove, _sources, graph_setup, verify_qk
 
-#: The query's and key's norms frozen at the block attributed (where its attention norms them).
-QK_NORMS = ("query_norm_scale", "key_norm_scale")
+#: The query's and key's norms frozen at the block attributed (where its attention norms them), each with the value
+#: that says the attention norms them (its input).
+QK_NORMS = {"query_norm_scale": "query_states_before_norm", "key_norm_scale": "key_states_before_norm"}
 
 
 @dataclass
@@ -132,7 +133,7 @@ def qk_attribution(model: Any, graph: Graph, transcoders: Any, layer: int, head:
                               "mask hides it from that query, so its score reaches no softmax")
     s = graph_setup(model, graph, transcoders)
     norms = [name for name in QK_NORMS if report.available(name, layer)]
-    for name, before in zip(QK_NORMS, ("query_states_before_norm", "key_states_before_norm"), strict=True):
+    for name, before in QK_NORMS.items():
         if report.available(before, layer) and name not in norms:  # (a norm that cannot be frozen)
             what = "queries" if name.startswith("query") else "keys"
             raise ValueNotAvailable(f"no QK attribution at layers[{layer}] of this {model.config.model_type} model: "
