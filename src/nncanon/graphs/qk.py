@@ -29,11 +29,16 @@ import torch
 from ..components import attention_gates
 from ..errors import InvalidArgument, ValueNotAvailable
 from ..reading import in_execution_order
+from . import mixers
 from .attribution import gradient_rows
 from .graph import Graph
 from .replacement import ATTENTION, NO_CACHE, PATTERN_INPUTS, TAP, frozen_body
 from .verify import QKCheck, _remove, _sources, graph_setup, verify_qk
 
+#: The norms on the query's or key's path that the graph leaves live (its pattern frozen, they move no edge), children
+#: of the attention module frozen as their scale (`nncanon.graphs.mixers.write_module`): multi-head latent attention's
+#: compressed-query norm.
+PATH_NORMS = ("q_a_layernorm",)
 #: The query's and key's norms frozen at the block attributed (where its attention norms them), each with the value
 #: that says the attention norms them (its input).
 QK_NORMS = {"query_norm_scale": "query_states_before_norm", "key_norm_scale": "key_states_before_norm"}
@@ -141,8 +146,11 @@ def qk_attribution(model: Any, graph: Graph, transcoders: Any, layer: int, head:
                                     f"cannot be frozen: {report.reason(name, layer)}")
     clean: dict[str, torch.Tensor] = {}  # (filled inside the trace: only saved values leave it)
     norms = in_execution_order(model, layer, norms) if norms else []
+    paths = [name for name in PATH_NORMS if getattr(model.layers[layer].self_attn._module, name, None) is not None]
     with torch.no_grad(), model.trace(s.ids, **NO_CACHE):
         attention = model.layers[layer].self_attn
+        for name in paths:  # (the first calls of the attention's forward)
+            clean[name] = mixers.read_module(getattr(attention, name), "scale").save()
         for name in norms:
             clean[name] = getattr(attention, name).save()
         query = attention.query_states.save()  # (read after the norms)
@@ -152,8 +160,9 @@ def qk_attribution(model: Any, graph: Graph, transcoders: Any, layer: int, head:
     key_head = head // (heads // groups)
     picked = _upstream(s, graph, layer, query_position)
     picked = picked[torch.randperm(len(picked), generator=torch.Generator().manual_seed(seed))[:samples]].tolist()
-    q, k, rows = _run(s, graph, layer, norms, {name: value.detach() for name, value in clean.items()},
-                      picked, head_dim, (query_position, head), (key_position, key_head))
+    q, k, rows = _run(s, graph, layer, [*[TAP + name for name in paths], *norms],
+                      {name: value.detach() for name, value in clean.items()}, picked, head_dim,
+                      (query_position, head), (key_position, key_head))
     columns = torch.cat([graph.selected_features.to(rows.device), torch.arange(len(s.active), rows.shape[1],
                                                                                device=rows.device)])
     query, key = rows[:head_dim, columns].T.cpu(), rows[head_dim:, columns].T.cpu()
@@ -194,11 +203,11 @@ def _upstream(s: Any, graph: Graph, layer: int, position: int) -> torch.Tensor:
 
 def _steps(model: Any, layer: int, steps: list[str], norms: list[str]) -> list[str]:
     """Block ``layer``'s steps (`nncanon.graphs.replacement.Plan.steps`) up to its attention kernel, its query and
-    key ``norms`` frozen, then its query and key read live (`TAP`): the block's frozen values before the pattern,
-    the norms (in the order the block computes them) before the attention's own frozen values (`ATTENTION`: a
-    compressed-KV norm, a value norm, a clamp), those before the kernel's inputs; where the attention's frozen
-    values are all computed inside the kernel call (a sink's scale), they are left out (they cannot move its
-    inputs)."""
+    key ``norms`` frozen (`PATH_NORMS` as `TAP` steps, then served ones, in the order the block computes them),
+    then its query and key read live (`TAP`): the block's frozen values before the pattern, the norms before the
+    attention's own frozen values (`ATTENTION`: a compressed-KV norm, a value norm, a clamp), those before the
+    kernel's inputs; where the attention's frozen values are all computed inside the kernel call (a sink's scale),
+    they are left out (they cannot move its inputs)."""
     cut = next((i for i, step in enumerate(steps) if step in ("attention_probabilities", *PATTERN_INPUTS)),
                len(steps))
     before = steps[:cut]
@@ -224,7 +233,7 @@ def _run(s: Any, graph: Graph, layer: int, norms: list[str], clean_norms: dict[s
     plan = replace(plan, steps=[*plan.steps[:layer], _steps(model, layer, plan.steps[layer], norms),
                                 *[[] for _ in plan.steps[layer + 1:]]])
     frozen = list(s.clean.frozen)
-    frozen[layer] = {**frozen[layer], **clean_norms}
+    frozen[layer] = {**frozen[layer], **{name: value for name, value in clean_norms.items() if name in QK_NORMS}}
     clean = replace(s.clean, frozen=frozen)
     at = 2 * head_dim
     batch = at + 2 + len(picked)
@@ -234,11 +243,18 @@ def _run(s: Any, graph: Graph, layer: int, norms: list[str], clean_norms: dict[s
     for b, node in enumerate(picked):
         _remove(s, leaves, graph, [node], at + 2 + b)
     leaves = [leaf.requires_grad_() for leaf in leaves]
-    taps: list = []
+    states: dict[str, torch.Tensor] = {}
+
+    def tap(block: int, name: str) -> None:  # (inside the trace: the query and key read, a path norm frozen)
+        attention = model.layers[block].self_attn
+        if name in PATTERN_INPUTS:
+            states[name] = getattr(attention, name).save()
+        else:
+            mixers.write_module(getattr(attention, name), "scale", clean_norms[name])
+
     with torch.enable_grad():
         with model.trace(s.ids.expand(batch, -1), **NO_CACHE):
-            frozen_body(model, plan, clean, leaves[0], leaves[1:], s.transcoders, taps=taps)
-        states = {name: value for name, (_, value) in zip(PATTERN_INPUTS, taps, strict=True)}
+            frozen_body(model, plan, clean, leaves[0], leaves[1:], s.transcoders, taps=tap)
         (q_pos, q_head), (k_pos, k_head) = query_at, key_at
         q, k = states["query_states"][:, q_pos, q_head], states["key_states"][:, k_pos, k_head]
         components = torch.arange(head_dim, device=q.device)

@@ -47,6 +47,7 @@ stream entering the block (``layer_input``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,8 +88,8 @@ ATTENTION = "<attention inner norms>"
 #: Prefixes the name of a block's gated norm (its path in the block) where its scale and gate are read, or written
 #: back (`nncanon.components.norm_gates`); the clean values are kept under the step's name.
 NORM_GATES = "<norm gates> "
-#: Prefixes a value a frozen run reads live, not written, at its place among a block's steps (`frozen_body`'s
-#: ``taps``: a QK attribution's query and key, `nncanon.graphs.qk`).
+#: Prefixes a step a frozen run hands to its caller at its place among a block's steps (`frozen_body`'s ``taps``:
+#: a QK attribution reads the query and key live there and freezes the norms on their path, `nncanon.graphs.qk`).
 TAP = "<read> "
 
 
@@ -468,14 +469,14 @@ def frozen_run(model: Any, ids: torch.Tensor, plan: Plan, clean: Clean, embeddin
 
 
 def frozen_body(model: Any, plan: Plan, clean: Clean, embeddings: torch.Tensor, outputs: list[torch.Tensor],
-                coders: Any = None, patterns: list | None = None, taps: list | None = None
+                coders: Any = None, patterns: list | None = None, taps: Callable[[int, str], None] | None = None
                 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """`frozen_run`'s writes and reads, inside an open trace of ``B`` copies of the prompt (a remote one too: the
     backward then runs in the same request, `nncanon.graphs.attribution`). ``patterns``: where the pattern is frozen
     through the kernel's query and key, each such block's ``(layer, attention_probabilities)`` ``[B, H, n, n]``
     (recomputed from the kernel call once both are written) is appended to it (the proof's check that the pattern
-    is a function of them alone: `nncanon.graphs.proof`). ``taps``: each `TAP` step's ``(layer, value)`` is
-    appended to it, read live (saved, in the autograd graph of the leaves)."""
+    is a function of them alone: `nncanon.graphs.proof`). ``taps``: called with each `TAP` step's block and
+    name (without the prefix) where the block's steps place it, inside the trace."""
     batch = embeddings.shape[0]
     inputs: list[torch.Tensor] = []
     owner, name = _token_site(model, plan)
@@ -499,7 +500,7 @@ def frozen_body(model: Any, plan: Plan, clean: Clean, embeddings: torch.Tensor, 
             elif step in plan.parts[layer] and step not in FROZEN:
                 parts[step] = read(model, layer, step)
             elif step.startswith(TAP) and taps is not None:
-                taps.append((layer, read(model, layer, step[len(TAP):]).save()))
+                taps(layer, step[len(TAP):])
             elif step == MIXER:
                 mixers.freeze(model, layer, clean.frozen[layer])
             elif step == ATTENTION or step.startswith((NORM_GATES, STREAMS)):
