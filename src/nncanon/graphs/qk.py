@@ -29,6 +29,7 @@ import torch
 from ..components import attention_gates
 from ..errors import InvalidArgument, ValueNotAvailable
 from ..reading import in_execution_order
+from ..served import operation_name
 from . import mixers
 from .attribution import gradient_rows
 from .graph import Graph
@@ -126,10 +127,6 @@ def qk_attribution(model: Any, graph: Graph, transcoders: Any, layer: int, head:
             block = type(model.layers[layer]._module).__name__
             raise ValueNotAvailable(f"no QK attribution at layers[{layer}] ({block}) of this {model.config.model_type} "
                                     f"model: {name} is not available: {report.reason(name, layer)}")
-    scaling = getattr(model.layers[layer].self_attn._module, "scaling", None)
-    if not isinstance(scaling, (int, float)):
-        raise ValueNotAvailable(f"no QK attribution at layers[{layer}]: its attention module "
-                                f"({type(model.layers[layer].self_attn._module).__name__}) has no scaling factor")
     n_pos = len(graph.input_tokens)
     _check_index("query_position", query_position, n_pos)
     _check_index("key_position", key_position, n_pos)
@@ -147,15 +144,19 @@ def qk_attribution(model: Any, graph: Graph, transcoders: Any, layer: int, head:
     clean: dict[str, torch.Tensor] = {}  # (filled inside the trace: only saved values leave it)
     norms = in_execution_order(model, layer, norms) if norms else []
     paths = [name for name in PATH_NORMS if getattr(model.layers[layer].self_attn._module, name, None) is not None]
+    attention = model.layers[layer].self_attn
+    kernel = attention._nncanon.kernel
+    call = operation_name(attention.source.names, kernel.op)  # (the source made outside a trace)
     with torch.no_grad(), model.trace(s.ids, **NO_CACHE):
-        attention = model.layers[layer].self_attn
         for name in paths:  # (the first calls of the attention's forward)
             clean[name] = mixers.read_module(getattr(attention, name), "scale").save()
         for name in norms:
             clean[name] = getattr(attention, name).save()
         query = attention.query_states.save()  # (read after the norms)
         key = attention.key_states.save()
+        arguments = getattr(attention.source, call).inputs.save()  # (the kernel call's: its scale)
     (heads, head_dim), groups = query.shape[-2:], key.shape[-2]
+    scaling = float(kernel.scale(attention._module, arguments[1], head_dim))
     _check_index("head", head, heads)
     key_head = head // (heads // groups)
     picked = _upstream(s, graph, layer, query_position)
@@ -169,8 +170,8 @@ def qk_attribution(model: Any, graph: Graph, transcoders: Any, layer: int, head:
     at = 2 * head_dim  # (then: every source present, every source removed, each sampled source removed)
     record = QKAttribution(
         layer=layer, head=head, query_position=query_position, key_position=key_position, key_head=key_head,
-        query=query, key=key, query_bias=q[at + 1], key_bias=k[at + 1], scaling=float(scaling),
-        score=float(q[at] @ k[at]) * float(scaling), input_tokens=graph.input_tokens.cpu(),
+        query=query, key=key, query_bias=q[at + 1], key_bias=k[at + 1], scaling=scaling,
+        score=float(q[at] @ k[at]) * scaling, input_tokens=graph.input_tokens.cpu(),
         n_features=graph.n_features, n_layers=n_layers, n_pos=n_pos, frozen_query=q[at], frozen_key=k[at],
         sampled=picked, removed_query=q[at + 2:], removed_key=k[at + 2:])
     record.check = verify_qk(model, record)
