@@ -24,7 +24,14 @@ from nncanon import InvalidArgument, InvalidInput, ValueNotAvailable, graphs
 from nncanon.graphs import qk as qk_module
 from nncanon.testing import tiny_model
 
+from ..conftest import variant_params
+
 PROMPT = "The cat sat on the mat"
+#: More kinds of attention, each eager with no soft-cap and no position bias, so the score is the surface's
+#: ``attention_scores`` (proved at load to be what the softmax receives): GPT-2's fused projection, GPT-Neo unscaled,
+#: XGLM's query scaled before the kernel, GPT-1's kernel, DeepSeek-V2's latent attention (its compressed-query and
+#: KV norms frozen), OLMo-2's whole-projection query/key norms, Mistral, Phi-3, Gemma-3's per-head norms.
+MORE = ("gpt2", "gpt_neo", "xglm", "openai_gpt", "deepseek_v2", "olmo2", "mistral", "phi3", "gemma3_text")
 #: (variant, attn_implementation, layer): dense, sdpa, a soft-cap, query/key norms, an attention after a Mamba block.
 CASES = (("llama", "eager", 1), ("llama", "sdpa", 1), ("gemma2", "eager", 1), ("qwen3", "eager", 1),
          ("qwen3", "sdpa", 0), ("jamba", "eager", 1))
@@ -108,6 +115,19 @@ def test_qk_attribution_is_exact(name, implementation, layer, monkeypatch):
         torch.testing.assert_close(scores[0, head, query_position, key_position], capped, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("variant", variant_params(MORE))
+def test_score_is_the_surface_score(variant):
+    model = tiny_model(variant)
+    graph, transcoders = _graph(model)
+    layer, head, query_position, key_position = len(model.layers) - 1, 1, graph.n_pos - 1, graph.n_pos - 2
+    qk = graphs.qk_attribution(model, graph, transcoders, layer, head, query_position, key_position)
+    assert qk.check.ok, f"{variant.name}: {qk.check}"
+    with torch.no_grad(), model.trace(graph.input_tokens[None]):
+        scores = model.layers[layer].self_attn.attention_scores.save()
+    score = float(scores[0, head, query_position, key_position])
+    assert abs(qk.score - score) <= 1e-5 * (abs(score) + 1e-2), f"{variant.name}: {qk.score} against {score}"
+
+
 def test_unselected_features_are_in_the_biases(model):
     layer, head, i, j = 1, 1, 4, 3
     partial, transcoders = _graph(model, max_feature_nodes=6)
@@ -152,6 +172,10 @@ def test_bad_input(model, transcoders):
     jamba_graph, jamba_transcoders = _graph(jamba)
     with pytest.raises(ValueNotAvailable, match=r"layers\[0\] \(JambaMambaDecoderLayer\).*no softmax attention"):
         graphs.qk_attribution(jamba, jamba_graph, jamba_transcoders, 0, 0, 1, 0)
+    mistral = tiny_model("mistral")  # (a sliding window of 4 positions)
+    mistral_graph, mistral_transcoders = _graph(mistral)
+    with pytest.raises(InvalidArgument, match=r"key_position=2 is masked for query_position=10 .* a sliding window"):
+        graphs.qk_attribution(mistral, mistral_graph, mistral_transcoders, 1, 0, 10, 2)
     diffllama = tiny_model("diffllama")
     diff_graph, diff_transcoders = _graph(diffllama)
     with pytest.raises(ValueNotAvailable, match="query_states is not available: DiffLlama calls the attention kernel"):

@@ -36,6 +36,8 @@ from .graph import Graph
 from .replacement import ATTENTION, NO_CACHE, PATTERN_INPUTS, TAP, frozen_body
 from .verify import QKCheck, _remove, _sources, graph_setup, verify_qk
 
+#: A score at or below this is masked (the dtype's minimum added, ``-inf``, GPT-1's ``-1e4`` fill): no softmax weight.
+MASKED = -1e4
 #: The norms on the query's or key's path that the graph leaves live (its pattern frozen, they move no edge), children
 #: of the attention module frozen as their scale (`nncanon.graphs.mixers.write_module`): multi-head latent attention's
 #: compressed-query norm.
@@ -155,9 +157,15 @@ def qk_attribution(model: Any, graph: Graph, transcoders: Any, layer: int, head:
         query = attention.query_states.save()  # (read after the norms)
         key = attention.key_states.save()
         arguments = getattr(attention.source, call).inputs.save()  # (the kernel call's: its scale)
+        if report.available("attention_scores", layer):
+            scores = attention.attention_scores[0, :, query_position, key_position].save()
     (heads, head_dim), groups = query.shape[-2:], key.shape[-2]
     scaling = float(kernel.scale(attention._module, arguments[1], head_dim))
     _check_index("head", head, heads)
+    if report.available("attention_scores", layer) and not float(scores[head]) > MASKED:
+        raise InvalidArgument(f"key_position={key_position} is masked for query_position={query_position} at "
+                              f"layers[{layer}]'s head {head} (its score there is {float(scores[head]):.3g}: a sliding "
+                              "window, or the mask the model was given), so its score reaches no softmax")
     key_head = head // (heads // groups)
     picked = _upstream(s, graph, layer, query_position)
     picked = picked[torch.randperm(len(picked), generator=torch.Generator().manual_seed(seed))[:samples]].tolist()
