@@ -138,8 +138,8 @@ def graph_setup(model: Any, graph: Graph, transcoders: Any) -> Setup:
 
 @dataclass
 class QKCheck:
-    """What `verify_qk` measured, each relative to its scale: the sum of the absolute values of the terms (for the
-    query and key, its largest component: a vector's rounding is relative to its size, not to each component's).
+    """What `verify_qk` measured, each relative to its scale (for the query and key, the largest component of the
+    sum of their terms' absolute values: a vector's rounding is relative to its size, not to each component's).
 
     Attributes:
         forward: The frozen model's clean query and key against the surface's (``query_states``, ``key_states`` of
@@ -148,7 +148,9 @@ class QKCheck:
         edges: For sampled sources, the query and key with that source removed against the clean ones less its
             contribution.
         score: The clean score ``q·k·scaling`` from the surface's query and key against the sum of the pairs, the
-            cross terms with the biases and the biases' product.
+            cross terms with the biases and the biases' product, relative to ``(Σ_a |q_a| + |q_bias|) · (Σ_b |k_b| +
+            |k_bias|) · |scaling|`` (Euclidean norms: what bounds every term, so a query nearly orthogonal to its
+            key is held to the rounding of its parts).
         rtol: The tolerance each is held to.
     """
 
@@ -192,7 +194,8 @@ def verify_qk(model: Any, qk: Any, rtol: float = 1e-5) -> QKCheck:
     terms = [qk.pairs.double().flatten(), qs @ kb * qk.scaling, ks @ qb * qk.scaling, (qb @ kb * qk.scaling)[None]]
     score = float(q @ k) * qk.scaling
     total = sum(float(t.sum()) for t in terms)
-    scale = abs(score) + sum(float(t.abs().sum()) for t in terms) + 1e-12
+    norms = [float(rows.norm(dim=1).sum() + bias.norm()) for rows, bias in ((qs, qb), (ks, kb))]
+    scale = abs(score) + norms[0] * norms[1] * abs(qk.scaling) + 1e-12  # (the bound of the terms' rounding)
     return QKCheck(forward=forward, completeness=completeness, edges=edges, score=abs(score - total) / scale,
                    rtol=rtol)
 
