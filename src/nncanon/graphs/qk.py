@@ -165,7 +165,8 @@ def qk_attribution(model: Any, graph: Graph, transcoders: Any, layer: int, head:
     if report.available("attention_scores", layer) and not float(scores[head]) > MASKED:
         raise InvalidArgument(f"key_position={key_position} is masked for query_position={query_position} at "
                               f"layers[{layer}]'s head {head} (its score there is {float(scores[head]):.3g}: a sliding "
-                              "window, or the mask the model was given), so its score reaches no softmax")
+                              "window, a sparse attention's choice of keys, or the mask the model was given), so its "
+                              "score reaches no softmax")
     key_head = head // (heads // groups)
     picked = _upstream(s, graph, layer, query_position)
     picked = picked[torch.randperm(len(picked), generator=torch.Generator().manual_seed(seed))[:samples]].tolist()
