@@ -180,3 +180,13 @@ def test_bad_input(model, transcoders):
     diff_graph, diff_transcoders = _graph(diffllama)
     with pytest.raises(ValueNotAvailable, match="query_states is not available: DiffLlama calls the attention kernel"):
         graphs.qk_attribution(diffllama, diff_graph, diff_transcoders, 1, 0, 1, 0)
+
+
+def test_cross_layer_transcoders(model):
+    """A CLT's feature of block 0 writes into block 1's MLP output too (after block 1's attention: not in its query),
+    and a skip connection is live: exact all the same."""
+    clt = graphs.random_clt(model, n_features=64, skip=True)
+    graph = graphs.attribute(model, PROMPT, clt, max_n_logits=1)
+    qk = graphs.qk_attribution(model, graph, clt, 1, 2, graph.n_pos - 1, 3)
+    assert qk.check.ok, qk.check
+    assert graph.cfg["cross_layer"] and qk.query[:graph.n_features].abs().sum() > 0
