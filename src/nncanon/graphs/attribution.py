@@ -258,6 +258,12 @@ class _Rows:
         return gradient_rows(self.s, list(grads), n)
 
 
+def batch_leaves(s: Setup, batch: int) -> list[torch.Tensor]:
+    """The frozen run's leaves for ``batch`` copies of the prompt, each at its clean value (made inside a remote
+    trace, on the server): the token nodes' vectors ``[batch, n, d]``, then each of ``s.leaves``."""
+    return [value.expand(batch, -1, -1).clone() for value in [s.clean.embeddings, *s.leaves]]
+
+
 class _RemoteRows:
     """`_Rows` for a remote model: each call is one request (``remote`` as ``model.trace`` takes it) that runs the
     frozen forward of ``batch`` copies on leaves made there, the targets' backward, and returns the rows; the first
@@ -273,8 +279,7 @@ class _RemoteRows:
         n = len(features) + len(logits)
         forward: list[torch.Tensor] = []
         with torch.enable_grad(), s.model.trace(s.ids.expand(batch, -1), remote=self.remote, **NO_CACHE):
-            leaves = [value.expand(batch, -1, -1).clone().requires_grad_() for value in [s.clean.embeddings,
-                                                                                        *s.leaves]]
+            leaves = [leaf.requires_grad_() for leaf in batch_leaves(s, batch)]
             inputs, head = frozen_body(s.model, s.plan, s.clean, leaves[0], leaves[1:], s.transcoders)
             if first:  # (row 0 of the frozen run, detached: the forward check's values)
                 forward.extend([x[0].detach().save() for x in inputs] + [head[0].detach().save()])

@@ -31,7 +31,7 @@ from ..errors import InvalidArgument, ValueNotAvailable
 from ..reading import in_execution_order
 from ..served import operation_name
 from . import mixers
-from .attribution import gradient_rows
+from .attribution import batch_leaves, gradient_rows
 from .graph import Graph
 from .replacement import ATTENTION, NO_CACHE, PATTERN_INPUTS, TAP, frozen_body
 from .verify import QKCheck, _remove, _sources, graph_setup, verify_qk
@@ -111,11 +111,13 @@ class QKAttribution:
 
 
 def qk_attribution(model: Any, graph: Graph, transcoders: Any, layer: int, head: int, query_position: int,
-                   key_position: int, *, samples: int = 4, seed: int = 0) -> QKAttribution:
+                   key_position: int, *, samples: int = 4, seed: int = 0, remote: Any = None) -> QKAttribution:
     """Split the attention score of block ``layer``'s head ``head``, query ``query_position`` attending to key
     ``key_position``, into pairs of ``graph``'s source nodes (built by `nncanon.graphs.attribute` on ``model`` with
     ``transcoders``), checked by `nncanon.graphs.verify.verify_qk` (``samples`` sources removed in turn) before it is
-    returned: `ValueNotAvailable` with the numbers where it does not hold.
+    returned: `ValueNotAvailable` with the numbers where it does not hold. ``remote``: every trace it runs (the clean
+    run, the query and key read, the frozen forward with its backward, the check's) runs remotely, as
+    `nncanon.graphs.attribute`'s do (``True``: NDIF; ``"local"``: nnsight's simulation); the same record comes back.
 
     `InvalidArgument` for a layer, head or position out of range, a key position after the query's (masked);
     `ValueNotAvailable` for a block without softmax attention or whose attention does not serve its query and key;
@@ -135,7 +137,7 @@ def qk_attribution(model: Any, graph: Graph, transcoders: Any, layer: int, head:
     if key_position > query_position:
         raise InvalidArgument(f"key_position={key_position} is after query_position={query_position}: the causal "
                               "mask hides it from that query, so its score reaches no softmax")
-    s = graph_setup(model, graph, transcoders)
+    s = graph_setup(model, graph, transcoders, remote)
     norms = [name for name in QK_NORMS if report.available(name, layer)]
     for name, before in QK_NORMS.items():
         if report.available(before, layer) and name not in norms:  # (a norm that cannot be frozen)
@@ -149,7 +151,7 @@ def qk_attribution(model: Any, graph: Graph, transcoders: Any, layer: int, head:
     attention = model.layers[layer].self_attn
     kernel = attention._nncanon.kernel
     call = operation_name(attention.source.names, kernel.op)  # (the source made outside a trace)
-    with torch.no_grad(), model.trace(s.ids, **NO_CACHE):
+    with torch.no_grad(), model.trace(s.ids, remote=remote or False, **NO_CACHE):
         for name in paths:  # (the first calls of the attention's forward)
             clean[name] = mixers.read_module(getattr(attention, name), "scale").save()
         for name in norms:
@@ -172,7 +174,7 @@ def qk_attribution(model: Any, graph: Graph, transcoders: Any, layer: int, head:
     picked = picked[torch.randperm(len(picked), generator=torch.Generator().manual_seed(seed))[:samples]].tolist()
     q, k, rows = _run(s, graph, layer, [*[TAP + name for name in paths], *norms],
                       {name: value.detach() for name, value in clean.items()}, picked, head_dim,
-                      (query_position, head), (key_position, key_head))
+                      (query_position, head), (key_position, key_head), remote)
     columns = torch.cat([graph.selected_features.to(rows.device), torch.arange(len(s.active), rows.shape[1],
                                                                                device=rows.device)])
     query, key = rows[:head_dim, columns].T.cpu(), rows[head_dim:, columns].T.cpu()
@@ -183,7 +185,7 @@ def qk_attribution(model: Any, graph: Graph, transcoders: Any, layer: int, head:
         score=float(q[at] @ k[at]) * scaling, input_tokens=graph.input_tokens.cpu(),
         n_features=graph.n_features, n_layers=n_layers, n_pos=n_pos, frozen_query=q[at], frozen_key=k[at],
         sampled=picked, removed_query=q[at + 2:], removed_key=k[at + 2:])
-    record.check = verify_qk(model, record)
+    record.check = verify_qk(model, record, remote=remote)
     if not record.check.ok:
         raise ValueNotAvailable(f"no QK attribution at layers[{layer}] of this {model.config.model_type} model: the "
                                 f"frozen model's query and key are not affine in the graph's sources ({record.check})")
@@ -232,13 +234,14 @@ def _steps(model: Any, layer: int, steps: list[str], norms: list[str]) -> list[s
 
 
 def _run(s: Any, graph: Graph, layer: int, norms: list[str], clean_norms: dict[str, torch.Tensor],
-         picked: list[int], head_dim: int, query_at: tuple[int, int], key_at: tuple[int, int]
+         picked: list[int], head_dim: int, query_at: tuple[int, int], key_at: tuple[int, int], remote: Any = None
          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One frozen forward up to block ``layer``'s kernel: copies ``:2·head_dim`` backpropagate from the query's
     (then the key's) components at ``query_at`` (``key_at``), ``(position, head)``; then one copy with every source
-    present, one with every source node removed, one per source of ``picked`` removed. Returns the query and key
-    at those places ``[B, head_dim]`` (detached) and the gradient rows ``[2·head_dim, n_active + (n_layers + 1) ·
-    n_pos]``."""
+    present, one with every source node removed, one per source of ``picked`` removed. The leaves are made, and the
+    backward runs, inside the trace (one request where ``remote``: `nncanon.graphs.attribution`'s rows run so).
+    Returns the query and key at those places ``[B, head_dim]`` (detached) and the gradient rows ``[2·head_dim,
+    n_active + (n_layers + 1) · n_pos]``."""
     plan, model = s.plan, s.model
     plan = replace(plan, steps=[*plan.steps[:layer], _steps(model, layer, plan.steps[layer], norms),
                                 *[[] for _ in plan.steps[layer + 1:]]])
@@ -247,28 +250,29 @@ def _run(s: Any, graph: Graph, layer: int, norms: list[str], clean_norms: dict[s
     clean = replace(s.clean, frozen=frozen)
     at = 2 * head_dim
     batch = at + 2 + len(picked)
-    leaves = [value[None].expand(batch, *value.shape).clone() for value in [s.clean.embeddings, *s.leaves]]
-    leaves[0][at + 1] = 0
-    _remove(s, leaves, graph, range(graph.n_features + graph.n_layers * graph.n_pos), at + 1)
-    for b, node in enumerate(picked):
-        _remove(s, leaves, graph, [node], at + 2 + b)
-    leaves = [leaf.requires_grad_() for leaf in leaves]
     states: dict[str, torch.Tensor] = {}
+    out: dict[str, torch.Tensor] = {}
 
     def tap(block: int, name: str) -> None:  # (inside the trace: the query and key read, a path norm frozen)
         attention = model.layers[block].self_attn
         if name in PATTERN_INPUTS:
-            states[name] = getattr(attention, name).save()
+            states[name] = getattr(attention, name)
         else:
             mixers.write_module(getattr(attention, name), "scale", clean_norms[name])
 
-    with torch.enable_grad():
-        with model.trace(s.ids.expand(batch, -1), **NO_CACHE):
-            frozen_body(model, plan, clean, leaves[0], leaves[1:], s.transcoders, taps=tap)
+    with torch.enable_grad(), model.trace(s.ids.expand(batch, -1), remote=remote or False, **NO_CACHE):
+        leaves = batch_leaves(s, batch)
+        leaves[0][at + 1] = 0
+        _remove(s, leaves, graph, range(graph.n_features + graph.n_layers * graph.n_pos), at + 1)
+        for b, node in enumerate(picked):
+            _remove(s, leaves, graph, [node], at + 2 + b)
+        leaves = [leaf.requires_grad_() for leaf in leaves]
+        frozen_body(model, plan, clean, leaves[0], leaves[1:], s.transcoders, taps=tap)
         (q_pos, q_head), (k_pos, k_head) = query_at, key_at
         q, k = states["query_states"][:, q_pos, q_head], states["key_states"][:, k_pos, k_head]
         components = torch.arange(head_dim, device=q.device)
         targets = q[components, components].sum() + k[head_dim + components, components].sum()
         grads = torch.autograd.grad(targets, leaves, allow_unused=True, materialize_grads=True)
-    rows = gradient_rows(s, list(grads), at)
-    return q.detach().float().cpu(), k.detach().float().cpu(), rows
+        out["rows"] = gradient_rows(s, list(grads), at).save()
+        out["q"], out["k"] = q.detach().float().cpu().save(), k.detach().float().cpu().save()
+    return out["q"], out["k"], out["rows"]

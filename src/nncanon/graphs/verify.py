@@ -116,8 +116,9 @@ def verify(model: Any, graph: Graph, transcoders: Any, *, samples: int = 6, rtol
                       block=block)
 
 
-def graph_setup(model: Any, graph: Graph, transcoders: Any) -> Setup:
-    """The `nncanon.graphs.attribution.Setup` of ``graph``'s prompt, logit targets and ``zero_bos``;
+def graph_setup(model: Any, graph: Graph, transcoders: Any, remote: Any = None) -> Setup:
+    """The `nncanon.graphs.attribution.Setup` of ``graph``'s prompt, logit targets and ``zero_bos`` (its clean run
+    with ``remote`` as `nncanon.graphs.attribute` takes it);
     `InvalidInput` where ``graph`` was not built on ``model`` with ``transcoders`` (another model, other tokens'
     vocabulary, other transcoders: its active features differ)."""
     tokens, n_layers = graph.input_tokens, len(model.layers)
@@ -127,7 +128,7 @@ def graph_setup(model: Any, graph: Graph, transcoders: Any) -> Setup:
                            f"not built on this {model.config.model_type} model ({n_layers} layers, a vocabulary of "
                            f"{vocabulary})")
     s = setup(model, tokens, transcoders, max_n_logits=len(graph.logit_targets), desired_logit_prob=1.0,
-              zero_bos=graph.cfg.get("zero_bos"))
+              zero_bos=graph.cfg.get("zero_bos"), remote=remote)
     if not torch.equal(s.active.cpu(), graph.active_features.cpu()):
         raise InvalidInput(f"this graph was not built on this {model.config.model_type} model with these transcoders: "
                            f"on its prompt they give {len(s.active)} active features, the graph holds "
@@ -170,13 +171,14 @@ class QKCheck:
                 f"{self.score:.2e} (relative; tolerance {self.rtol:.0e})")
 
 
-def verify_qk(model: Any, qk: Any, rtol: float = 1e-5) -> QKCheck:
+def verify_qk(model: Any, qk: Any, rtol: float = 1e-5, remote: Any = None) -> QKCheck:
     """Check a `nncanon.graphs.QKAttribution` ``qk`` of ``model``: its query and key are sums of their sources'
     contributions and biases, each sampled source's removal moves them by its contribution, and the pairs, cross
     terms and biases' product sum to the clean score, recomputed from the surface's ``query_states`` and
-    ``key_states`` read in a trace of the prompt of its own."""
+    ``key_states`` read in a trace of the prompt of its own (run with ``remote`` as `nncanon.graphs.attribute` takes
+    it)."""
     attention = model.layers[qk.layer].self_attn
-    with torch.no_grad(), model.trace(qk.input_tokens[None].to(model.device)):
+    with torch.no_grad(), model.trace(qk.input_tokens[None].to(model.device), remote=remote or False):
         query, key = attention.query_states.save(), attention.key_states.save()
     q = query[0, qk.query_position, qk.head].double().cpu()
     k = key[0, qk.key_position, qk.key_head].double().cpu()
