@@ -444,7 +444,7 @@ class MountedModel(TransformersModel):
 
     def _projection_problem(self, hidden: torch.Tensor) -> str | None:
         """What in ``hidden`` a failed projection did not take: its width or its dtype (``None``: neither)."""
-        plain = self._family.collapse is None and not self._family.merged_streams and not self._family.stacked_streams
+        plain = self._family.rescale is None and not self._family.merged_streams and not self._family.stacked_streams
         if plain and hidden.shape[-1] != self.hidden_size:
             return (f"shape {tuple(hidden.shape)}: its last axis is the residual stream's, {self.hidden_size} wide "
                     f"(a layer_input or layer_output), not {hidden.shape[-1]}.")
@@ -486,8 +486,8 @@ class MountedModel(TransformersModel):
     def _to_final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         """The final norm's output (`final_norm_output`) from a residual-stream state: `project_on_vocab` up to it."""
         x = hidden
-        if self._family.collapse is not None:
-            x = self._family.collapse(self._module, x)
+        if self._family.rescale is not None:
+            x = self._family.rescale(self._module, "collapse", x)[0]
         if self._family.merged_streams:  # the final norm takes the model's own [..., k, hidden]
             x = x.unflatten(-1, (-1, self.hidden_size))
         stream_divisor = self._family.step_factor("divide_stream", self._text_config)

@@ -252,16 +252,14 @@ class Family:
             (HY-V4's and DeepSeek-V4's hyper-connections): ``layer_input``/``layer_output`` serve them
             merged, ``[b, s, k·d]``, as a view (`nncanon.served.Site.merge`), ``project_on_vocab`` takes
             that layout, and a skip hands the blocks ``[b, s, k, d]`` back.
-        collapse: ``(model, stream) -> [b, s, d]``: how a multi-stream model turns its ``[b, s, k·d]``
-            stream into one before its final norm, where no module does it (Gemma-3n's AltUp
-            unembedding, inline in the model's forward); ``model`` is the unwrapped transformers model.
-            ``None``: the final norm takes the stream as it is.
         rescale: ``(model, where, x, magnitudes=None) -> (y, magnitudes)``: a stacked-stream model's rescaling
-            of its streams by their magnitudes, computed from the streams (Gemma-3n's AltUp): ``where``
+            of its streams by their magnitudes, computed from the streams, where no module does it (Gemma-3n's
+            AltUp, inline in the model's forward; ``model`` is the unwrapped transformers model): ``where``
             ``"expand"``, the embeddings ``[b, s, d]`` to the stream entering block 0 ``[b, s, k·d]``;
-            ``"collapse"``, as ``collapse``. ``magnitudes`` given: those instead of the computed ones (an
-            attribution graph freezes them at the clean run's: `nncanon.graphs.streams`); the ones used are
-            returned.
+            ``"collapse"``, the ``[b, s, k·d]`` stream to ``[b, s, d]`` before the final norm (the lens does it
+            too). ``magnitudes`` given: those instead of the computed ones (an attribution graph freezes them at the
+            clean run's: `nncanon.graphs.streams`); the ones used are returned. ``None``: the final norm takes the
+            stream as it is.
         refuse_skip: ``(config, start, end) -> reason or None``: skips of blocks ``start..end`` the model
             cannot run (Gemma-3n: a skipped block that stores keys/values a later block reuses).
         embeddings: How the embeddings become the stream entering block 0 (`Embeddings`): the position
@@ -325,7 +323,6 @@ class Family:
     idle_inputs: tuple[str, ...] = ()
     stacked_streams: bool = False
     merged_streams: bool = False
-    collapse: Callable[[Any, Any], Any] | None = field(default=None, compare=False)
     rescale: Callable[..., tuple[Any, list]] | None = field(default=None, compare=False)
     refuse_skip: Callable[[Any, int, int], str | None] | None = field(default=None, compare=False)
     mlp_anatomy: MLPAnatomy | str = "auto"

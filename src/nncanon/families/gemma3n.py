@@ -80,11 +80,6 @@ def _rescale(text_model: str, model: torch.nn.Module, where: str, stream: torch.
     return torch.mean(torch.stack(parts), dim=0), used
 
 
-def _collapse(text_model: str, model: torch.nn.Module, stream: torch.Tensor) -> torch.Tensor:
-    """Gemma-3n's AltUp unembedding of a ``[b, s, k·d]`` stream: ``[b, s, d]``, as the model computes it."""
-    return _rescale(text_model, model, "collapse", stream)[0]
-
-
 _MIXING = (
     "a Gemma-3n block has no additive attention or MLP contribution to its streams: AltUp predicts every "
     "stream from all of them (a term no sublayer owns), the active stream and attention are averaged with "
@@ -174,7 +169,6 @@ GEMMA3N_TEXT = Family(
     attention_output=Site("post_attention_layernorm"),
     mlp_output=Site("post_feedforward_layernorm"),
     stacked_streams=True,
-    collapse=partial(_collapse, "model"),
     rescale=partial(_rescale, "model"),
     refuse_skip=_refuse_skip,
     model_declines=_model_declines,
@@ -190,7 +184,6 @@ GEMMA3N = replace(
     layers="model.language_model.layers",
     embed_tokens="model.language_model.embed_tokens",
     norm="model.language_model.norm",
-    collapse=partial(_collapse, "model.language_model"),
     rescale=partial(_rescale, "model.language_model"),
 )
 
